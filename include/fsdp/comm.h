@@ -1,0 +1,75 @@
+// The Comm interface: NCCL-like collectives over the ranks of one communicator.
+//
+// Note [Collective semantics]
+// Collectives are enqueued on a Device stream like any other op (Note [Stream semantics]).
+// One communicator runs one collective at a time, in the order the host issued them, as NCCL
+// does: two collectives on the same communicator never overlap, even on different streams.
+// Two communicators progress independently, so a reduce-scatter on a split-off communicator
+// can run under an all-gather on the first. Every rank must issue the same collectives in
+// the same order on a communicator (docs/schedule.md, invariant 4); the CPU backend checks
+// this and raises a clear error on a mismatch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/device.h"
+#include "fsdp/dtype.h"
+
+namespace fsdp {
+
+enum class ReduceOp : uint8_t { Sum, Avg };
+enum class CollectiveKind : uint8_t { AllGather, ReduceScatter, AllReduce, Broadcast, Count };
+constexpr int kCollectiveKindCount = static_cast<int>(CollectiveKind::Count);
+const char* collective_name(CollectiveKind kind);
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(world_ranks_.size()); }
+  const std::string& name() const { return name_; }
+  // The ranks of the launch (global ranks) that this communicator spans, in rank order.
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+
+  // recv holds size() * count elements; send may be recv + rank() * count (in place).
+  void all_gather(const void* send, void* recv, int64_t count, DType t, Stream s);
+  // send holds size() * count elements, rank-major; recv gets this rank's reduced chunk.
+  void reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
+                      Stream s);
+  void all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op, Stream s);
+  void broadcast(void* buf, int64_t count, DType t, int root, Stream s);
+
+  // Collective over this communicator: ranks with the same color form a new communicator,
+  // ordered by (key, rank). A negative color takes no part and gets nullptr.
+  std::unique_ptr<Comm> split(int color, int key, const std::string& name);
+
+  // How many collectives of each kind this rank issued (for exact-count tests).
+  int64_t issued(CollectiveKind kind) const { return issued_[static_cast<int>(kind)]; }
+  void reset_issued() {
+    for (auto& n : issued_) n = 0;
+  }
+
+ protected:
+  Comm(int rank, std::vector<int> world_ranks, std::string name)
+      : rank_(rank), world_ranks_(std::move(world_ranks)), name_(std::move(name)) {}
+
+  virtual void do_all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) = 0;
+  virtual void do_reduce_scatter(const void* send, void* recv, int64_t count, DType t,
+                                 ReduceOp op, Stream s) = 0;
+  virtual void do_all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
+                             Stream s) = 0;
+  virtual void do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) = 0;
+  virtual std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) = 0;
+
+ private:
+  int rank_;
+  std::vector<int> world_ranks_;
+  std::string name_;
+  int64_t issued_[kCollectiveKindCount] = {};
+};
+
+}  // namespace fsdp

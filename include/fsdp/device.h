@@ -1,0 +1,206 @@
+// The Device interface: everything the engine asks of one accelerator (or of one CPU rank
+// pretending to be one). Two backends implement it: src/backend/cpu and src/backend/cuda.
+//
+// Note [Stream semantics]
+// Every operation that takes a Stream is *enqueued*: the call returns at once and the work
+// runs later, in issue order with the other work of that stream. Streams run concurrently
+// with each other. The only cross-stream ordering is record_event + wait_event, with CUDA's
+// meaning: wait_event(s, e) makes s wait for the most recent record_event(e, ...) issued
+// before the wait_event call (a wait on a never-recorded event is a no-op).
+//
+// Note [Stream-ordered memory]
+// alloc(bytes, s) returns memory usable by work enqueued on s after the call; free(p, s)
+// returns it once the work enqueued on s before the call has run. Freeing on a stream other
+// than the one that last used the memory is only safe after that stream waited on an event
+// recorded after the last use; the engine's schedule guarantees this (docs/schedule.md,
+// invariant 2). Byte counts (current/peak, per tag) change when alloc/free are *called*,
+// so they are exact and independent of timing.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/dtype.h"
+
+namespace fsdp {
+
+struct Stream {
+  int id = -1;
+  bool valid() const { return id >= 0; }
+  friend bool operator==(Stream a, Stream b) { return a.id == b.id; }
+};
+
+struct Event {
+  int id = -1;
+  bool valid() const { return id >= 0; }
+};
+
+enum class StreamPriority : uint8_t { Normal, High };
+
+// What an allocation is for; the allocator keeps per-tag counts so tests and the summary can
+// state exactly how many RS input buffers were alive at once.
+enum class MemTag : uint8_t {
+  Other,
+  ShardedState,  // fp32 shards, grad shards, optimizer state
+  AllGather,     // all-gather outputs (unsharded params in param dtype, or staging)
+  Unsharded,     // copied-out unsharded params (when a view of the AG output cannot serve)
+  Grad,          // unsharded grads produced by backward
+  GradAccum,     // unsharded fp32 grads kept across no-sync micro-batches
+  RsInput,       // reduce-scatter inputs: the ring's buffers
+  RsOutput,      // reduce-scatter outputs, before accumulation into the grad shard
+  Activation,    // activations and their grads
+  Count
+};
+constexpr int kMemTagCount = static_cast<int>(MemTag::Count);
+const char* mem_tag_name(MemTag tag);
+
+struct MemStats {
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  int64_t tag_bytes[kMemTagCount] = {};
+  int64_t tag_peak_bytes[kMemTagCount] = {};
+  int64_t tag_live[kMemTagCount] = {};       // live allocations with that tag
+  int64_t tag_peak_live[kMemTagCount] = {};  // most live allocations with that tag at once
+};
+
+enum class Activation : uint8_t { ReLU, GELU };
+
+// One parameter's place in its param group's flat shard. See Note [Shard layout] in
+// src/core/shard_layout.h.
+struct ShardSlice {
+  int64_t rows = 0;           // dim-0 size of the unsharded parameter
+  int64_t cols = 0;           // product of the other dims (1 for vectors)
+  int64_t rows_per_rank = 0;  // ceil(rows / world)
+  int64_t offset = 0;         // element offset of this parameter in the group's flat shard
+};
+
+// One tensor for the multi-tensor optimizers (all fp32, same numel for the four arrays).
+struct OptimTensor {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* state0 = nullptr;  // AdamW: exp_avg; SGD: momentum buffer
+  float* state1 = nullptr;  // AdamW: exp_avg_sq; SGD: unused
+  int64_t numel = 0;
+};
+
+struct AdamWConfig {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
+};
+
+// ---- Timeline (Note [Timeline] in src/runtime/trace.h) -------------------------------
+enum class OpKind : uint8_t { Kernel, Copy, Collective, Wait, Optimizer, Host };
+struct TimelineOp {
+  std::string label;         // e.g. "AG layers.3", "fwd layers.3 gemm"
+  int stream = -1;           // Stream::id, or -1 for the host track
+  OpKind kind = OpKind::Kernel;
+  double start_us = 0, end_us = 0;
+  std::string waited_for;    // Wait ops: label of the op the waited-on event followed
+};
+struct MemSample {
+  double time_us = 0;
+  int64_t bytes = 0;
+};
+struct Timeline {
+  std::vector<std::string> stream_names;  // indexed by Stream::id
+  std::vector<TimelineOp> ops;
+  std::vector<MemSample> memory;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual std::string name() const = 0;  // "cpu:3", "cuda:0"
+
+  // ---- streams and events
+  virtual Stream create_stream(const std::string& name, StreamPriority priority) = 0;
+  virtual Event create_event() = 0;
+  virtual void destroy_event(Event e) = 0;
+  virtual void record_event(Event e, Stream s) = 0;
+  virtual void wait_event(Stream s, Event e) = 0;
+  virtual bool query_event(Event e) = 0;
+  virtual void synchronize_event(Event e) = 0;
+  virtual void synchronize_stream(Stream s) = 0;
+  virtual void synchronize() = 0;  // every stream; rethrows an error raised by enqueued work
+
+  // ---- memory (Note [Stream-ordered memory])
+  virtual void* alloc(size_t bytes, Stream s, MemTag tag) = 0;
+  virtual void free(void* ptr, Stream s) = 0;
+  virtual MemStats memory_stats() const = 0;
+  virtual void reset_peak_memory() = 0;
+
+  // ---- copies. The host source of copy_from_host may be reused once the call returns; the
+  // host destination of copy_to_host is valid after the stream is synchronized.
+  virtual void copy(Stream s, void* dst, const void* src, size_t bytes) = 0;
+  virtual void copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void fill(Stream s, void* dst, DType t, int64_t n, float value) = 0;
+  virtual void cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) = 0;
+
+  // ---- FSDP's fused copies (Note [Shard layout])
+  // Unsharded param p, row i < rows, comes from rank i / rows_per_rank of `gathered`.
+  virtual void all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel,
+                                   int world, const ShardSlice* slices, void* const* dsts,
+                                   int count) = 0;
+  // Pads every grad to world * rows_per_rank rows, interleaves the per-rank chunks, casts to
+  // rs_t: rs_in is [world][shard_numel]. One launch for the whole group.
+  virtual void reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64_t shard_numel,
+                                      int world, const ShardSlice* slices,
+                                      const void* const* srcs, const DType* src_types,
+                                      int count) = 0;
+  // dst (fp32) += scale * src
+  virtual void accumulate(Stream s, float* dst, const void* src, DType src_t, int64_t n,
+                          float scale) = 0;
+
+  // ---- optimizers over many shards in one launch
+  virtual void adamw_step(Stream s, const OptimTensor* tensors, int count, const AdamWConfig& c,
+                          int64_t step) = 0;
+  virtual void sgd_step(Stream s, const OptimTensor* tensors, int count, float lr, float momentum,
+                        float weight_decay) = 0;
+
+  // ---- compute. Row-major. C[m,n] = alpha * op(A) op(B) + beta * C, where op(A) is [m,k]
+  // (A stored [k,m] when trans_a) and op(B) is [k,n] (B stored [n,k] when trans_b).
+  // A and B share ab_t; accumulation is fp32; C is c_t.
+  virtual void gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const void* a, const void* b, DType ab_t, float beta, void* c,
+                    DType c_t) = 0;
+  virtual void activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
+                                  int64_t n) = 0;
+  virtual void activation_backward(Stream s, Activation f, const void* x, const void* dy,
+                                   void* dx, DType t, int64_t n) = 0;
+  virtual void add(Stream s, void* out, const void* a, const void* b, DType t, int64_t n) = 0;
+  // Router helpers for the MoE block (probabilities are fp32).
+  virtual void softmax_rows(Stream s, const void* x, DType t, float* probs, int64_t rows,
+                            int64_t cols) = 0;
+  // dx = p * (dp - sum_j p_j dp_j), row by row
+  virtual void softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx,
+                                     DType t, int64_t rows, int64_t cols) = 0;
+  // out[r,:] (+)= w[r * w_stride] * in[r,:]
+  virtual void scale_rows(Stream s, void* out, const void* in, DType t, const float* w,
+                          int64_t w_stride, int64_t rows, int64_t cols, bool accumulate) = 0;
+  // out[r * out_stride] = sum_c a[r,c] * b[r,c]
+  virtual void row_dot(Stream s, const void* a, const void* b, DType t, float* out,
+                       int64_t out_stride, int64_t rows, int64_t cols) = 0;
+  // Losses write the scalar loss (fp32, device memory) and the gradient of the loss.
+  // mean of squares: loss = sum(y^2) / n, dy = 2 y / n
+  virtual void mean_square_loss(Stream s, const void* y, DType t, int64_t n, float* loss,
+                                void* dy) = 0;
+  // cross-entropy averaged over rows; dlogits = (softmax - onehot) / rows
+  virtual void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
+                                  int64_t rows, int64_t classes, float* loss, void* dlogits) = 0;
+  // Busy work of a known length; tests use it to force op durations.
+  virtual void spin(Stream s, double microseconds) = 0;
+
+  // ---- labels and timeline. The label applies to the ops enqueued after the call; it must
+  // outlive the timeline (the engine passes strings it owns for the run).
+  virtual void set_label(const char* label) = 0;
+  virtual void enable_timeline(bool on) = 0;
+  virtual Timeline take_timeline() = 0;  // synchronizes, returns and clears what was recorded
+  virtual double now_us() const = 0;     // the timeline's clock, on the host
+  // Host spans (scheduling work) go on the host track of the same timeline.
+  virtual void record_host_span(const char* label, double start_us, double end_us) = 0;
+};
+
+}  // namespace fsdp

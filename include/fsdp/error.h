@@ -1,0 +1,54 @@
+// Errors of the fsdp library.
+//
+// Note [Errors]
+// Inside the library every failure is an fsdp::Error exception. Its message names the rank,
+// the device, the source file and line, so a failure in a multi-rank run says where it came
+// from. Only `main` (tools/) turns an Error into a message and a non-zero exit; nothing deep
+// inside calls exit() or abort(). The one macro family below builds every such message:
+//   FSDP_CHECK(cond, ...)          an invariant or a user input that must hold
+//   FSDP_FAIL(...)                 unconditional failure
+//   FSDP_CUDA_CHECK / FSDP_NCCL_CHECK / FSDP_CUBLAS_CHECK   (src/backend/cuda only)
+// all funnel into fsdp::detail::raise().
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace fsdp {
+
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// The rank and device that the current thread works for; set by the launcher so that
+// errors raised anywhere name them. -1 means "not a rank thread".
+struct ThreadIdentity {
+  int rank = -1;
+  std::string device = "host";
+};
+ThreadIdentity& this_thread_identity();
+
+namespace detail {
+[[noreturn]] void raise(const char* file, int line, const std::string& message);
+
+template <typename... Parts>
+std::string concat(const Parts&... parts) {
+  std::ostringstream out;
+  (out << ... << parts);
+  return out.str();
+}
+}  // namespace detail
+
+}  // namespace fsdp
+
+#define FSDP_FAIL(...) ::fsdp::detail::raise(__FILE__, __LINE__, ::fsdp::detail::concat(__VA_ARGS__))
+
+#define FSDP_CHECK(cond, ...)                                                     \
+  do {                                                                            \
+    if (!(cond)) [[unlikely]]                                                     \
+      ::fsdp::detail::raise(__FILE__, __LINE__,                                   \
+                            ::fsdp::detail::concat("check failed: " #cond ": ", \
+                                                   __VA_ARGS__));                 \
+  } while (0)

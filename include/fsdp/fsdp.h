@@ -1,0 +1,128 @@
+// The public FSDP API: fully_shard() and the FsdpModule handle, with FSDP2's names.
+//
+//   Mesh world(device, world_comm);
+//   for (auto& block : model.blocks()) fully_shard(*block, world, {.mp_policy = mp});
+//   FsdpModule& root = fully_shard(model, world, {.mp_policy = mp});
+//   root.set_reduce_scatter_max_input_buffers(2);
+//   Tensor y = model.forward(ctx, x); ... model.backward(ctx, dy); optimizer.step();
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm.h"
+#include "fsdp/device.h"
+#include "fsdp/module.h"
+
+namespace fsdp {
+
+namespace core {
+class FsdpState;
+class CommContext;
+}  // namespace core
+
+// A 1-D device mesh: the ranks that one param group is sharded over, and their communicator.
+class Mesh {
+ public:
+  Mesh(std::string name, Device& device, std::shared_ptr<Comm> comm);
+  const std::string& name() const { return name_; }
+  Device& device() const { return *device_; }
+  Comm& comm() const { return *comm_; }
+  int rank() const { return comm_->rank(); }
+  int size() const { return comm_->size(); }
+
+ private:
+  std::string name_;
+  Device* device_;
+  std::shared_ptr<Comm> comm_;
+};
+
+struct MixedPrecisionPolicy {
+  DType param_dtype = DType::F32;   // unsharded params, activations, unsharded grads
+  DType reduce_dtype = DType::F32;  // reduce-scatter input and output
+};
+
+struct FullyShardOptions {
+  // nullopt: FSDP2's default, true for every module but the root.
+  std::optional<bool> reshard_after_forward;
+  MixedPrecisionPolicy mp_policy;
+  // Per-param mesh: return the mesh a param shards over, or nullptr for the module's mesh.
+  // Params on different meshes form different param groups (one AG and one RS each).
+  std::function<Mesh*(const Module& owner, const Param& param)> shard_placement_fn;
+};
+
+// Test hook: how the RS ring reclaims buffers. Only tests use Fsdp2_12LastGroupDrains, which
+// reproduces FSDP2 2.12's hook-order-dependent drain (docs/schedule.md) so the bound test
+// can be seen to fail.
+enum class RsReclaimPolicy : uint8_t { BoundedRing, Fsdp2_12LastGroupDrains };
+
+// One record of the schedule's event log (set_event_log), for order tests.
+struct ScheduleEvent {
+  std::string op;     // "unshard", "reshard", "post_backward", "reduce_scatter"
+  std::string unit;   // the FSDP module's fqn ("" is the root), with ":group" for groups > 0
+  std::string phase;  // "forward", "pre_backward", "post_backward", "finalize"
+  friend bool operator==(const ScheduleEvent&, const ScheduleEvent&) = default;
+};
+std::string to_string(const ScheduleEvent& e);
+
+// The handle fully_shard returns (FSDP2's FSDPModule).
+class FsdpModule {
+ public:
+  explicit FsdpModule(core::FsdpState& state) : state_(&state) {}
+
+  Module& module() const;
+  const std::string& fqn() const;
+
+  void set_reshard_after_forward(bool reshard, bool recurse = true);
+  void set_reshard_after_backward(bool reshard, bool recurse = true);
+  void set_requires_gradient_sync(bool sync, bool recurse = true);
+  void set_is_last_backward(bool last);  // root only
+  // Most RS input buffers alive at once for this root (FSDP2 #186000), k >= 1. Per-module
+  // values resolve to the maximum over the root's modules at lazy init, as in FSDP2.
+  void set_reduce_scatter_max_input_buffers(int k, bool recurse = true);
+  // RS on its own communicator (one per distinct rank set), so it overlaps AG (#186335).
+  void set_separate_reduce_scatter_group(bool enable, bool recurse = true);
+  void set_modules_to_forward_prefetch(const std::vector<FsdpModule*>& modules);
+  void set_modules_to_backward_prefetch(const std::vector<FsdpModule*>& modules);
+  // Explicit unshard/reshard (not recursive), as FSDP2's FSDPModule.unshard()/reshard().
+  void unshard();
+  void reshard();
+
+  // ---- observability, mostly for tests
+  void set_event_log(std::vector<ScheduleEvent>* log);  // root only; nullptr stops logging
+  void set_rs_reclaim_policy_for_testing(RsReclaimPolicy policy);  // root only
+  int reduce_scatter_max_input_buffers() const;  // the root's resolved k
+  bool is_root() const;
+
+  core::FsdpState& state() const { return *state_; }
+
+ private:
+  core::FsdpState* state_;
+};
+
+// Shards `module`'s params (those not already owned by an FSDP descendant) over `mesh` and
+// installs the hooks. Call it bottom-up: blocks first, the root last. Raises fsdp::Error on
+// invalid input (a mesh that is not on the module's device, mismatched init shapes, ...).
+FsdpModule& fully_shard(Module& module, Mesh& mesh, const FullyShardOptions& options = {});
+
+// The FSDP handle of a module, or nullptr.
+FsdpModule* fsdp_module_of(Module& module);
+
+// Every sharded fp32 param/grad of the root's tree, for optimizers: one entry per param
+// group, flat over the group's params (padding included: its grad is always zero).
+struct ShardedGroupView {
+  std::string name;
+  float* param = nullptr;
+  float* grad = nullptr;
+  int64_t numel = 0;
+};
+std::vector<ShardedGroupView> sharded_groups(FsdpModule& root);
+void zero_sharded_grads(FsdpModule& root, Stream compute);
+
+// Gathers the full fp32 value of every param (for checks and checkpoints); collective.
+std::vector<std::vector<float>> gather_full_params(FsdpModule& root, Stream compute);
+
+}  // namespace fsdp

@@ -1,0 +1,289 @@
+// Note [CPU collectives]
+// Ranks share one address space, so a collective is a rendezvous rather than a message
+// exchange: every member deposits its call (kind, count, dtype, op, buffers) in the
+// communicator's shared state, and once all have arrived each member computes its own output
+// by reading its peers' buffers directly.
+//
+//  - Ordering. The host assigns each collective a sequence number per communicator when it
+//    is issued; the stream task for number n first waits until number n - 1 finished on this
+//    rank. So a communicator runs one collective at a time in issue order even when they are
+//    issued on different streams, as NCCL does, while different communicators progress
+//    independently.
+//  - Checking. When all members of (communicator, n) have arrived, each compares the calls;
+//    any difference is the "same collectives in the same order" violation (docs/schedule.md,
+//    invariant 4) and every member raises the same fsdp::Error, instead of the silent hang or
+//    corruption it would cause on NCCL.
+//  - Phases. arrive -> read peers' buffers -> depart -> write what others might still have
+//    been reading. The departure barrier keeps every send buffer valid and unchanged until
+//    all members have read it; results that could land on a buffer a peer reads (all_reduce
+//    in place) are built in a private fp32 buffer and written only after it.
+//  - Reductions add in member order 0..n-1 in fp32 and round to the dtype once, so every rank
+//    gets bit-identical results, whatever the timing (chaos mode checks this).
+//  - split() is collective over the parent and uses the same rendezvous, on the host thread
+//    (it takes no stream); the first member of each color to get there creates the child's
+//    shared state and the others of that color join it.
+#include "backend/cpu/cpu_comm.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <utility>
+
+#include "backend/cpu/cpu_dtype_io.h"
+#include "backend/cpu/cpu_stream.h"
+#include "fsdp/error.h"
+
+namespace fsdp::cpu {
+
+namespace {
+
+const char* op_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::AllGather: return "all_gather";
+    case CollectiveOp::ReduceScatter: return "reduce_scatter";
+    case CollectiveOp::AllReduce: return "all_reduce";
+    case CollectiveOp::Broadcast: return "broadcast";
+    case CollectiveOp::Split: return "split";
+  }
+  return "?";
+}
+
+bool is_reduction(CollectiveOp op) {
+  return op == CollectiveOp::ReduceScatter || op == CollectiveOp::AllReduce;
+}
+
+std::string describe(const CollectiveCall& c) {
+  if (c.op == CollectiveOp::Split) return "split";
+  std::string out = detail::concat(op_name(c.op), "(count=", c.count, ", ", dtype_name(c.dtype));
+  if (is_reduction(c.op)) out += c.reduce == ReduceOp::Sum ? ", sum" : ", avg";
+  if (c.op == CollectiveOp::Broadcast) out += detail::concat(", root=", c.root);
+  return out + ")";
+}
+
+bool same_collective(const CollectiveCall& a, const CollectiveCall& b) {
+  if (a.op != b.op) return false;
+  if (a.op == CollectiveOp::Split) return true;
+  if (a.count != b.count || a.dtype != b.dtype) return false;
+  if (is_reduction(a.op) && a.reduce != b.reduce) return false;
+  if (a.op == CollectiveOp::Broadcast && a.root != b.root) return false;
+  return true;
+}
+
+// Empty when every member issued the same collective.
+std::string describe_mismatch(const CommShared& shared, int64_t seq,
+                              const std::vector<CollectiveCall>& calls) {
+  for (int m = 1; m < shared.size(); ++m) {
+    if (same_collective(calls[0], calls[m])) continue;
+    return detail::concat(
+        "collective mismatch on communicator '", shared.name, "' at its collective #", seq,
+        ": member 0 (rank ", shared.world_ranks[0], ") issued ", describe(calls[0]),
+        " but member ", m, " (rank ", shared.world_ranks[m], ") issued ", describe(calls[m]),
+        "; every rank must issue the same collectives in the same order on a communicator");
+  }
+  return {};
+}
+
+// The rendezvous protocol of Note [CPU collectives]. `exchange` runs once all members have
+// arrived and may read their buffers; `finish` runs after all have departed.
+void run_collective(CommShared& shared, int member, int64_t seq, const CollectiveCall& call,
+                    const Cancellation& cancel, const std::function<void(Rendezvous&)>& exchange,
+                    const std::function<void()>& finish) {
+  const int size = shared.size();
+  std::unique_lock<std::mutex> lock(shared.mutex);
+  wait_unless_cancelled(shared.cv, lock, cancel, [&] { return shared.finished[member] == seq; });
+  lock.unlock();
+  restart_task_clock();  // queueing behind the previous collective is not collective time
+  chaos_pause_on_this_thread();
+
+  lock.lock();
+  std::shared_ptr<Rendezvous>& entry = shared.open[seq];
+  if (!entry) entry = std::make_shared<Rendezvous>(size);
+  const std::shared_ptr<Rendezvous> rv = entry;
+  rv->calls[member] = call;
+  ++rv->arrived;
+  shared.cv.notify_all();
+  wait_unless_cancelled(shared.cv, lock, cancel, [&] { return rv->arrived == size; });
+  const std::string mismatch = describe_mismatch(shared, seq, rv->calls);
+  if (!mismatch.empty()) {
+    // Every member sees the same calls and fails alike; none touches a buffer.
+    shared.open.erase(seq);
+    shared.finished[member] = seq + 1;
+    shared.cv.notify_all();
+    FSDP_FAIL(mismatch);
+  }
+  lock.unlock();
+
+  exchange(*rv);
+  chaos_pause_on_this_thread();
+
+  lock.lock();
+  ++rv->departed;
+  shared.cv.notify_all();
+  wait_unless_cancelled(shared.cv, lock, cancel, [&] { return rv->departed == size; });
+  shared.open.erase(seq);  // all arrived, so nobody looks it up again
+  lock.unlock();
+
+  finish();
+  stop_task_clock();
+  lock.lock();
+  shared.finished[member] = seq + 1;
+  shared.cv.notify_all();
+}
+
+// Sum (or mean) over members of `count` elements starting at element `first` of each
+// member's send buffer, in member order, in fp32.
+std::vector<float> reduce_in_member_order(const std::vector<CollectiveCall>& calls, int64_t first,
+                                          int64_t count, DType t, ReduceOp op) {
+  std::vector<float> acc(static_cast<size_t>(count), 0.0f);
+  with_io(t, [&](auto in) {
+    for (const CollectiveCall& c : calls)
+      for (int64_t e = 0; e < count; ++e) acc[static_cast<size_t>(e)] += in.load(c.send, first + e);
+  });
+  if (op == ReduceOp::Avg) {
+    const float n = static_cast<float>(calls.size());
+    for (float& v : acc) v /= n;
+  }
+  return acc;
+}
+
+// Runs a data collective (not split) for one member, on its stream's worker thread.
+void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& call,
+             const Cancellation& cancel) {
+  const size_t chunk_bytes = static_cast<size_t>(call.count) * dtype_size(call.dtype);
+  std::vector<float> reduced;  // reductions: this member's result, written in `finish`
+  auto exchange = [&](Rendezvous& rv) {
+    switch (call.op) {
+      case CollectiveOp::AllGather:
+        for (int j = 0; j < shared.size(); ++j) {
+          char* dst = static_cast<char*>(call.recv) + j * chunk_bytes;
+          // In place, our own chunk already sits where it belongs.
+          if (rv.calls[j].send != dst) std::memmove(dst, rv.calls[j].send, chunk_bytes);
+        }
+        break;
+      case CollectiveOp::ReduceScatter:
+        reduced = reduce_in_member_order(rv.calls, member * call.count, call.count, call.dtype,
+                                         call.reduce);
+        break;
+      case CollectiveOp::AllReduce:
+        reduced = reduce_in_member_order(rv.calls, 0, call.count, call.dtype, call.reduce);
+        break;
+      case CollectiveOp::Broadcast:
+        // Only non-roots write, and only their own buffer: safe before departure.
+        if (member != call.root && chunk_bytes)
+          std::memcpy(call.recv, rv.calls[call.root].send, chunk_bytes);
+        break;
+      case CollectiveOp::Split:
+        FSDP_FAIL("split is not a stream collective");
+    }
+  };
+  auto finish = [&] {
+    if (!is_reduction(call.op)) return;
+    with_io(call.dtype, [&](auto out) {
+      for (int64_t e = 0; e < call.count; ++e)
+        out.store(call.recv, e, reduced[static_cast<size_t>(e)]);
+    });
+  };
+  run_collective(shared, member, seq, call, cancel, exchange, finish);
+}
+
+}  // namespace
+
+CpuComm::CpuComm(CpuDevice& device, std::shared_ptr<CommShared> shared, int member,
+                 std::string name)
+    : Comm(member, shared->world_ranks, std::move(name)),
+      device_(device),
+      shared_(std::move(shared)),
+      member_(member) {}
+
+void CpuComm::launch(Stream s, const CollectiveCall& call) {
+  FSDP_CHECK(call.count == 0 || (call.send && call.recv), op_name(call.op), " on communicator '",
+             name(), "': null buffer for ", call.count, " elements");
+  const int64_t seq = next_seq_++;
+  // The task holds the shared state alive; the device outlives its own streams' tasks.
+  device_.enqueue(s, OpKind::Collective,
+                  [shared = shared_, member = member_, seq, call, cancel = &device_.cancellation()] {
+                    execute(*shared, member, seq, call, *cancel);
+                  });
+}
+
+void CpuComm::do_all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) {
+  CollectiveCall call;
+  call.op = CollectiveOp::AllGather;
+  call.count = count;
+  call.dtype = t;
+  call.send = send;
+  call.recv = recv;
+  launch(s, call);
+}
+
+void CpuComm::do_reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
+                                Stream s) {
+  CollectiveCall call;
+  call.op = CollectiveOp::ReduceScatter;
+  call.count = count;
+  call.dtype = t;
+  call.reduce = op;
+  call.send = send;
+  call.recv = recv;
+  launch(s, call);
+}
+
+void CpuComm::do_all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
+                            Stream s) {
+  FSDP_CHECK(count >= 0, "all_reduce count ", count);
+  CollectiveCall call;
+  call.op = CollectiveOp::AllReduce;
+  call.count = count;
+  call.dtype = t;
+  call.reduce = op;
+  call.send = send;
+  call.recv = recv;
+  launch(s, call);
+}
+
+void CpuComm::do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) {
+  FSDP_CHECK(count >= 0, "broadcast count ", count);
+  CollectiveCall call;
+  call.op = CollectiveOp::Broadcast;
+  call.count = count;
+  call.dtype = t;
+  call.root = root;
+  call.send = buf;
+  call.recv = buf;
+  launch(s, call);
+}
+
+std::unique_ptr<Comm> CpuComm::do_split(int color, int key, const std::string& name) {
+  CollectiveCall call;
+  call.op = CollectiveOp::Split;
+  call.color = color;
+  call.key = key;
+  const int64_t seq = next_seq_++;
+  std::unique_ptr<Comm> result;
+  auto exchange = [&](Rendezvous& rv) {
+    if (color < 0) return;  // takes part in the exchange, joins nothing
+    std::vector<int> members;  // parent members of our color, in (key, parent member) order
+    for (int m = 0; m < shared_->size(); ++m)
+      if (rv.calls[m].color == color) members.push_back(m);
+    std::stable_sort(members.begin(), members.end(),
+                     [&](int a, int b) { return rv.calls[a].key < rv.calls[b].key; });
+    std::vector<int> world_ranks;
+    int my_index = -1;
+    for (size_t i = 0; i < members.size(); ++i) {
+      world_ranks.push_back(shared_->world_ranks[members[i]]);
+      if (members[i] == member_) my_index = static_cast<int>(i);
+    }
+    std::shared_ptr<CommShared> child;
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      std::shared_ptr<CommShared>& slot = rv.split_children[color];
+      if (!slot) slot = std::make_shared<CommShared>(name, world_ranks);
+      child = slot;
+    }
+    result = std::make_unique<CpuComm>(device_, std::move(child), my_index, name);
+  };
+  run_collective(*shared_, member_, seq, call, device_.cancellation(), exchange, [] {});
+  return result;
+}
+
+}  // namespace fsdp::cpu

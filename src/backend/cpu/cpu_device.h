@@ -1,0 +1,132 @@
+// One rank's CPU device. See Note [CPU backend] in cpu_device.cpp.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_allocator.h"
+#include "backend/cpu/cpu_stream.h"
+#include "backend/cpu/cpu_world_state.h"
+#include "fsdp/device.h"
+
+namespace fsdp::cpu {
+
+constexpr int kMaxStreams = 64;
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(std::shared_ptr<WorldState> world, int rank);
+  ~CpuDevice() override;
+
+  std::string name() const override;
+
+  Stream create_stream(const std::string& name, StreamPriority priority) override;
+  Event create_event() override;
+  void destroy_event(Event e) override;
+  void record_event(Event e, Stream s) override;
+  void wait_event(Stream s, Event e) override;
+  bool query_event(Event e) override;
+  void synchronize_event(Event e) override;
+  void synchronize_stream(Stream s) override;
+  void synchronize() override;
+
+  void* alloc(size_t bytes, Stream s, MemTag tag) override;
+  void free(void* ptr, Stream s) override;
+  MemStats memory_stats() const override;
+  void reset_peak_memory() override;
+
+  // ---- ops (cpu_device_ops.cpp)
+  void copy(Stream s, void* dst, const void* src, size_t bytes) override;
+  void copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) override;
+  void fill(Stream s, void* dst, DType t, int64_t n, float value) override;
+  void cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override;
+  void all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel,
+                           int world, const ShardSlice* slices, void* const* dsts,
+                           int count) override;
+  void reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64_t shard_numel, int world,
+                              const ShardSlice* slices, const void* const* srcs,
+                              const DType* src_types, int count) override;
+  void accumulate(Stream s, float* dst, const void* src, DType src_t, int64_t n,
+                  float scale) override;
+  void adamw_step(Stream s, const OptimTensor* tensors, int count, const AdamWConfig& c,
+                  int64_t step) override;
+  void sgd_step(Stream s, const OptimTensor* tensors, int count, float lr, float momentum,
+                float weight_decay) override;
+  void gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t) override;
+  void activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
+                          int64_t n) override;
+  void activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx,
+                           DType t, int64_t n) override;
+  void add(Stream s, void* out, const void* a, const void* b, DType t, int64_t n) override;
+  void softmax_rows(Stream s, const void* x, DType t, float* probs, int64_t rows,
+                    int64_t cols) override;
+  void softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx,
+                             DType t, int64_t rows, int64_t cols) override;
+  void scale_rows(Stream s, void* out, const void* in, DType t, const float* w, int64_t w_stride,
+                  int64_t rows, int64_t cols, bool accumulate) override;
+  void row_dot(Stream s, const void* a, const void* b, DType t, float* out, int64_t out_stride,
+               int64_t rows, int64_t cols) override;
+  void mean_square_loss(Stream s, const void* y, DType t, int64_t n, float* loss,
+                        void* dy) override;
+  void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
+                          int64_t rows, int64_t classes, float* loss, void* dlogits) override;
+  void spin(Stream s, double microseconds) override;
+
+  void set_label(const char* label) override;
+  void enable_timeline(bool on) override;
+  Timeline take_timeline() override;
+  double now_us() const override;
+  void record_host_span(const char* label, double start_us, double end_us) override;
+
+  // ---- for the communicators of this backend
+  int rank() const { return rank_; }
+  const std::shared_ptr<WorldState>& world() const { return world_; }
+  const Cancellation& cancellation() const { return cancellation_; }
+  bool failed() const { return error_.is_set(); }
+  // Enqueues `run` on s under the current label.
+  void enqueue(Stream s, OpKind kind, std::function<void()> run);
+
+ private:
+  struct EventSlot {
+    bool live = false;
+    int64_t recorded = 0;         // generations recorded so far (monotonic, across reuse)
+    int64_t created_at = 0;       // `recorded` when the current owner created it
+    std::set<int64_t> pending;    // recorded generations whose point is not reached yet
+    const char* last_label = nullptr;  // the op the latest recorded generation follows
+  };
+
+  StreamWorker& worker(Stream s);
+  EventSlot& slot(Event e);  // event_mutex_ held
+  void sample_memory();
+
+  const std::shared_ptr<WorldState> world_;
+  const int rank_;
+  std::atomic<bool> shutting_down_{false};
+  StickyError error_;
+  const Cancellation cancellation_;
+  TimelineRecorder timeline_;
+  CheckedAllocator allocator_;
+  std::atomic<const char*> label_{nullptr};
+
+  std::mutex event_mutex_;
+  std::condition_variable event_cv_;
+  std::vector<EventSlot> events_;
+  std::vector<int> free_event_ids_;
+
+  // Fixed-size so that enqueue can look a stream up without a lock while another thread
+  // creates one; num_streams_ publishes a new entry after it is built.
+  std::mutex stream_create_mutex_;
+  std::array<std::unique_ptr<StreamWorker>, kMaxStreams> streams_;
+  std::atomic<int> num_streams_{0};
+};
+
+}  // namespace fsdp::cpu

@@ -1,0 +1,135 @@
+#include "backend/cuda/cublaslt_gemm.h"
+
+#include "backend/cuda/cuda_check.h"
+
+namespace fsdp::cuda {
+
+namespace {
+
+cudaDataType_t lt_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+// The largest power of two (up to the 256 cuBLASLt assumes by default) dividing the address:
+// a view into the middle of a buffer must not get a kernel that needs 16-byte alignment.
+uint16_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint16_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment >>= 1;
+  return alignment;
+}
+
+template <typename T>
+void set_desc_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute,
+                        const T& value) {
+  FSDP_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
+}
+
+template <typename T>
+void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+                    const T& value) {
+  FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+}
+
+}  // namespace
+
+size_t LtGemm::KeyHash::operator()(const Key& key) const {
+  size_t h = 0;
+  auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  mix(static_cast<uint64_t>(key.m));
+  mix(static_cast<uint64_t>(key.n));
+  mix(static_cast<uint64_t>(key.k));
+  mix((uint64_t{key.trans_a} << 0) | (uint64_t{key.trans_b} << 1) |
+      (static_cast<uint64_t>(key.ab_t) << 2) | (static_cast<uint64_t>(key.c_t) << 4) |
+      (uint64_t{key.align_a} << 8) | (uint64_t{key.align_b} << 24) |
+      (uint64_t{key.align_c} << 40));
+  return h;
+}
+
+LtGemm::LtGemm(cudaMemPool_t workspace_pool) : pool_(workspace_pool) {
+  FSDP_CUBLAS_CHECK(cublasLtCreate(&handle_));
+}
+
+LtGemm::~LtGemm() {
+  for (auto& [key, plan] : plans_) {
+    (void)cublasLtMatrixLayoutDestroy(plan.lt_a);
+    (void)cublasLtMatrixLayoutDestroy(plan.lt_b);
+    (void)cublasLtMatrixLayoutDestroy(plan.lt_c);
+    (void)cublasLtMatmulDescDestroy(plan.op);
+  }
+  // Workspaces may still be in use by queued GEMMs: free them in their streams' order.
+  for (auto& [stream, workspace] : workspaces_) (void)cudaFreeAsync(workspace, stream);
+  if (handle_) (void)cublasLtDestroy(handle_);
+}
+
+void* LtGemm::workspace_for(cudaStream_t stream) {
+  auto it = workspaces_.find(stream);
+  if (it != workspaces_.end()) return it->second;
+  // Stream-ordered allocation from the device pool: no device-wide sync on the first GEMM.
+  void* workspace = nullptr;
+  FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&workspace, kWorkspaceBytes, pool_, stream));
+  workspaces_.emplace(stream, workspace);
+  return workspace;
+}
+
+LtGemm::Plan LtGemm::make_plan(const Key& key) {
+  Plan plan;
+  FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Note [Row-major GEMM on a column-major library]: Lt's A is our B, Lt's B is our A.
+  const cublasOperation_t lt_trans_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t lt_trans_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, lt_trans_a);
+  set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, lt_trans_b);
+
+  // Layouts describe the matrices as stored (column-major view, before the transposes).
+  const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
+  const uint64_t b_rows = key.trans_a ? key.m : key.k, b_cols = key.trans_a ? key.k : key.m;
+  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_a, lt_type(key.ab_t), a_rows, a_cols,
+                                               static_cast<int64_t>(a_rows)));
+  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_b, lt_type(key.ab_t), b_rows, b_cols,
+                                               static_cast<int64_t>(b_rows)));
+  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_c, lt_type(key.c_t), key.n, key.m,
+                                               static_cast<int64_t>(key.n)));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  try {
+    set_preference(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
+    set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t{key.align_b});
+    set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t{key.align_a});
+    set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t{key.align_c});
+    set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t{key.align_c});
+    FSDP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.lt_a, plan.lt_b,
+                                                     plan.lt_c, plan.lt_c, pref, 1, &result,
+                                                     &found));
+  } catch (...) {
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    throw;
+  }
+  (void)cublasLtMatmulPreferenceDestroy(pref);
+  FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for gemm m=", key.m, " n=", key.n,
+             " k=", key.k, " trans_a=", key.trans_a, " trans_b=", key.trans_b,
+             " ab=", dtype_name(key.ab_t), " c=", dtype_name(key.c_t));
+  plan.algo = result.algo;
+  return plan;
+}
+
+const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return it->second;
+  return plans_.emplace(key, make_plan(key)).first->second;
+}
+
+void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                 int64_t k, float alpha, const void* a, const void* b, DType ab_t, float beta,
+                 void* c, DType c_t) {
+  const Key key{m, n, k, trans_a, trans_b, ab_t, c_t,
+                alignment_of(a), alignment_of(b), alignment_of(c)};
+  const Plan& plan = plan_for(key);
+  void* workspace = workspace_for(stream);
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, b, plan.lt_a, a, plan.lt_b, &beta,
+                                   c, plan.lt_c, c, plan.lt_c, &plan.algo, workspace,
+                                   kWorkspaceBytes, stream));
+}
+
+}  // namespace fsdp::cuda

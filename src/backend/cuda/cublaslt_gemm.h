@@ -1,0 +1,68 @@
+// Device::gemm on cuBLASLt.
+//
+// Note [Row-major GEMM on a column-major library]
+// cuBLASLt is column-major. A row-major [r, c] matrix read column-major is its transpose
+// [c, r] with leading dimension c, so instead of C = op(A) op(B) (row-major) we ask cuBLASLt
+// for C^T = op(B)^T op(A)^T (column-major), which lands in memory as row-major C. Hence
+// cuBLASLt's "A" is our B (transposed iff trans_b) and its "B" is our A (iff trans_a), and
+// its M, N, K are our n, m, k.
+//
+// Plans (descriptors, layouts, and the heuristic's algorithm) are cached per shape, transposes,
+// dtypes and pointer alignment, so the steady state makes no heuristic query. Each stream
+// gets its own workspace, since two GEMMs on different streams may run at once. Not
+// thread-safe: a device is driven by its rank's thread.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <unordered_map>
+
+#include "fsdp/dtype.h"
+
+namespace fsdp::cuda {
+
+class LtGemm {
+ public:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  explicit LtGemm(cudaMemPool_t workspace_pool);
+  ~LtGemm();
+  LtGemm(const LtGemm&) = delete;
+  LtGemm& operator=(const LtGemm&) = delete;
+
+  // Device::gemm's contract (include/fsdp/device.h); m, n, k > 0.
+  void run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+           float alpha, const void* a, const void* b, DType ab_t, float beta, void* c,
+           DType c_t);
+
+  size_t cached_plans() const { return plans_.size(); }
+
+ private:
+  struct Key {
+    int64_t m, n, k;
+    bool trans_a, trans_b;
+    DType ab_t, c_t;
+    uint16_t align_a, align_b, align_c;  // bytes, power of two up to 256
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& key) const;
+  };
+  struct Plan {
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+  const Plan& plan_for(const Key& key);
+  Plan make_plan(const Key& key);
+  void* workspace_for(cudaStream_t stream);
+
+  cublasLtHandle_t handle_ = nullptr;
+  cudaMemPool_t pool_;
+  std::unordered_map<Key, Plan, KeyHash> plans_;
+  std::unordered_map<cudaStream_t, void*> workspaces_;
+};
+
+}  // namespace fsdp::cuda

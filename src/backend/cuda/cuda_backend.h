@@ -1,0 +1,28 @@
+// The CUDA + NCCL backend. This header is plain C++: no CUDA or NCCL header appears outside
+// src/backend/cuda/ (DEVELOPERS.md).
+#pragma once
+
+#include <array>
+#include <memory>
+
+#include "fsdp/comm.h"
+#include "fsdp/device.h"
+
+namespace fsdp::cuda {
+
+// True when this binary was built with the CUDA backend (FSDP_WITH_CUDA).
+bool compiled_with_cuda();
+// Number of visible GPUs; 0 when none or when the driver is missing. Never throws.
+// Note: this initializes CUDA in the calling process; a launcher that forks one process per
+// GPU must not call it before fork() (ask the environment, or a child process, instead).
+int device_count();
+
+struct UniqueId {
+  std::array<char, 128> bytes{};
+};
+UniqueId make_unique_id();  // ncclGetUniqueId; safe before fork (does not initialize CUDA)
+
+std::unique_ptr<Device> make_device(int local_rank);
+std::unique_ptr<Comm> make_world_comm(Device& device, const UniqueId& id, int rank, int world);
+
+}  // namespace fsdp::cuda

@@ -1,0 +1,11 @@
+// Built when nvcc or NCCL is missing: --backend cuda then fails with this message.
+#include "backend/cuda/cuda_backend.h"
+#include "fsdp/error.h"
+
+namespace fsdp::cuda {
+bool compiled_with_cuda() { return false; }
+int device_count() { return 0; }
+UniqueId make_unique_id() { FSDP_FAIL("this build of fsdp has no CUDA backend (nvcc or NCCL missing at build time)"); }
+std::unique_ptr<Device> make_device(int) { FSDP_FAIL("this build of fsdp has no CUDA backend (nvcc or NCCL missing at build time)"); }
+std::unique_ptr<Comm> make_world_comm(Device&, const UniqueId&, int, int) { FSDP_FAIL("this build of fsdp has no CUDA backend (nvcc or NCCL missing at build time)"); }
+}  // namespace fsdp::cuda

@@ -1,0 +1,107 @@
+// Host-side entry points of the CUDA kernels (implemented in the kernels_*.cu files).
+// Every function enqueues on `stream`, checks the launch, and returns without synchronizing.
+// Pointers are device pointers unless the name says host.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "fsdp/device.h"
+#include "fsdp/dtype.h"
+
+namespace fsdp::cuda::kernels {
+
+// ---- multi-tensor launches (Note [Multi-tensor launches] in multi_tensor.cuh)
+// A launch covers many tensors; each is cut into tiles of kTileElems elements and every block
+// takes tiles grid-stride. Up to kInlineDescs descriptors travel inside the kernel parameters
+// (copied by the launch itself, so the host array may change right after the call); longer
+// lists are read from a device copy the caller uploaded (`device_descs`).
+constexpr int kInlineDescs = 64;
+constexpr int64_t kTileElems = 8192;
+
+// One parameter of an FSDP group. "Work" index e runs over the unsharded side:
+//   all-gather copy-out:      e in [0, rows*cols)                 dst[e] = gathered[shard_pos(e)]
+//   reduce-scatter copy-in:   e in [0, world*rows_per_rank*cols)  rs_in[shard_pos(e)] = e < rows*cols ? src[e] : 0
+// with shard_pos(e) = r*shard_numel + offset + (e - r*chunk), r = e / chunk,
+// chunk = rows_per_rank*cols (Note [Shard layout]).
+struct ShardCopyDesc {
+  const void* unsharded_src = nullptr;  // RS: the grad (type src_type); AG: unused
+  void* unsharded_dst = nullptr;        // AG: the unsharded param; RS: unused
+  int64_t work_numel = 0;
+  int64_t valid_numel = 0;  // rows*cols
+  int64_t chunk_numel = 0;  // rows_per_rank*cols
+  int64_t offset = 0;
+  int64_t tile_begin = 0;   // set by assign_tiles
+  DType src_type = DType::F32;
+  bool vectorized = false;  // every access of this param is pack-aligned
+};
+
+struct OptimDesc {
+  float* param = nullptr;
+  const float* grad = nullptr;
+  float* state0 = nullptr;
+  float* state1 = nullptr;
+  int64_t work_numel = 0;
+  int64_t tile_begin = 0;
+  bool vectorized = false;
+};
+
+// Numbers the tiles of each descriptor; returns the launch's total tile count.
+template <typename Desc>
+int64_t assign_tiles(Desc* descs, int count) {
+  int64_t tiles = 0;
+  for (int i = 0; i < count; ++i) {
+    descs[i].tile_begin = tiles;
+    tiles += (descs[i].work_numel + kTileElems - 1) / kTileElems;
+  }
+  return tiles;
+}
+
+void all_gather_copy_out(cudaStream_t stream, const void* gathered, DType t, int64_t shard_numel,
+                         const ShardCopyDesc* host_descs, const ShardCopyDesc* device_descs,
+                         int count, int64_t total_tiles);
+void reduce_scatter_copy_in(cudaStream_t stream, void* rs_in, DType rs_t, int64_t shard_numel,
+                            const ShardCopyDesc* host_descs, const ShardCopyDesc* device_descs,
+                            int count, int64_t total_tiles);
+
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1;       // 1 - beta1^step
+  float bias_correction2_sqrt;  // sqrt(1 - beta2^step)
+};
+void adamw(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
+           int count, int64_t total_tiles, const AdamWParams& params);
+void sgd(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
+         int count, int64_t total_tiles, float lr, float momentum, float weight_decay);
+
+// ---- elementwise
+void fill(cudaStream_t stream, void* dst, DType t, int64_t n, float value);
+void cast(cudaStream_t stream, void* dst, DType dst_t, const void* src, DType src_t, int64_t n);
+void accumulate(cudaStream_t stream, float* dst, const void* src, DType src_t, int64_t n,
+                float scale);
+void scale_in_place(cudaStream_t stream, void* x, DType t, int64_t n, float factor);
+void activation_forward(cudaStream_t stream, Activation f, const void* x, void* y, DType t,
+                        int64_t n);
+void activation_backward(cudaStream_t stream, Activation f, const void* x, const void* dy,
+                         void* dx, DType t, int64_t n);
+void add(cudaStream_t stream, void* out, const void* a, const void* b, DType t, int64_t n);
+void spin(cudaStream_t stream, uint64_t nanoseconds);
+
+// ---- row-wise ops and losses. The losses reduce in two deterministic passes through a
+// scratch buffer taken from (and returned to) `scratch_pool`, stream-ordered.
+void softmax_rows(cudaStream_t stream, const void* x, DType t, float* probs, int64_t rows,
+                  int64_t cols);
+void softmax_rows_backward(cudaStream_t stream, const float* probs, const float* dprobs,
+                           void* dx, DType t, int64_t rows, int64_t cols);
+void scale_rows(cudaStream_t stream, void* out, const void* in, DType t, const float* w,
+                int64_t w_stride, int64_t rows, int64_t cols, bool accumulate);
+void row_dot(cudaStream_t stream, const void* a, const void* b, DType t, float* out,
+             int64_t out_stride, int64_t rows, int64_t cols);
+void mean_square_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* y, DType t,
+                      int64_t n, float* loss, void* dy);
+void cross_entropy_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* logits,
+                        DType t, const int32_t* labels, int64_t rows, int64_t classes,
+                        float* loss, void* dlogits);
+
+}  // namespace fsdp::cuda::kernels

@@ -1,0 +1,159 @@
+#include "backend/cuda/cuda_timeline.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace fsdp::cuda {
+
+TimelineRecorder::~TimelineRecorder() {
+  for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
+  for (cudaEvent_t e : used_events_) (void)cudaEventDestroy(e);
+  if (anchor_event_) (void)cudaEventDestroy(anchor_event_);
+  if (anchor_stream_) (void)cudaStreamDestroy(anchor_stream_);
+}
+
+double TimelineRecorder::host_now_us() {
+  using namespace std::chrono;
+  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
+}
+
+void TimelineRecorder::anchor() {
+  if (!anchor_stream_)
+    FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&anchor_stream_, cudaStreamNonBlocking));
+  if (!anchor_event_) FSDP_CUDA_CHECK(cudaEventCreate(&anchor_event_));
+  const double before = host_now_us();
+  FSDP_CUDA_CHECK(cudaEventRecord(anchor_event_, anchor_stream_));
+  FSDP_CUDA_CHECK(cudaEventSynchronize(anchor_event_));
+  anchor_host_us_ = 0.5 * (before + host_now_us());
+}
+
+void TimelineRecorder::enable(bool on) {
+  if (on && !enabled_) anchor();
+  enabled_ = on;
+}
+
+cudaEvent_t TimelineRecorder::take_event() {
+  cudaEvent_t e = nullptr;
+  if (!free_events_.empty()) {
+    e = free_events_.back();
+    free_events_.pop_back();
+  } else {
+    FSDP_CUDA_CHECK(cudaEventCreate(&e));  // timing enabled, unlike the engine's events
+  }
+  used_events_.push_back(e);
+  return e;
+}
+
+void TimelineRecorder::grow_stream_tables(int stream) {
+  if (stream < static_cast<int>(last_end_by_stream_.size())) return;
+  last_end_by_stream_.resize(stream + 1, nullptr);
+  last_label_by_stream_.resize(stream + 1, nullptr);
+}
+
+int TimelineRecorder::begin(int stream, cudaStream_t native, const char* label, OpKind kind) {
+  grow_stream_tables(stream);
+  PendingOp op;
+  op.label = label;
+  op.stream = stream;
+  op.kind = kind;
+  op.start = take_event();
+  FSDP_CUDA_CHECK(cudaEventRecord(op.start, native));
+  last_label_by_stream_[stream] = label;
+  ops_.push_back(op);
+  return static_cast<int>(ops_.size()) - 1;
+}
+
+void TimelineRecorder::end(int token, cudaStream_t native) noexcept {
+  if (token < 0 || token >= static_cast<int>(ops_.size())) return;
+  PendingOp& op = ops_[token];
+  cudaEvent_t e = nullptr;
+  try {
+    e = take_event();
+  } catch (...) {
+    return;  // op.end stays null: take() drops the op
+  }
+  if (cudaEventRecord(e, native) != cudaSuccess) return;
+  op.end = e;
+  last_end_by_stream_[op.stream] = e;
+}
+
+void TimelineRecorder::note_event_recorded(int event_id, int stream) {
+  if (event_id >= static_cast<int>(label_by_event_.size()))
+    label_by_event_.resize(event_id + 1, nullptr);
+  grow_stream_tables(stream);
+  label_by_event_[event_id] = last_label_by_stream_[stream];
+}
+
+void TimelineRecorder::record_wait(int stream, cudaStream_t native, int event_id,
+                                   const char* label) {
+  grow_stream_tables(stream);
+  PendingOp op;
+  op.label = label;
+  op.stream = stream;
+  op.kind = OpKind::Wait;
+  op.end = take_event();
+  FSDP_CUDA_CHECK(cudaEventRecord(op.end, native));
+  // No earlier op on this stream since recording began: a zero-length wait at the event.
+  op.start = last_end_by_stream_[stream] ? last_end_by_stream_[stream] : op.end;
+  op.waited_for =
+      event_id < static_cast<int>(label_by_event_.size()) ? label_by_event_[event_id] : nullptr;
+  last_end_by_stream_[stream] = op.end;
+  ops_.push_back(op);
+}
+
+void TimelineRecorder::record_host_span(const char* label, double start_us, double end_us) {
+  PendingOp op;
+  op.label = label;
+  op.stream = -1;
+  op.kind = OpKind::Host;
+  op.host_start_us = start_us;
+  op.host_end_us = end_us;
+  ops_.push_back(op);
+}
+
+void TimelineRecorder::record_memory(double time_us, int64_t bytes) {
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  memory_.push_back(MemSample{time_us, bytes});
+}
+
+Timeline TimelineRecorder::take(std::vector<std::string> stream_names) {
+  Timeline out;
+  out.stream_names = std::move(stream_names);
+  out.ops.reserve(ops_.size());
+  for (const PendingOp& op : ops_) {
+    TimelineOp t;
+    t.label = op.label ? op.label : "";
+    t.stream = op.stream;
+    t.kind = op.kind;
+    if (op.waited_for) t.waited_for = op.waited_for;
+    if (op.kind == OpKind::Host) {
+      t.start_us = op.host_start_us;
+      t.end_us = op.host_end_us;
+    } else {
+      if (!op.start || !op.end) continue;
+      float from_anchor_ms = 0, duration_ms = 0;
+      FSDP_CUDA_CHECK(cudaEventElapsedTime(&from_anchor_ms, anchor_event_, op.start));
+      FSDP_CUDA_CHECK(cudaEventElapsedTime(&duration_ms, op.start, op.end));
+      t.start_us = anchor_host_us_ + 1000.0 * from_anchor_ms;
+      // A wait that was already satisfied can end "before" the previous op's end event
+      // by event jitter; clamp so spans are never negative.
+      t.end_us = t.start_us + 1000.0 * (duration_ms > 0 ? duration_ms : 0.0f);
+    }
+    out.ops.push_back(std::move(t));
+  }
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    out.memory.swap(memory_);
+  }
+  ops_.clear();
+  free_events_.insert(free_events_.end(), used_events_.begin(), used_events_.end());
+  used_events_.clear();
+  // The recycled events may be re-recorded: forget every reference to them.
+  std::fill(last_end_by_stream_.begin(), last_end_by_stream_.end(), nullptr);
+  if (enabled_) anchor();
+  return out;
+}
+
+}  // namespace fsdp::cuda

@@ -1,0 +1,55 @@
+// What one root shares with all its FSDP states: streams, the RS ring, the event pool, the
+// separate RS communicators and the schedule's event log. (FSDP2's FSDPCommContext.)
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/rs_ring.h"
+#include "fsdp/comm.h"
+#include "fsdp/fsdp.h"
+
+namespace fsdp::core {
+
+class FsdpState;
+
+class CommContext {
+ public:
+  explicit CommContext(Device& device);
+
+  Device& device;
+  Stream all_gather_stream;
+  Stream reduce_scatter_stream;
+  RsRing ring;
+  EventPool events;
+  bool separate_reduce_scatter_group = false;
+  std::vector<FsdpState*> post_forward_order;  // this iteration, for backward prefetch
+  std::vector<ScheduleEvent>* event_log = nullptr;
+
+  // The communicator RS uses for `mesh`: the mesh's own, or (separate group on) one split
+  // off per distinct rank set. Creating one is collective over the mesh; lazy init makes
+  // them in the same order on every rank.
+  Comm& reduce_scatter_comm(Mesh& mesh);
+  void create_separate_comm(Mesh& mesh);
+
+  void log(const char* op, const std::string& unit, const char* phase) {
+    if (event_log) event_log->push_back({op, unit, phase});
+  }
+  // Labels outlive the timeline (Device::set_label keeps the pointer).
+  const char* intern(std::string label);
+  // Collectives issued on the separate RS communicators (the meshes count their own).
+  int64_t separate_comm_issued(CollectiveKind kind) const {
+    int64_t n = 0;
+    for (const auto& [ranks, comm] : separate_comms_) n += comm->issued(kind);
+    return n;
+  }
+
+ private:
+  std::map<std::vector<int>, std::unique_ptr<Comm>> separate_comms_;
+  std::deque<std::string> labels_;
+};
+
+}  // namespace fsdp::core

@@ -1,0 +1,159 @@
+// The public API (include/fsdp/fsdp.h) over the core's states.
+#include <sstream>
+
+#include "core/fsdp_state.h"
+#include "fsdp/error.h"
+
+namespace fsdp {
+
+using core::FsdpState;
+
+Mesh::Mesh(std::string name, Device& device, std::shared_ptr<Comm> comm)
+    : name_(std::move(name)), device_(&device), comm_(std::move(comm)) {
+  FSDP_CHECK(comm_ != nullptr, "mesh '", name_, "' needs a communicator");
+}
+
+std::string to_string(const ScheduleEvent& e) {
+  return e.op + " " + e.unit + " " + e.phase;
+}
+
+FsdpModule& fully_shard(Module& module, Mesh& mesh, const FullyShardOptions& options) {
+  FSDP_CHECK(!core::state_of(module), "module '", module.fqn(), "' is already fully_shard'ed");
+  auto state = std::make_unique<FsdpState>(module, mesh, options);
+  FsdpState& ref = *state;
+  module.owned_hooks = std::move(state);
+  module.hooks = &ref;
+  return ref.handle;
+}
+
+FsdpModule* fsdp_module_of(Module& module) {
+  FsdpState* s = core::state_of(module);
+  return s ? &s->handle : nullptr;
+}
+
+Module& FsdpModule::module() const { return state_->module; }
+const std::string& FsdpModule::fqn() const { return state_->module.fqn(); }
+bool FsdpModule::is_root() const { return state_->is_root; }
+
+namespace {
+template <typename Fn>
+void for_each_state(FsdpState& top, bool recurse, Fn fn) {
+  if (!recurse) {
+    fn(top);
+    return;
+  }
+  top.module.visit([&](Module& m) {
+    if (FsdpState* s = core::state_of(m)) fn(*s);
+  });
+}
+}  // namespace
+
+void FsdpModule::set_reshard_after_forward(bool reshard, bool recurse) {
+  for_each_state(*state_, recurse, [&](FsdpState& s) { s.reshard_after_forward = reshard; });
+}
+void FsdpModule::set_reshard_after_backward(bool reshard, bool recurse) {
+  for_each_state(*state_, recurse, [&](FsdpState& s) { s.reshard_after_backward = reshard; });
+}
+void FsdpModule::set_requires_gradient_sync(bool sync, bool recurse) {
+  for_each_state(*state_, recurse, [&](FsdpState& s) { s.requires_gradient_sync = sync; });
+}
+void FsdpModule::set_is_last_backward(bool last) { state_->is_last_backward = last; }
+
+void FsdpModule::set_reduce_scatter_max_input_buffers(int k, bool recurse) {
+  FSDP_CHECK(k >= 1, "set_reduce_scatter_max_input_buffers: k must be a positive integer, got ", k);
+  for_each_state(*state_, recurse, [&](FsdpState& s) { s.reduce_scatter_max_input_buffers = k; });
+  if (state_->ctx && state_->is_root) {
+    int resolved = 1;
+    for (FsdpState* s : state_->all_states) resolved = std::max(resolved, s->reduce_scatter_max_input_buffers);
+    state_->ctx->ring.set_capacity(resolved);
+  }
+}
+
+void FsdpModule::set_separate_reduce_scatter_group(bool enable, bool recurse) {
+  for_each_state(*state_, recurse, [&](FsdpState& s) { s.separate_reduce_scatter_group = enable; });
+  FSDP_CHECK(!state_->ctx, "set_separate_reduce_scatter_group must be called before the first forward");
+}
+
+namespace {
+std::vector<FsdpState*> states_of(const std::vector<FsdpModule*>& modules) {
+  std::vector<FsdpState*> out;
+  for (FsdpModule* m : modules) {
+    FSDP_CHECK(m != nullptr, "prefetch list holds a null module");
+    out.push_back(&m->state());
+  }
+  return out;
+}
+}  // namespace
+
+void FsdpModule::set_modules_to_forward_prefetch(const std::vector<FsdpModule*>& modules) {
+  state_->forward_prefetch = states_of(modules);
+  state_->forward_prefetch_set = true;
+}
+void FsdpModule::set_modules_to_backward_prefetch(const std::vector<FsdpModule*>& modules) {
+  state_->backward_prefetch = states_of(modules);
+  state_->backward_prefetch_set = true;
+}
+
+void FsdpModule::unshard() {
+  FsdpState& s = *state_;
+  s.comm_context();  // raises a clear error before the first forward
+  s.unshard("explicit");
+  s.wait_for_unshard(s.compute);
+}
+void FsdpModule::reshard() { state_->reshard(state_->compute, "explicit"); }
+
+void FsdpModule::set_event_log(std::vector<ScheduleEvent>* log) {
+  state_->event_log = log;
+  if (state_->ctx) state_->ctx->event_log = log;
+}
+void FsdpModule::set_rs_reclaim_policy_for_testing(RsReclaimPolicy policy) {
+  state_->rs_policy = policy;
+  if (state_->ctx) state_->ctx->ring.set_policy(policy);
+}
+int FsdpModule::reduce_scatter_max_input_buffers() const {
+  return state_->ctx ? state_->ctx->ring.capacity() : state_->reduce_scatter_max_input_buffers;
+}
+
+std::vector<ShardedGroupView> sharded_groups(FsdpModule& root) {
+  std::vector<ShardedGroupView> out;
+  root.module().visit([&](Module& m) {
+    if (FsdpState* s = core::state_of(m))
+      for (auto& g : s->groups)
+        out.push_back({g->label().empty() ? s->module.fqn() : g->label(), g->shard_param(),
+                       g->shard_grad(), g->layout().shard_numel});
+  });
+  return out;
+}
+
+void zero_sharded_grads(FsdpModule& root, Stream compute) {
+  Device& d = root.state().mesh.device();
+  for (const ShardedGroupView& g : sharded_groups(root))
+    d.fill(compute, g.grad, DType::F32, g.numel, 0.0f);
+}
+
+std::vector<std::vector<float>> gather_full_params(FsdpModule& root, Stream compute) {
+  std::vector<std::vector<float>> out;
+  Device& d = root.state().mesh.device();
+  for (Param* p : root.module().all_params()) {
+    const core::FsdpState::ParamHome* home = nullptr;
+    root.module().visit([&](Module& m) {
+      if (FsdpState* s = core::state_of(m))
+        for (auto& h : s->homes)
+          if (h.param == p) home = &h;
+    });
+    FSDP_CHECK(home, "param '", p->name(), "' is not managed by FSDP");
+    core::ParamGroup& g = *home->group;
+    const int64_t n = g.layout().shard_numel;
+    const int world = g.layout().world;
+    float* buf = static_cast<float*>(d.alloc(static_cast<size_t>(n * world) * 4, compute, MemTag::Other));
+    g.mesh().comm().all_gather(g.shard_param(), buf, n, DType::F32, compute);
+    std::vector<float> gathered(static_cast<size_t>(n * world));
+    d.copy_to_host(compute, gathered.data(), buf, gathered.size() * 4);
+    d.free(buf, compute);
+    d.synchronize_stream(compute);
+    out.push_back(core::unshard_param(g.layout(), home->index, gathered));
+  }
+  return out;
+}
+
+}  // namespace fsdp

@@ -1,0 +1,85 @@
+// One fully_shard() call: its module's hooks, its param groups, its settings (FSDP2's
+// FSDPState). The root state (the first to run forward) owns the CommContext and finalizes
+// backward.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/comm_context.h"
+#include "core/param_group.h"
+#include "fsdp/fsdp.h"
+
+namespace fsdp::core {
+
+enum class TrainingState { Idle, Forward, PreBackward, PostBackward };
+
+class FsdpState : public ModuleHooks {
+ public:
+  FsdpState(Module& module, Mesh& mesh, const FullyShardOptions& options);
+  ~FsdpState() override;
+
+  void pre_forward(RunContext& ctx) override;
+  void post_forward(RunContext& ctx) override;
+  void pre_backward(RunContext& ctx) override;
+  void post_backward(RunContext& ctx) override;
+
+  // Unshard: issue the AGs of every group (logged once as "unshard").
+  void unshard(const char* phase);
+  void wait_for_unshard(Stream compute);
+  void reshard(Stream compute, const char* phase);
+
+  Module& module;
+  Mesh& mesh;
+  FsdpModule handle{*this};
+  MixedPrecisionPolicy mp;
+  std::vector<std::unique_ptr<ParamGroup>> groups;
+
+  // Settings (FSDP2 names).
+  std::optional<bool> reshard_after_forward;
+  bool reshard_after_backward = true;
+  bool requires_gradient_sync = true;
+  bool is_last_backward = true;  // root only
+  int reduce_scatter_max_input_buffers = 1;
+  bool separate_reduce_scatter_group = false;
+  bool forward_prefetch_set = false, backward_prefetch_set = false;
+  std::vector<FsdpState*> forward_prefetch, backward_prefetch;
+  RsReclaimPolicy rs_policy = RsReclaimPolicy::BoundedRing;
+  std::vector<ScheduleEvent>* event_log = nullptr;
+
+  // Set at lazy init.
+  bool is_root = false;
+  FsdpState* root = nullptr;
+  CommContext* ctx = nullptr;
+  std::vector<FsdpState*> all_states;  // root only: every state of its tree, pre-order
+  Stream compute;
+  std::string unit_label;  // fqn, or "root"
+  TrainingState training_state = TrainingState::Idle;
+
+  // Which group and index hold each param (for grads and gathers).
+  struct ParamHome {
+    Param* param;
+    ParamGroup* group;
+    int index;
+  };
+  std::vector<ParamHome> homes;
+
+  bool effective_reshard_after_forward() const {
+    return reshard_after_forward.value_or(!is_root);
+  }
+  CommContext& comm_context() const;
+
+ private:
+  void lazy_init(RunContext& ctx);
+  void root_pre_forward(RunContext& ctx);
+  void finalize_backward(RunContext& ctx);
+  void prefetch(const std::vector<FsdpState*>& targets, const char* phase);
+
+  std::unique_ptr<CommContext> owned_ctx_;
+  Event optimizer_done_;
+};
+
+FsdpState* state_of(Module& module);
+
+}  // namespace fsdp::core

@@ -1,0 +1,244 @@
+#include "core/param_group.h"
+
+#include "core/fsdp_state.h"
+#include "fsdp/error.h"
+
+namespace fsdp::core {
+
+namespace {
+std::vector<std::vector<int64_t>> shapes_of(const std::vector<Param*>& params) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const Param* p : params) shapes.push_back(p->shape());
+  return shapes;
+}
+}  // namespace
+
+ParamGroup::ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params, int index,
+                       Stream init_stream)
+    : owner_(&state),
+      mesh_(&mesh),
+      device_(&mesh.device()),
+      params_(std::move(params)),
+      index_(index),
+      layout_(make_group_layout(shapes_of(params_), mesh.size())) {
+  std::vector<const std::vector<float>*> values;
+  for (const Param* p : params_) {
+    FSDP_CHECK(static_cast<int64_t>(p->init_values().size()) == p->numel(), "param '",
+               p->name(), "' of module '", state.module.fqn(), "' has ",
+               p->init_values().size(), " initial values but its shape holds ", p->numel(),
+               " (already sharded by another fully_shard call?)");
+    values.push_back(&p->init_values());
+    full_numel_ += p->numel();
+  }
+  const std::vector<float> shard = shard_of(layout_, mesh.rank(), values);
+  const size_t bytes = static_cast<size_t>(layout_.shard_numel) * sizeof(float);
+  shard_param_ = static_cast<float*>(device_->alloc(bytes, init_stream, MemTag::ShardedState));
+  shard_grad_ = static_cast<float*>(device_->alloc(bytes, init_stream, MemTag::ShardedState));
+  device_->copy_from_host(init_stream, shard_param_, shard.data(), bytes);
+  device_->fill(init_stream, shard_grad_, DType::F32, layout_.shard_numel, 0.0f);
+  grads_.resize(params_.size());
+  all_gather_done_ = device_->create_event();
+}
+
+ParamGroup::~ParamGroup() {
+  device_->synchronize();
+  // Frees go on the stream the context would use; any stream is fine after synchronize().
+  const Stream s = ctx_ ? ctx_->all_gather_stream : Stream{0};
+  if (gathered_) device_->free(gathered_, s);
+  for (void* p : copied_out_) device_->free(p, s);
+  if (unsharded_accum_) device_->free(unsharded_accum_, s);
+  grads_.clear();
+  device_->free(shard_param_, s);
+  device_->free(shard_grad_, s);
+  device_->destroy_event(all_gather_done_);
+}
+
+void ParamGroup::lazy_init(CommContext& ctx, const std::string& label) {
+  ctx_ = &ctx;
+  label_ = label;
+  label_ag_copy_in_ = ctx.intern("AG copy-in " + label);
+  label_ag_ = ctx.intern("AG " + label);
+  label_copy_out_ = ctx.intern("AG copy-out " + label);
+  label_rs_copy_in_ = ctx.intern("RS copy-in " + label);
+  label_rs_ = ctx.intern("RS " + label);
+  label_rs_accumulate_ = ctx.intern("RS accumulate " + label);
+}
+
+void ParamGroup::unshard() {
+  if (state_ != Sharded) return;
+  const DType t = owner_->mp.param_dtype;
+  const Stream s = ctx_->all_gather_stream;
+  const int64_t n = layout_.shard_numel;
+  gathered_ = device_->alloc(static_cast<size_t>(n * layout_.world) * dtype_size(t), s,
+                             MemTag::AllGather);
+  // The AG input is this rank's slot of the output: the copy-in casts straight into it.
+  void* slot = static_cast<char*>(gathered_) + static_cast<size_t>(n * mesh_->rank()) * dtype_size(t);
+  device_->set_label(label_ag_copy_in_);
+  device_->cast(s, slot, t, shard_param_, DType::F32, n);
+  device_->set_label(label_ag_);
+  mesh_->comm().all_gather(slot, gathered_, n, t, s);
+  device_->record_event(all_gather_done_, s);
+  state_ = Gathering;
+}
+
+void ParamGroup::wait_for_unshard(Stream compute) {
+  if (state_ == Sharded) unshard();
+  if (state_ == Unsharded) return;
+  device_->wait_event(compute, all_gather_done_);
+  const DType t = owner_->mp.param_dtype;
+  if (layout_.views_suffice) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ShardSlice& sl = layout_.slices[i];
+      params_[i]->value = view_tensor(
+          static_cast<char*>(gathered_) + static_cast<size_t>(sl.offset) * dtype_size(t), t,
+          sl.rows, sl.cols);
+    }
+  } else {
+    std::vector<void*> dsts;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ShardSlice& sl = layout_.slices[i];
+      void* dst = device_->alloc(static_cast<size_t>(sl.rows * sl.cols) * dtype_size(t), compute,
+                                 MemTag::Unsharded);
+      copied_out_.push_back(dst);
+      dsts.push_back(dst);
+      params_[i]->value = view_tensor(dst, t, sl.rows, sl.cols);
+    }
+    device_->set_label(label_copy_out_);
+    device_->all_gather_copy_out(compute, gathered_, t, layout_.shard_numel, layout_.world,
+                                 layout_.slices.data(), dsts.data(), static_cast<int>(dsts.size()));
+    // The copy-out ran on compute, which already waited for the AG: free in stream order.
+    device_->free(gathered_, compute);
+    gathered_ = nullptr;
+  }
+  state_ = Unsharded;
+}
+
+void ParamGroup::reshard(Stream compute) {
+  if (state_ == Sharded) return;
+  // A prefetched AG nobody waited for is still writing its buffer: wait before the free.
+  if (state_ == Gathering) device_->wait_event(compute, all_gather_done_);
+  if (gathered_) device_->free(gathered_, compute);
+  for (void* p : copied_out_) device_->free(p, compute);
+  gathered_ = nullptr;
+  copied_out_.clear();
+  for (Param* p : params_) p->value = Tensor{};
+  state_ = Sharded;
+}
+
+void ParamGroup::on_grad(RunContext& ctx, int param_index, Tensor grad) {
+  Param& p = *params_[param_index];
+  FSDP_CHECK(grad.numel() == p.numel(), "grad of '", p.name(), "' in ", label_, " has ",
+             grad.numel(), " elements, the param has ", p.numel());
+  FSDP_CHECK(!fired_, "a grad for '", p.name(), "' in ", label_,
+             " arrived after its group was reduce-scattered in this backward");
+  if (grads_[param_index].defined()) {
+    // The param was used twice: sum the contributions.
+    device_->add(ctx.compute, grads_[param_index].data, grads_[param_index].data, grad.data,
+                 grad.dtype, grad.numel());
+  } else {
+    grads_[param_index] = std::move(grad);
+    ++grads_received_;
+  }
+  if (grads_received_ == static_cast<int>(params_.size())) post_backward(ctx);
+}
+
+void ParamGroup::accumulate_unsharded(RunContext& ctx) {
+  if (!unsharded_accum_) {
+    unsharded_accum_ = static_cast<float*>(device_->alloc(
+        static_cast<size_t>(full_numel_) * sizeof(float), ctx.compute, MemTag::GradAccum));
+    device_->fill(ctx.compute, unsharded_accum_, DType::F32, full_numel_, 0.0f);
+  }
+  int64_t offset = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (grads_[i].defined())
+      device_->accumulate(ctx.compute, unsharded_accum_ + offset, grads_[i].data, grads_[i].dtype,
+                          params_[i]->numel(), 1.0f);
+    offset += params_[i]->numel();
+  }
+}
+
+void ParamGroup::release_grads() {
+  for (Tensor& g : grads_) g = Tensor{};  // stream-ordered frees on compute
+  grads_received_ = 0;
+}
+
+void ParamGroup::post_backward(RunContext& ctx) {
+  if (fired_) return;
+  fired_ = true;
+  ctx_->log("post_backward", label_, "post_backward");
+  const bool any_grad = grads_received_ > 0 || unsharded_accum_ != nullptr;
+  if (!owner_->requires_gradient_sync) {
+    if (any_grad) accumulate_unsharded(ctx);
+    release_grads();
+  } else if (any_grad) {
+    std::vector<const void*> srcs(params_.size());
+    std::vector<DType> types(params_.size());
+    std::vector<Tensor> zeros;  // params that got no grad reduce zeros, so ranks match
+    if (unsharded_accum_) {
+      accumulate_unsharded(ctx);
+      int64_t offset = 0;
+      for (size_t i = 0; i < params_.size(); ++i) {
+        srcs[i] = unsharded_accum_ + offset;
+        types[i] = DType::F32;
+        offset += params_[i]->numel();
+      }
+    } else {
+      for (size_t i = 0; i < params_.size(); ++i) {
+        if (!grads_[i].defined()) {
+          zeros.push_back(empty_tensor(*device_, ctx.compute, owner_->mp.param_dtype,
+                                       params_[i]->rows(), params_[i]->cols(), MemTag::Grad));
+          device_->fill(ctx.compute, zeros.back().data, zeros.back().dtype, params_[i]->numel(), 0);
+          grads_[i] = zeros.back();
+        }
+        srcs[i] = grads_[i].data;
+        types[i] = grads_[i].dtype;
+      }
+    }
+    reduce_scatter(ctx, srcs, types);
+    release_grads();
+    zeros.clear();
+    if (unsharded_accum_) {
+      device_->free(unsharded_accum_, ctx.compute);  // the copy-in read it on compute
+      unsharded_accum_ = nullptr;
+    }
+  }
+  release_grads();
+  if (owner_->reshard_after_backward) reshard(ctx.compute);
+}
+
+void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>& srcs,
+                                const std::vector<DType>& types) {
+  const DType rt = owner_->mp.reduce_dtype;
+  const int64_t n = layout_.shard_numel;
+  const int world = layout_.world;
+  const Stream rs_stream = ctx_->reduce_scatter_stream;
+
+  ctx_->ring.reserve(*device_, ctx.compute, ctx_->events, index_,
+                     static_cast<int>(owner_->groups.size()));
+  // Allocated on compute, where the copy-in writes it (FSDP2 #129721 does the same).
+  void* rs_in = device_->alloc(static_cast<size_t>(n * world) * dtype_size(rt), ctx.compute,
+                               MemTag::RsInput);
+  device_->set_label(label_rs_copy_in_);
+  device_->reduce_scatter_copy_in(ctx.compute, rs_in, rt, n, world, layout_.slices.data(),
+                                  srcs.data(), types.data(), static_cast<int>(srcs.size()));
+
+  Event copied = ctx_->events.acquire();
+  device_->record_event(copied, ctx.compute);
+  device_->wait_event(rs_stream, copied);
+  ctx_->events.release(copied);
+
+  void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream,
+                                MemTag::RsOutput);
+  device_->set_label(label_rs_);
+  ctx_->reduce_scatter_comm(*mesh_).reduce_scatter(rs_in, rs_out, n, rt, ReduceOp::Avg,
+                                                   rs_stream);
+  device_->set_label(label_rs_accumulate_);
+  device_->accumulate(rs_stream, shard_grad_, rs_out, rt, n, 1.0f);
+  device_->free(rs_out, rs_stream);
+  Event done = ctx_->events.acquire();
+  device_->record_event(done, rs_stream);
+  ctx_->ring.push({rs_in, done, index_});
+  ctx_->log("reduce_scatter", label_, "post_backward");
+}
+
+}  // namespace fsdp::core

@@ -1,0 +1,92 @@
+// One param group: the params of one FSDP module that shard over one mesh. The unit of one
+// all-gather and one reduce-scatter (FSDP2's FSDPParamGroup).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/comm_context.h"
+#include "core/shard_layout.h"
+#include "fsdp/fsdp.h"
+
+namespace fsdp::core {
+
+class FsdpState;
+
+class ParamGroup {
+ public:
+  ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params, int index,
+             Stream init_stream);
+  ~ParamGroup();
+  ParamGroup(const ParamGroup&) = delete;
+  ParamGroup& operator=(const ParamGroup&) = delete;
+
+  // Labels are made once the root's context exists (lazy init).
+  void lazy_init(CommContext& ctx, const std::string& label);
+
+  // Issues the all-gather on the AG stream (copy-in cast + collective); no-op when the
+  // params are unsharded or already being gathered.
+  void unshard();
+  // Makes the compute stream wait for the all-gather and points every Param::value at the
+  // unsharded data (a view of the AG output, or a copy-out).
+  void wait_for_unshard(Stream compute);
+  // Frees the unsharded data, stream-ordered on the compute stream.
+  void reshard(Stream compute);
+  bool is_unsharded() const { return state_ == Unsharded; }
+  bool is_gathering() const { return state_ == Gathering; }
+
+  // Grad sink: counts grads; the last one of the group triggers post_backward().
+  void on_grad(RunContext& ctx, int param_index, Tensor grad);
+  // Reduce-scatters the group's grads (Note [RS ring]); with gradient sync off, accumulates
+  // them unsharded instead. Missing grads count as zeros; a group with no grads is skipped.
+  void post_backward(RunContext& ctx);
+  bool post_backward_pending() const { return grads_received_ > 0; }
+  bool fired_this_backward() const { return fired_; }
+  void reset_backward() { fired_ = false; }
+
+  Mesh& mesh() const { return *mesh_; }
+  int index() const { return index_; }
+  const GroupLayout& layout() const { return layout_; }
+  const std::vector<Param*>& params() const { return params_; }
+  const std::string& label() const { return label_; }
+  float* shard_param() const { return shard_param_; }
+  float* shard_grad() const { return shard_grad_; }
+
+ private:
+  enum UnshardState { Sharded, Gathering, Unsharded };
+  void reduce_scatter(RunContext& ctx, const std::vector<const void*>& srcs,
+                      const std::vector<DType>& types);
+  void accumulate_unsharded(RunContext& ctx);
+  void release_grads();
+
+  FsdpState* owner_;
+  Mesh* mesh_;
+  Device* device_;
+  CommContext* ctx_ = nullptr;
+  std::vector<Param*> params_;
+  int index_;
+  GroupLayout layout_;
+  float* shard_param_ = nullptr;  // fp32 master shard, flat
+  float* shard_grad_ = nullptr;   // fp32 grad shard, flat
+
+  UnshardState state_ = Sharded;
+  void* gathered_ = nullptr;  // [world][shard_numel] in the param dtype
+  std::vector<void*> copied_out_;
+  Event all_gather_done_;
+
+  std::vector<Tensor> grads_;
+  int grads_received_ = 0;
+  bool fired_ = false;
+  float* unsharded_accum_ = nullptr;  // fp32, sum of rows*cols, for no-sync micro-batches
+  int64_t full_numel_ = 0;
+
+  std::string label_;
+  const char* label_ag_copy_in_ = "";
+  const char* label_ag_ = "";
+  const char* label_copy_out_ = "";
+  const char* label_rs_copy_in_ = "";
+  const char* label_rs_ = "";
+  const char* label_rs_accumulate_ = "";
+};
+
+}  // namespace fsdp::core

@@ -1,0 +1,176 @@
+#include "nn/layers.h"
+
+#include <cmath>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "fsdp/error.h"
+
+namespace fsdp::nn {
+
+namespace {
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+Tensor new_act(RunContext& ctx, int64_t rows, int64_t cols, DType t = DType::F32, bool use_ctx = true) {
+  return empty_tensor(*ctx.device, ctx.compute, use_ctx ? ctx.act_dtype : t, rows, cols,
+                      MemTag::Activation);
+}
+
+Tensor ones(RunContext& ctx, int64_t n) {
+  Tensor t = new_act(ctx, 1, n);
+  ctx.device->fill(ctx.compute, t.data, t.dtype, n, 1.0f);
+  return t;
+}
+
+}  // namespace
+
+std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound) {
+  std::vector<float> v(static_cast<size_t>(n));
+  uint64_t state = seed * 0x2545f4914f6cdd1dull + 1;
+  for (auto& x : v) {
+    const double u = static_cast<double>(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
+    x = static_cast<float>((2.0 * u - 1.0) * bound);
+  }
+  return v;
+}
+
+const char* op_label(const Module& m, const char* phase, const char* what) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const Module*, const char*, const char*>, std::string> labels;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto [it, inserted] = labels.try_emplace({&m, phase, what});
+  if (inserted) it->second = std::string(phase) + " " + (m.fqn().empty() ? "root" : m.fqn()) + " " + what;
+  return it->second.c_str();
+}
+
+// ---- Linear
+Linear::Linear(int64_t in, int64_t out, bool bias, uint64_t seed)
+    : Module("Linear"), in_(in), out_(out) {
+  FSDP_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in));
+  add_param("weight", {out, in}, uniform_init(seed, out * in, bound));
+  if (bias) add_param("bias", {out}, uniform_init(seed ^ 0xb1a5ull, out, bound));
+}
+
+Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
+  FSDP_CHECK(x.cols == in_, "Linear ", fqn(), " expects ", in_, " features, got ", x.cols);
+  Device& d = *ctx.device;
+  Tensor y = new_act(ctx, x.rows, out_);
+  d.set_label(op_label(*this, "fwd", "gemm"));
+  d.gemm(ctx.compute, false, true, x.rows, out_, in_, 1.0f, x.data, weight().value.data,
+         ctx.act_dtype, 0.0f, y.data, y.dtype);
+  if (Param* b = bias()) {
+    Tensor one = ones(ctx, x.rows);
+    d.gemm(ctx.compute, false, false, x.rows, out_, 1, 1.0f, one.data, b->value.data,
+           ctx.act_dtype, 1.0f, y.data, y.dtype);
+  }
+  saved_x_ = x;
+  return y;
+}
+
+void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy) {
+  Device& d = *ctx.device;
+  Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, out_, in_, MemTag::Grad);
+  d.set_label(op_label(*this, "bwd", "gemm dW"));
+  d.gemm(ctx.compute, true, false, out_, in_, x.rows, 1.0f, dy.data, x.data, ctx.act_dtype, 0.0f,
+         dw.data, dw.dtype);
+  if (Param* b = bias()) {
+    Tensor db = empty_tensor(d, ctx.compute, ctx.act_dtype, 1, out_, MemTag::Grad);
+    Tensor one = ones(ctx, x.rows);
+    d.gemm(ctx.compute, false, false, 1, out_, x.rows, 1.0f, one.data, dy.data, ctx.act_dtype,
+           0.0f, db.data, db.dtype);
+    weight().set_grad(ctx, std::move(dw));
+    b->set_grad(ctx, std::move(db));
+  } else {
+    weight().set_grad(ctx, std::move(dw));
+  }
+}
+
+Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
+  Device& d = *ctx.device;
+  Tensor dx = new_act(ctx, dy.rows, in_);
+  d.set_label(op_label(*this, "bwd", "gemm dX"));
+  d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,
+         ctx.act_dtype, 0.0f, dx.data, dx.dtype);
+  if (defer_weight_grad) {
+    deferred_x_ = std::move(saved_x_);
+    deferred_dy_ = dy;
+  } else {
+    weight_grads(ctx, saved_x_, dy);
+  }
+  saved_x_ = Tensor{};
+  return dx;
+}
+
+void Linear::flush_deferred_grads(RunContext& ctx) {
+  if (!deferred_dy_.defined()) return;
+  weight_grads(ctx, deferred_x_, deferred_dy_);
+  deferred_x_ = Tensor{};
+  deferred_dy_ = Tensor{};
+}
+
+// ---- Act
+Tensor Act::forward_impl(RunContext& ctx, const Tensor& x) {
+  Tensor y = new_act(ctx, x.rows, x.cols);
+  ctx.device->set_label(op_label(*this, "fwd", type().c_str()));
+  ctx.device->activation_forward(ctx.compute, f_, x.data, y.data, x.dtype, x.numel());
+  saved_x_ = x;
+  return y;
+}
+
+Tensor Act::backward_impl(RunContext& ctx, const Tensor& dy) {
+  Tensor dx = new_act(ctx, dy.rows, dy.cols);
+  ctx.device->set_label(op_label(*this, "bwd", type().c_str()));
+  ctx.device->activation_backward(ctx.compute, f_, saved_x_.data, dy.data, dx.data, dy.dtype,
+                                  dy.numel());
+  saved_x_ = Tensor{};
+  return dx;
+}
+
+// ---- Sequential
+Tensor Sequential::forward_impl(RunContext& ctx, const Tensor& x) {
+  Tensor h = x;
+  for (const auto& c : children()) h = c->forward(ctx, h);
+  return h;
+}
+
+Tensor Sequential::backward_impl(RunContext& ctx, const Tensor& dy) {
+  Tensor g = dy;
+  for (auto it = children().rbegin(); it != children().rend(); ++it) g = (*it)->backward(ctx, g);
+  return g;
+}
+
+// ---- ResidualMlp
+ResidualMlp::ResidualMlp(int64_t dim, int64_t hidden, Activation f, uint64_t seed)
+    : Module("ResidualMlp") {
+  add_child("fc1", std::make_unique<Linear>(dim, hidden, true, seed * 3 + 1));
+  add_child("act", std::make_unique<Act>(f));
+  add_child("fc2", std::make_unique<Linear>(hidden, dim, true, seed * 3 + 2));
+}
+
+Tensor ResidualMlp::forward_impl(RunContext& ctx, const Tensor& x) {
+  Tensor h = x;
+  for (const auto& c : children()) h = c->forward(ctx, h);
+  Tensor y = new_act(ctx, x.rows, x.cols);
+  ctx.device->set_label(op_label(*this, "fwd", "residual"));
+  ctx.device->add(ctx.compute, y.data, x.data, h.data, x.dtype, x.numel());
+  return y;
+}
+
+Tensor ResidualMlp::backward_impl(RunContext& ctx, const Tensor& dy) {
+  Tensor g = dy;
+  for (auto it = children().rbegin(); it != children().rend(); ++it) g = (*it)->backward(ctx, g);
+  Tensor dx = new_act(ctx, dy.rows, dy.cols);
+  ctx.device->set_label(op_label(*this, "bwd", "residual"));
+  ctx.device->add(ctx.compute, dx.data, dy.data, g.data, dy.dtype, dy.numel());
+  return dx;
+}
+
+}  // namespace fsdp::nn

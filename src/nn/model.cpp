@@ -1,0 +1,74 @@
+#include "nn/model.h"
+
+#include <cmath>
+
+#include "fsdp/error.h"
+
+namespace fsdp::nn {
+
+Model::Model(const ModelConfig& c) : Module("Model"), config_(c) {
+  FSDP_CHECK(c.layers >= 1, "--layers must be >= 1, got ", c.layers);
+  FSDP_CHECK(c.dim >= 1, "--dim must be >= 1, got ", c.dim);
+  FSDP_CHECK(c.kind == "mlp" || c.kind == "moe", "unknown model '", c.kind, "' (expected mlp or moe)");
+  for (int i = 0; i < c.layers; ++i) {
+    const uint64_t seed = c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull;
+    std::unique_ptr<Module> block;
+    if (c.kind == "mlp") {
+      auto seq = std::make_unique<Sequential>();
+      seq->append(std::make_unique<Linear>(c.dim, c.dim, false, seed));
+      seq->append(std::make_unique<Act>(Activation::ReLU));
+      block = std::move(seq);
+    } else {
+      block = std::make_unique<MoeBlock>(c.dim, c.hidden ? c.hidden : c.dim, c.experts,
+                                         c.grad_order, seed);
+    }
+    blocks_.push_back(&add_child("layers." + std::to_string(i), std::move(block)));
+  }
+  if (c.classes > 0)
+    head_ = &add_child("head", std::make_unique<Linear>(c.dim, c.classes, true, c.seed * 31 + 5));
+}
+
+int64_t Model::param_count() {
+  int64_t n = 0;
+  for (Param* p : all_params()) n += p->numel();
+  return n;
+}
+
+Tensor Model::forward_impl(RunContext& ctx, const Tensor& x) {
+  Tensor h = x;
+  for (Module* b : blocks_) h = b->forward(ctx, h);
+  if (head_) h = head_->forward(ctx, h);
+  return h;
+}
+
+Tensor Model::backward_impl(RunContext& ctx, const Tensor& dy) {
+  Tensor g = dy;
+  if (head_) g = head_->backward(ctx, g);
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) g = (*it)->backward(ctx, g);
+  // Weight grads that blocks deferred (MoeGradOrder::ExpertsDeferred) are computed last.
+  visit([&](Module& m) {
+    if (auto* lin = dynamic_cast<Linear*>(&m)) lin->flush_deferred_grads(ctx);
+  });
+  return g;
+}
+
+Batch make_batch(const ModelConfig& c, uint64_t seed, int step, int64_t first_row, int64_t tokens) {
+  Batch b;
+  b.x.resize(static_cast<size_t>(tokens * c.dim));
+  for (int64_t r = 0; r < tokens; ++r) {
+    const uint64_t row_seed = (seed * 0x100000001b3ull) ^ (static_cast<uint64_t>(step) << 40) ^
+                              static_cast<uint64_t>(first_row + r);
+    std::vector<float> row = uniform_init(row_seed, c.dim, std::sqrt(3.0f));  // unit variance
+    std::copy(row.begin(), row.end(), b.x.begin() + r * c.dim);
+    if (c.classes > 0) {
+      // A learnable target: the argmax of the row's first `classes` features.
+      int32_t best = 0;
+      for (int64_t k = 1; k < std::min<int64_t>(c.classes, c.dim); ++k)
+        if (row[k] > row[best]) best = static_cast<int32_t>(k);
+      b.labels.push_back(best);
+    }
+  }
+  return b;
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,54 @@
+// The models the CLI and tests train, their synthetic data and losses.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/layers.h"
+
+namespace fsdp::nn {
+
+struct ModelConfig {
+  std::string kind = "mlp";  // mlp: L x (Linear(D,D) + ReLU); moe: L x MoeBlock + head
+  int layers = 4;
+  int64_t dim = 64;
+  int64_t hidden = 0;   // expert hidden size (0: dim)
+  int experts = 4;
+  int64_t classes = 0;  // >0: a head Linear(D, classes) on the root and cross-entropy loss
+  MoeGradOrder grad_order = MoeGradOrder::DenseFirst;
+  uint64_t seed = 1;
+};
+
+// The root module: blocks "layers.i", then an optional "head".
+class Model : public Module {
+ public:
+  explicit Model(const ModelConfig& config);
+  const ModelConfig& config() const { return config_; }
+  const std::vector<Module*>& blocks() const { return blocks_; }
+  bool uses_cross_entropy() const { return config_.classes > 0; }
+  int64_t output_dim() const { return config_.classes > 0 ? config_.classes : config_.dim; }
+  int64_t param_count();
+
+ protected:
+  Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+
+ private:
+  ModelConfig config_;
+  std::vector<Module*> blocks_;
+  Module* head_ = nullptr;
+};
+
+// One rank's slice of the global batch of `step`: rows [rank*tokens, (rank+1)*tokens) of a
+// global batch whose every row depends only on (seed, step, global row), so a single-rank
+// reference can rebuild the same global batch.
+struct Batch {
+  std::vector<float> x;           // [tokens, dim]
+  std::vector<int32_t> labels;    // [tokens] when the model has classes
+};
+Batch make_batch(const ModelConfig& config, uint64_t seed, int step, int64_t first_row,
+                 int64_t tokens);
+
+}  // namespace fsdp::nn

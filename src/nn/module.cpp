@@ -1,0 +1,66 @@
+#include "fsdp/module.h"
+
+#include "fsdp/error.h"
+
+namespace fsdp {
+
+Param::Param(std::string name, std::vector<int64_t> shape, std::vector<float> init)
+    : name_(std::move(name)), shape_(std::move(shape)), init_(std::move(init)) {
+  FSDP_CHECK(static_cast<int64_t>(init_.size()) == numel(), "param '", name_, "': ", init_.size(),
+             " initial values for a shape of ", numel(), " elements");
+}
+
+int64_t Param::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+void Param::set_grad(RunContext& ctx, Tensor g) {
+  if (grad_sink) {
+    grad_sink(ctx, *this, std::move(g));
+  } else if (grad.defined()) {
+    ctx.device->add(ctx.compute, grad.data, grad.data, g.data, g.dtype, g.numel());
+  } else {
+    grad = std::move(g);
+  }
+}
+
+Tensor Module::forward(RunContext& ctx, const Tensor& x) {
+  if (hooks) hooks->pre_forward(ctx);
+  Tensor y = forward_impl(ctx, x);
+  if (hooks) hooks->post_forward(ctx);
+  return y;
+}
+
+Tensor Module::backward(RunContext& ctx, const Tensor& dy) {
+  if (hooks) hooks->pre_backward(ctx);
+  Tensor dx = backward_impl(ctx, dy);
+  if (hooks) hooks->post_backward(ctx);
+  return dx;
+}
+
+void Module::visit(const std::function<void(Module&)>& fn) {
+  fn(*this);
+  for (auto& c : children_) c->visit(fn);
+}
+
+std::vector<Param*> Module::all_params() {
+  std::vector<Param*> out;
+  visit([&](Module& m) {
+    for (auto& p : m.params_) out.push_back(p.get());
+  });
+  return out;
+}
+
+Param& Module::add_param(std::string name, std::vector<int64_t> shape, std::vector<float> init) {
+  params_.push_back(std::make_unique<Param>(std::move(name), std::move(shape), std::move(init)));
+  return *params_.back();
+}
+
+void Module::set_fqn(const std::string& fqn) {
+  fqn_ = fqn;
+  for (auto& c : children_) c->set_fqn(fqn_.empty() ? c->local_name_ : fqn_ + "." + c->local_name_);
+}
+
+}  // namespace fsdp
