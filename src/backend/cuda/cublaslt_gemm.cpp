@@ -49,12 +49,7 @@ LtGemm::LtGemm(cudaMemPool_t workspace_pool) : pool_(workspace_pool) {
 }
 
 LtGemm::~LtGemm() {
-  for (auto& [key, plan] : plans_) {
-    (void)cublasLtMatrixLayoutDestroy(plan.lt_a);
-    (void)cublasLtMatrixLayoutDestroy(plan.lt_b);
-    (void)cublasLtMatrixLayoutDestroy(plan.lt_c);
-    (void)cublasLtMatmulDescDestroy(plan.op);
-  }
+  for (auto& [key, plan] : plans_) destroy_plan(plan);
   // Workspaces may still be in use by queued GEMMs: free them in their streams' order.
   for (auto& [stream, workspace] : workspaces_) (void)cudaFreeAsync(workspace, stream);
   if (handle_) (void)cublasLtDestroy(handle_);
@@ -70,47 +65,56 @@ void* LtGemm::workspace_for(cudaStream_t stream) {
   return workspace;
 }
 
+void LtGemm::destroy_plan(Plan& plan) noexcept {
+  if (plan.lt_a) (void)cublasLtMatrixLayoutDestroy(plan.lt_a);
+  if (plan.lt_b) (void)cublasLtMatrixLayoutDestroy(plan.lt_b);
+  if (plan.lt_c) (void)cublasLtMatrixLayoutDestroy(plan.lt_c);
+  if (plan.op) (void)cublasLtMatmulDescDestroy(plan.op);
+  plan = Plan{};
+}
+
 LtGemm::Plan LtGemm::make_plan(const Key& key) {
   Plan plan;
-  FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  // Note [Row-major GEMM on a column-major library]: Lt's A is our B, Lt's B is our A.
-  const cublasOperation_t lt_trans_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t lt_trans_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, lt_trans_a);
-  set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, lt_trans_b);
-
-  // Layouts describe the matrices as stored (column-major view, before the transposes).
-  const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
-  const uint64_t b_rows = key.trans_a ? key.m : key.k, b_cols = key.trans_a ? key.k : key.m;
-  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_a, lt_type(key.ab_t), a_rows, a_cols,
-                                               static_cast<int64_t>(a_rows)));
-  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_b, lt_type(key.ab_t), b_rows, b_cols,
-                                               static_cast<int64_t>(b_rows)));
-  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_c, lt_type(key.c_t), key.n, key.m,
-                                               static_cast<int64_t>(key.n)));
-
   cublasLtMatmulPreference_t pref = nullptr;
-  FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  cublasLtMatmulHeuristicResult_t result{};
-  int found = 0;
   try {
+    FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // Note [Row-major GEMM on a column-major library]: Lt's A is our B, Lt's B is our A.
+    const cublasOperation_t lt_trans_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t lt_trans_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, lt_trans_a);
+    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, lt_trans_b);
+
+    // Layouts describe the matrices as stored (column-major view, before the transposes).
+    const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
+    const uint64_t b_rows = key.trans_a ? key.m : key.k, b_cols = key.trans_a ? key.k : key.m;
+    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_a, lt_type(key.ab_t), a_rows, a_cols,
+                                                 static_cast<int64_t>(a_rows)));
+    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_b, lt_type(key.ab_t), b_rows, b_cols,
+                                                 static_cast<int64_t>(b_rows)));
+    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_c, lt_type(key.c_t), key.n, key.m,
+                                                 static_cast<int64_t>(key.n)));
+
+    FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     set_preference(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t{key.align_b});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t{key.align_a});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t{key.align_c});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t{key.align_c});
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
     FSDP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.lt_a, plan.lt_b,
                                                      plan.lt_c, plan.lt_c, pref, 1, &result,
                                                      &found));
+    FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for gemm m=", key.m, " n=", key.n,
+               " k=", key.k, " trans_a=", key.trans_a, " trans_b=", key.trans_b,
+               " ab=", dtype_name(key.ab_t), " c=", dtype_name(key.c_t));
+    plan.algo = result.algo;
   } catch (...) {
-    (void)cublasLtMatmulPreferenceDestroy(pref);
+    if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
+    destroy_plan(plan);
     throw;
   }
   (void)cublasLtMatmulPreferenceDestroy(pref);
-  FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for gemm m=", key.m, " n=", key.n,
-             " k=", key.k, " trans_a=", key.trans_a, " trans_b=", key.trans_b,
-             " ab=", dtype_name(key.ab_t), " c=", dtype_name(key.c_t));
-  plan.algo = result.algo;
   return plan;
 }
 

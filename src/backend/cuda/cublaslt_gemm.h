@@ -57,6 +57,7 @@ class LtGemm {
   };
   const Plan& plan_for(const Key& key);
   Plan make_plan(const Key& key);
+  static void destroy_plan(Plan& plan) noexcept;
   void* workspace_for(cudaStream_t stream);
 
   cublasLtHandle_t handle_ = nullptr;

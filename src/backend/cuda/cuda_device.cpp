@@ -1,0 +1,325 @@
+// CudaDevice: construction, streams, events, memory, host copies and the timeline.
+// The compute and FSDP ops are in cuda_device_ops.cpp. See Note [CUDA device].
+#include "backend/cuda/cuda_device.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+
+namespace fsdp::cuda {
+
+CudaDevice::OpScope::OpScope(CudaDevice& device, Stream s, OpKind kind) : device_(device) {
+  device.make_current();
+  stream_ = device.native(s);
+  if (device.timeline_.enabled()) [[unlikely]]
+    token_ = device.timeline_.begin(s.id, stream_, device.label_, kind);
+}
+
+CudaDevice::OpScope::~OpScope() {
+  if (token_ >= 0) device_.timeline_.end(token_, stream_);
+}
+
+CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
+  FSDP_CUDA_CHECK(cudaSetDevice(ordinal_));
+  cudaMemPoolProps props{};
+  props.allocType = cudaMemAllocationTypePinned;
+  props.handleTypes = cudaMemHandleTypeNone;
+  props.location.type = cudaMemLocationTypeDevice;
+  props.location.id = ordinal_;
+  FSDP_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+  try {
+    uint64_t keep_everything = UINT64_MAX;
+    FSDP_CUDA_CHECK(
+        cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep_everything));
+    gemm_ = std::make_unique<LtGemm>(pool_);
+    staging_ = std::make_unique<StagingRing>(pool_);
+  } catch (...) {
+    gemm_.reset();
+    (void)cudaMemPoolDestroy(pool_);
+    throw;
+  }
+}
+
+CudaDevice::~CudaDevice() {
+  // Nothing here may throw. Let queued work finish so that the buffers it uses (workspaces,
+  // staging) are not freed under it, then release in dependency order; the pool goes last
+  // (a pool with live allocations is released by CUDA once they are freed).
+  (void)cudaSetDevice(ordinal_);
+  for (const StreamEntry& s : streams_) (void)cudaStreamSynchronize(s.native);
+  gemm_.reset();
+  staging_.reset();
+  for (cudaEvent_t e : events_)
+    if (e) (void)cudaEventDestroy(e);
+  for (const StreamEntry& s : streams_) (void)cudaStreamDestroy(s.native);
+  (void)cudaMemPoolDestroy(pool_);
+}
+
+void CudaDevice::make_current() const {
+  int current = -1;
+  FSDP_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != ordinal_) FSDP_CUDA_CHECK(cudaSetDevice(ordinal_));
+}
+
+cudaStream_t CudaDevice::native(Stream s) const {
+  FSDP_CHECK(s.id >= 0 && s.id < static_cast<int>(streams_.size()), "stream ", s.id,
+             " does not exist on ", name());
+  return streams_[s.id].native;
+}
+
+cudaEvent_t CudaDevice::native_event(Event e) const {
+  FSDP_CHECK(e.id >= 0 && e.id < static_cast<int>(events_.size()) && events_[e.id] != nullptr,
+             "event ", e.id, " does not exist on ", name());
+  return events_[e.id];
+}
+
+// ---- streams and events
+
+Stream CudaDevice::create_stream(const std::string& name, StreamPriority priority) {
+  make_current();
+  int least = 0, greatest = 0;  // numerically, greatest <= least
+  FSDP_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  const int cuda_priority = priority == StreamPriority::High ? greatest : least;
+  cudaStream_t stream = nullptr;
+  FSDP_CUDA_CHECK(cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, cuda_priority));
+  streams_.push_back(StreamEntry{stream, name});
+  return Stream{static_cast<int>(streams_.size()) - 1};
+}
+
+Event CudaDevice::create_event() {
+  make_current();
+  cudaEvent_t event = nullptr;
+  FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  if (!free_event_ids_.empty()) {
+    const int id = free_event_ids_.back();
+    free_event_ids_.pop_back();
+    events_[id] = event;
+    return Event{id};
+  }
+  events_.push_back(event);
+  return Event{static_cast<int>(events_.size()) - 1};
+}
+
+void CudaDevice::destroy_event(Event e) {
+  make_current();
+  // Safe with work pending on the event: CUDA releases it once that work completes.
+  FSDP_CUDA_CHECK(cudaEventDestroy(native_event(e)));
+  events_[e.id] = nullptr;
+  free_event_ids_.push_back(e.id);
+}
+
+void CudaDevice::record_event(Event e, Stream s) {
+  make_current();
+  FSDP_CUDA_CHECK(cudaEventRecord(native_event(e), native(s)));
+  if (timeline_.enabled()) [[unlikely]]
+    timeline_.note_event_recorded(e.id, s.id);
+}
+
+void CudaDevice::wait_event(Stream s, Event e) {
+  make_current();
+  const cudaStream_t stream = native(s);
+  FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream, native_event(e), 0));
+  if (timeline_.enabled()) [[unlikely]]
+    timeline_.record_wait(s.id, stream, e.id, label_);
+}
+
+bool CudaDevice::query_event(Event e) {
+  make_current();
+  const cudaError_t status = cudaEventQuery(native_event(e));
+  if (status == cudaSuccess) return true;
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();  // "not ready" is an answer, not an error for the next check
+    return false;
+  }
+  FSDP_CUDA_CHECK(status);
+  return false;
+}
+
+void CudaDevice::synchronize_event(Event e) {
+  make_current();
+  FSDP_CUDA_CHECK(cudaEventSynchronize(native_event(e)));
+}
+
+void CudaDevice::synchronize_stream(Stream s) {
+  make_current();
+  FSDP_CUDA_CHECK(cudaStreamSynchronize(native(s)));
+}
+
+void CudaDevice::synchronize() {
+  make_current();
+  // An asynchronous fault (illegal address, trap) surfaces in these calls as an error code.
+  for (const StreamEntry& s : streams_) FSDP_CUDA_CHECK(cudaStreamSynchronize(s.native));
+  FSDP_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- memory
+
+void* CudaDevice::alloc(size_t bytes, Stream s, MemTag tag) {
+  FSDP_CHECK(static_cast<int>(tag) >= 0 && static_cast<int>(tag) < kMemTagCount, "bad tag");
+  make_current();
+  const cudaStream_t stream = native(s);
+  void* ptr = nullptr;
+  // A zero-byte request still gets a distinct pointer, so alloc/free pair up as usual.
+  const cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes ? bytes : 1, pool_, stream);
+  if (status == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    const MemStats stats = memory_stats();
+    FSDP_FAIL("out of GPU memory on ", name(), ": ", bytes, " bytes for ", mem_tag_name(tag),
+              " with ", stats.current_bytes, " bytes live (pool holds ", pool_used_bytes(),
+              ")");
+  }
+  FSDP_CUDA_CHECK(status);
+  int64_t current = 0;
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    allocations_.emplace(ptr, Allocation{bytes, tag});
+    const int t = static_cast<int>(tag);
+    const auto n = static_cast<int64_t>(bytes);
+    stats_.current_bytes += n;
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
+    stats_.tag_bytes[t] += n;
+    stats_.tag_peak_bytes[t] = std::max(stats_.tag_peak_bytes[t], stats_.tag_bytes[t]);
+    stats_.tag_live[t] += 1;
+    stats_.tag_peak_live[t] = std::max(stats_.tag_peak_live[t], stats_.tag_live[t]);
+    current = stats_.current_bytes;
+  }
+  if (timeline_.enabled()) [[unlikely]]
+    timeline_.record_memory(now_us(), current);
+  return ptr;
+}
+
+void CudaDevice::free(void* ptr, Stream s) {
+  if (!ptr) return;
+  make_current();
+  const cudaStream_t stream = native(s);
+  int64_t current = 0;
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    auto it = allocations_.find(ptr);
+    FSDP_CHECK(it != allocations_.end(), "free of ", ptr, " which ", name(),
+               " did not allocate (or already freed)");
+    const int t = static_cast<int>(it->second.tag);
+    const auto n = static_cast<int64_t>(it->second.bytes);
+    stats_.current_bytes -= n;
+    stats_.tag_bytes[t] -= n;
+    stats_.tag_live[t] -= 1;
+    current = stats_.current_bytes;
+    allocations_.erase(it);
+  }
+  FSDP_CUDA_CHECK(cudaFreeAsync(ptr, stream));
+  if (timeline_.enabled()) [[unlikely]]
+    timeline_.record_memory(now_us(), current);
+}
+
+MemStats CudaDevice::memory_stats() const {
+  std::lock_guard<std::mutex> lock(memory_mutex_);
+  return stats_;
+}
+
+void CudaDevice::reset_peak_memory() {
+  {
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    stats_.peak_bytes = stats_.current_bytes;
+    for (int t = 0; t < kMemTagCount; ++t) {
+      stats_.tag_peak_bytes[t] = stats_.tag_bytes[t];
+      stats_.tag_peak_live[t] = stats_.tag_live[t];
+    }
+  }
+  make_current();
+  uint64_t zero = 0;  // the only value CUDA accepts: resets the high-water mark to current
+  FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero));
+  FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
+}
+
+int64_t CudaDevice::pool_used_bytes() const {
+  uint64_t value = 0;
+  FSDP_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &value));
+  return static_cast<int64_t>(value);
+}
+
+int64_t CudaDevice::pool_peak_bytes() const {
+  uint64_t value = 0;
+  FSDP_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &value));
+  return static_cast<int64_t>(value);
+}
+
+// ---- copies between host and device
+
+void CudaDevice::copy(Stream s, void* dst, const void* src, size_t bytes) {
+  OpScope op(*this, s, OpKind::Copy);
+  if (bytes == 0) return;
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, op.stream()));
+}
+
+void CudaDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) {
+  OpScope op(*this, s, OpKind::Copy);
+  if (bytes == 0) return;
+  if (bytes <= StagingRing::kMaxStagedCopyBytes) {
+    // Small, frequent uploads (labels, scalars): copied into pinned staging now, so the
+    // caller's buffer is free on return and the stream is not synchronized.
+    staging_->copy_to_device(op.stream(), dst, host_src, bytes);
+    return;
+  }
+  // Large uploads (weights at start-up). cudaMemcpyAsync from pageable memory does return
+  // only after the source is consumed, but from page-locked memory it returns at once, and
+  // we cannot know which kind the caller has; a sync makes "reusable on return" hold always.
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, op.stream()));
+  FSDP_CUDA_CHECK(cudaStreamSynchronize(op.stream()));
+}
+
+void CudaDevice::copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) {
+  OpScope op(*this, s, OpKind::Copy);
+  if (bytes == 0) return;
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, op.stream()));
+}
+
+// ---- timeline
+
+void CudaDevice::enable_timeline(bool on) {
+  make_current();
+  timeline_.enable(on);
+}
+
+Timeline CudaDevice::take_timeline() {
+  synchronize();
+  std::vector<std::string> names;
+  names.reserve(streams_.size());
+  for (const StreamEntry& s : streams_) names.push_back(s.name);
+  return timeline_.take(std::move(names));
+}
+
+void CudaDevice::record_host_span(const char* label, double start_us, double end_us) {
+  if (timeline_.enabled()) [[unlikely]]
+    timeline_.record_host_span(label, start_us, end_us);
+}
+
+// ---- the backend's entry points (cuda_backend.h)
+
+CudaDevice& as_cuda_device(Device& device) {
+  auto* cuda_device = dynamic_cast<CudaDevice*>(&device);
+  FSDP_CHECK(cuda_device != nullptr, "device ", device.name(), " is not a CUDA device");
+  return *cuda_device;
+}
+
+cudaStream_t native_stream(Device& device, Stream s) { return as_cuda_device(device).native(s); }
+
+bool compiled_with_cuda() { return true; }
+
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver / no GPU: an answer, not an error
+    return 0;
+  }
+  return count;
+}
+
+std::unique_ptr<Device> make_device(int local_rank) {
+  const int available = device_count();
+  FSDP_CHECK(local_rank >= 0 && local_rank < available, "local rank ", local_rank,
+             " needs GPU ", local_rank, " but ", available, " CUDA device(s) are visible");
+  return std::make_unique<CudaDevice>(local_rank);
+}
+
+}  // namespace fsdp::cuda

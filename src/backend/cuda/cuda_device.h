@@ -1,0 +1,168 @@
+// CudaDevice: the Device interface on one NVIDIA GPU (private to src/backend/cuda).
+//
+// Note [CUDA device]
+// - Streams are non-blocking CUDA streams (High priority = the device's greatest priority).
+//   Engine events are cudaEventDisableTiming events in an id table.
+// - Memory comes from a CUDA memory pool created for this device, with its release threshold
+//   at UINT64_MAX so freed memory stays cached in the pool instead of going back to the driver
+//   at every synchronization. alloc/free are cudaMallocFromPoolAsync/cudaFreeAsync on the given
+//   stream, which is exactly Note [Stream-ordered memory]. MemStats are host-side counters
+//   updated at call time (so they are exact and timing-independent); the pool's own view
+//   (which also holds GEMM workspaces, loss scratch and staging mirrors) is
+//   pool_used_bytes()/pool_peak_bytes().
+// - Every public op makes this device current first, so a thread may drive several devices.
+// - A device is driven from one host thread (its rank's). Only the memory bookkeeping is
+//   locked, because a Storage may be released from another thread.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/cuda/cublaslt_gemm.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_timeline.h"
+#include "backend/cuda/staging_ring.h"
+#include "fsdp/device.h"
+
+namespace fsdp::cuda {
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int ordinal);
+  ~CudaDevice() override;
+
+  std::string name() const override { return "cuda:" + std::to_string(ordinal_); }
+
+  Stream create_stream(const std::string& name, StreamPriority priority) override;
+  Event create_event() override;
+  void destroy_event(Event e) override;
+  void record_event(Event e, Stream s) override;
+  void wait_event(Stream s, Event e) override;
+  bool query_event(Event e) override;
+  void synchronize_event(Event e) override;
+  void synchronize_stream(Stream s) override;
+  void synchronize() override;
+
+  void* alloc(size_t bytes, Stream s, MemTag tag) override;
+  void free(void* ptr, Stream s) override;
+  MemStats memory_stats() const override;
+  void reset_peak_memory() override;
+
+  void copy(Stream s, void* dst, const void* src, size_t bytes) override;
+  void copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) override;
+  void copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) override;
+  void fill(Stream s, void* dst, DType t, int64_t n, float value) override;
+  void cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override;
+
+  void all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel,
+                           int world, const ShardSlice* slices, void* const* dsts,
+                           int count) override;
+  void reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64_t shard_numel, int world,
+                              const ShardSlice* slices, const void* const* srcs,
+                              const DType* src_types, int count) override;
+  void accumulate(Stream s, float* dst, const void* src, DType src_t, int64_t n,
+                  float scale) override;
+
+  void adamw_step(Stream s, const OptimTensor* tensors, int count, const AdamWConfig& c,
+                  int64_t step) override;
+  void sgd_step(Stream s, const OptimTensor* tensors, int count, float lr, float momentum,
+                float weight_decay) override;
+
+  void gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t) override;
+  void activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
+                          int64_t n) override;
+  void activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx,
+                           DType t, int64_t n) override;
+  void add(Stream s, void* out, const void* a, const void* b, DType t, int64_t n) override;
+  void softmax_rows(Stream s, const void* x, DType t, float* probs, int64_t rows,
+                    int64_t cols) override;
+  void softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx,
+                             DType t, int64_t rows, int64_t cols) override;
+  void scale_rows(Stream s, void* out, const void* in, DType t, const float* w, int64_t w_stride,
+                  int64_t rows, int64_t cols, bool accumulate) override;
+  void row_dot(Stream s, const void* a, const void* b, DType t, float* out, int64_t out_stride,
+               int64_t rows, int64_t cols) override;
+  void mean_square_loss(Stream s, const void* y, DType t, int64_t n, float* loss,
+                        void* dy) override;
+  void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
+                          int64_t rows, int64_t classes, float* loss, void* dlogits) override;
+  void spin(Stream s, double microseconds) override;
+
+  void set_label(const char* label) override { label_ = label ? label : ""; }
+  void enable_timeline(bool on) override;
+  Timeline take_timeline() override;
+  double now_us() const override { return TimelineRecorder::host_now_us(); }
+  void record_host_span(const char* label, double start_us, double end_us) override;
+
+  // ---- beyond the Device interface
+  int ordinal() const { return ordinal_; }
+  void make_current() const;
+  cudaStream_t native(Stream s) const;
+  // The pool's own counters (cudaMemPoolAttrUsedMemCurrent / UsedMemHigh): every live pool
+  // allocation, the backend's internal ones included. reset_peak_memory resets both views.
+  int64_t pool_used_bytes() const;
+  int64_t pool_peak_bytes() const;
+
+  // Brackets one op for the timeline (a branch when the timeline is off) and makes the device
+  // current. NcclComm uses it for collectives.
+  class OpScope {
+   public:
+    OpScope(CudaDevice& device, Stream s, OpKind kind);
+    ~OpScope();
+    OpScope(const OpScope&) = delete;
+    OpScope& operator=(const OpScope&) = delete;
+    cudaStream_t stream() const { return stream_; }
+
+   private:
+    CudaDevice& device_;
+    cudaStream_t stream_;
+    int token_ = -1;
+  };
+
+ private:
+  struct StreamEntry {
+    cudaStream_t native = nullptr;
+    std::string name;
+  };
+  struct Allocation {
+    size_t bytes = 0;
+    MemTag tag = MemTag::Other;
+  };
+  cudaEvent_t native_event(Event e) const;
+  // Runs launch(device_descs): nullptr when the descriptors fit in the kernel parameters,
+  // else a device copy staged on `stream` for the launch.
+  template <typename Desc, typename Launch>
+  void with_device_descs(cudaStream_t stream, const std::vector<Desc>& descs, Launch&& launch);
+
+  int ordinal_;
+  cudaMemPool_t pool_ = nullptr;
+  std::vector<StreamEntry> streams_;
+  std::vector<cudaEvent_t> events_;  // null: a destroyed id, reusable
+  std::vector<int> free_event_ids_;
+
+  mutable std::mutex memory_mutex_;
+  std::unordered_map<void*, Allocation> allocations_;
+  MemStats stats_;
+
+  std::unique_ptr<LtGemm> gemm_;
+  std::unique_ptr<StagingRing> staging_;
+  TimelineRecorder timeline_;
+  const char* label_ = "";
+
+  // Reused descriptor buffers for the multi-tensor launches (no allocation per step).
+  std::vector<kernels::ShardCopyDesc> shard_descs_;
+  std::vector<kernels::OptimDesc> optim_descs_;
+};
+
+// The CUDA stream behind a Stream of a CudaDevice (NcclComm enqueues collectives on it).
+cudaStream_t native_stream(Device& device, Stream s);
+// The CudaDevice behind a Device; raises an Error if it is another backend's device.
+CudaDevice& as_cuda_device(Device& device);
+
+}  // namespace fsdp::cuda

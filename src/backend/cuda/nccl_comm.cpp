@@ -1,0 +1,161 @@
+// NcclComm: the Comm interface on an NCCL communicator, collectives enqueued on the streams
+// of a CudaDevice (Note [Collective semantics] in include/fsdp/comm.h: NCCL itself runs the
+// collectives of one communicator one at a time, in issue order, whatever their streams).
+//
+// Communicators are blocking (ncclConfig_t.blocking = 1): init, split and collectives return
+// once enqueued, with no ncclInProgress polling. NCCL_* environment variables are left to the
+// user; nothing here turns NVLS (NVLink SHARP) or any other feature on.
+#include <cstring>
+#include <numeric>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_device.h"
+
+namespace fsdp::cuda {
+
+namespace {
+
+static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId::bytes), "NCCL unique id size changed");
+
+ncclDataType_t nccl_type(DType t) { return t == DType::F32 ? ncclFloat32 : ncclBfloat16; }
+ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Avg ? ncclAvg : ncclSum; }
+
+// `name` must outlive the NCCL call that takes the config (NCCL copies it for its logs).
+ncclConfig_t blocking_config(const char* name) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 1;
+  config.commName = name;
+  return config;
+}
+
+class NcclComm final : public Comm {
+ public:
+  NcclComm(CudaDevice& device, ncclComm_t comm, int rank, std::vector<int> world_ranks,
+           std::string name)
+      : Comm(rank, std::move(world_ranks), std::move(name)), device_(device), comm_(comm) {}
+
+  // Destroys the communicator; queued collectives on it complete first (ncclCommDestroy
+  // finalizes). A CUDA graph that captured collectives of this communicator must be destroyed
+  // before it: the graph's NCCL kernels refer to the communicator's resources. After an
+  // asynchronous NCCL error the peers may be gone, so the communicator is aborted instead of
+  // finalized (finalizing could wait for them forever).
+  ~NcclComm() override {
+    (void)cudaSetDevice(device_.ordinal());
+    ncclResult_t async_error = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &async_error) == ncclSuccess && async_error == ncclSuccess)
+      (void)ncclCommDestroy(comm_);
+    else
+      (void)ncclCommAbort(comm_);
+  }
+
+ protected:
+  void do_all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) override {
+    CudaDevice::OpScope op(device_, s, OpKind::Collective);
+    FSDP_NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(t), comm_,
+                                  op.stream()));
+  }
+
+  void do_reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp reduce,
+                         Stream s) override {
+    CudaDevice::OpScope op(device_, s, OpKind::Collective);
+    FSDP_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(t),
+                                      nccl_op(reduce), comm_, op.stream()));
+  }
+
+  void do_all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp reduce,
+                     Stream s) override {
+    FSDP_CHECK(count >= 0, "all_reduce count ", count);
+    CudaDevice::OpScope op(device_, s, OpKind::Collective);
+    FSDP_NCCL_CHECK(ncclAllReduce(send, recv, static_cast<size_t>(count), nccl_type(t),
+                                  nccl_op(reduce), comm_, op.stream()));
+  }
+
+  void do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) override {
+    FSDP_CHECK(count >= 0, "broadcast count ", count);
+    CudaDevice::OpScope op(device_, s, OpKind::Collective);
+    FSDP_NCCL_CHECK(ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(t), root,
+                                  comm_, op.stream()));
+  }
+
+  std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) override {
+    device_.make_current();
+    ncclConfig_t config = blocking_config(name.c_str());
+    ncclComm_t child = nullptr;
+    FSDP_NCCL_CHECK(
+        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config));
+    if (child == nullptr) return nullptr;  // this rank took no part
+    try {
+      int child_rank = 0, child_size = 0;
+      FSDP_NCCL_CHECK(ncclCommUserRank(child, &child_rank));
+      FSDP_NCCL_CHECK(ncclCommCount(child, &child_size));
+      std::vector<int> members = gather_global_ranks(child, child_size);
+      return std::make_unique<NcclComm>(device_, child, child_rank, std::move(members), name);
+    } catch (...) {
+      (void)ncclCommAbort(child);
+      throw;
+    }
+  }
+
+ private:
+  // The launch-global rank of every member of `child`, in child rank order: an all-gather of
+  // one int over the new communicator. Split is rare and collective anyway, so this syncs.
+  std::vector<int> gather_global_ranks(ncclComm_t child, int child_size) {
+    const int32_t my_global_rank = world_ranks()[rank()];
+    std::vector<int32_t> members(child_size, -1);
+    cudaStream_t stream = nullptr;
+    int32_t* buffer = nullptr;
+    FSDP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    try {
+      const size_t bytes = sizeof(int32_t) * static_cast<size_t>(child_size);
+      FSDP_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&buffer), bytes, stream));
+      FSDP_CUDA_CHECK(cudaMemcpyAsync(buffer, &my_global_rank, sizeof(int32_t),
+                                      cudaMemcpyHostToDevice, stream));
+      FSDP_NCCL_CHECK(ncclAllGather(buffer, buffer, 1, ncclInt32, child, stream));
+      FSDP_CUDA_CHECK(
+          cudaMemcpyAsync(members.data(), buffer, bytes, cudaMemcpyDeviceToHost, stream));
+      FSDP_CUDA_CHECK(cudaFreeAsync(buffer, stream));
+      buffer = nullptr;
+      FSDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+    } catch (...) {
+      if (buffer) (void)cudaFreeAsync(buffer, stream);
+      (void)cudaStreamSynchronize(stream);
+      (void)cudaStreamDestroy(stream);
+      throw;
+    }
+    FSDP_CUDA_CHECK(cudaStreamDestroy(stream));
+    return std::vector<int>(members.begin(), members.end());
+  }
+
+  CudaDevice& device_;
+  ncclComm_t comm_;
+};
+
+}  // namespace
+
+UniqueId make_unique_id() {
+  // ncclGetUniqueId only opens the bootstrap socket; it does not initialize CUDA, so a
+  // launcher may call it before fork().
+  ncclUniqueId nccl_id;
+  FSDP_NCCL_CHECK(ncclGetUniqueId(&nccl_id));
+  UniqueId id;
+  std::memcpy(id.bytes.data(), &nccl_id, sizeof(nccl_id));
+  return id;
+}
+
+std::unique_ptr<Comm> make_world_comm(Device& device, const UniqueId& id, int rank, int world) {
+  FSDP_CHECK(world >= 1 && rank >= 0 && rank < world, "rank ", rank, " of world ", world);
+  CudaDevice& cuda_device = as_cuda_device(device);
+  cuda_device.make_current();  // NCCL binds the communicator to the current device
+  ncclUniqueId nccl_id;
+  std::memcpy(&nccl_id, id.bytes.data(), sizeof(nccl_id));
+  static const char kWorldName[] = "world";
+  ncclConfig_t config = blocking_config(kWorldName);
+  ncclComm_t comm = nullptr;
+  FSDP_NCCL_CHECK(ncclCommInitRankConfig(&comm, world, nccl_id, rank, &config));
+  std::vector<int> world_ranks(world);
+  std::iota(world_ranks.begin(), world_ranks.end(), 0);
+  return std::make_unique<NcclComm>(cuda_device, comm, rank, std::move(world_ranks), kWorldName);
+}
+
+}  // namespace fsdp::cuda
