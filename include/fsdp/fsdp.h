@@ -33,9 +33,12 @@ class Mesh {
   Comm& comm() const { return *comm_; }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
+  // The stream fully_shard builds sharded state on (made on first use).
+  Stream init_stream();
 
  private:
   std::string name_;
+  Stream init_stream_;
   Device* device_;
   std::shared_ptr<Comm> comm_;
 };

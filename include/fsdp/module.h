@@ -10,6 +10,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,6 +87,9 @@ class Module {
   // Every param of this module and its descendants, in pre-order.
   std::vector<Param*> all_params();
 
+  // "phase fqn what" (e.g. "fwd layers.3 gemm"), made once and kept for the timeline.
+  const char* op_label(const char* phase, const char* what) const;
+
   ModuleHooks* hooks = nullptr;  // set by fully_shard
   std::unique_ptr<ModuleHooks> owned_hooks;  // keeps the FSDP state alive with the module
 
@@ -111,6 +115,7 @@ class Module {
   std::string local_name_;
   std::vector<std::unique_ptr<Param>> params_;
   std::vector<std::unique_ptr<Module>> children_;
+  mutable std::map<std::pair<const char*, const char*>, std::string> labels_;
 };
 
 }  // namespace fsdp

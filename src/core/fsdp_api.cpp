@@ -13,6 +13,11 @@ Mesh::Mesh(std::string name, Device& device, std::shared_ptr<Comm> comm)
   FSDP_CHECK(comm_ != nullptr, "mesh '", name_, "' needs a communicator");
 }
 
+Stream Mesh::init_stream() {
+  if (!init_stream_.valid()) init_stream_ = device_->create_stream("init", StreamPriority::Normal);
+  return init_stream_;
+}
+
 std::string to_string(const ScheduleEvent& e) {
   return e.op + " " + e.unit + " " + e.phase;
 }

@@ -1,24 +1,12 @@
 #include "core/fsdp_state.h"
 
 #include <algorithm>
-#include <map>
-#include <mutex>
 
 #include "fsdp/error.h"
 
 namespace fsdp::core {
 
 namespace {
-
-// Sharded state is built on one stream per device, synchronized before fully_shard returns.
-Stream init_stream_of(Device& device) {
-  static std::mutex mutex;
-  static std::map<Device*, Stream> streams;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = streams.find(&device);
-  if (it == streams.end()) it = streams.emplace(&device, device.create_stream("init", StreamPriority::Normal)).first;
-  return it->second;
-}
 
 // Params of `module`'s subtree that no FSDP descendant already owns.
 void collect_managed_params(Module& module, bool is_top, std::vector<std::pair<Module*, Param*>>& out) {
@@ -67,7 +55,7 @@ FsdpState::FsdpState(Module& m, Mesh& default_mesh, const FullyShardOptions& opt
     }
     members[it - meshes.begin()].push_back(param);
   }
-  const Stream init = init_stream_of(default_mesh.device());
+  const Stream init = default_mesh.init_stream();
   for (size_t g = 0; g < meshes.size(); ++g) {
     groups.push_back(std::make_unique<ParamGroup>(*this, *meshes[g], members[g], static_cast<int>(g), init));
     for (size_t i = 0; i < members[g].size(); ++i)

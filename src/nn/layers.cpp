@@ -1,9 +1,6 @@
 #include "nn/layers.h"
 
 #include <cmath>
-#include <deque>
-#include <map>
-#include <mutex>
 
 #include "fsdp/error.h"
 
@@ -41,15 +38,6 @@ std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound) {
   return v;
 }
 
-const char* op_label(const Module& m, const char* phase, const char* what) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const Module*, const char*, const char*>, std::string> labels;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto [it, inserted] = labels.try_emplace({&m, phase, what});
-  if (inserted) it->second = std::string(phase) + " " + (m.fqn().empty() ? "root" : m.fqn()) + " " + what;
-  return it->second.c_str();
-}
-
 // ---- Linear
 Linear::Linear(int64_t in, int64_t out, bool bias, uint64_t seed)
     : Module("Linear"), in_(in), out_(out) {
@@ -63,7 +51,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
   FSDP_CHECK(x.cols == in_, "Linear ", fqn(), " expects ", in_, " features, got ", x.cols);
   Device& d = *ctx.device;
   Tensor y = new_act(ctx, x.rows, out_);
-  d.set_label(op_label(*this, "fwd", "gemm"));
+  d.set_label(op_label("fwd", "gemm"));
   d.gemm(ctx.compute, false, true, x.rows, out_, in_, 1.0f, x.data, weight().value.data,
          ctx.act_dtype, 0.0f, y.data, y.dtype);
   if (Param* b = bias()) {
@@ -78,7 +66,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
 void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy) {
   Device& d = *ctx.device;
   Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, out_, in_, MemTag::Grad);
-  d.set_label(op_label(*this, "bwd", "gemm dW"));
+  d.set_label(op_label("bwd", "gemm dW"));
   d.gemm(ctx.compute, true, false, out_, in_, x.rows, 1.0f, dy.data, x.data, ctx.act_dtype, 0.0f,
          dw.data, dw.dtype);
   if (Param* b = bias()) {
@@ -96,7 +84,7 @@ void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy) {
 Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
   Device& d = *ctx.device;
   Tensor dx = new_act(ctx, dy.rows, in_);
-  d.set_label(op_label(*this, "bwd", "gemm dX"));
+  d.set_label(op_label("bwd", "gemm dX"));
   d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,
          ctx.act_dtype, 0.0f, dx.data, dx.dtype);
   if (defer_weight_grad) {
@@ -119,7 +107,7 @@ void Linear::flush_deferred_grads(RunContext& ctx) {
 // ---- Act
 Tensor Act::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor y = new_act(ctx, x.rows, x.cols);
-  ctx.device->set_label(op_label(*this, "fwd", type().c_str()));
+  ctx.device->set_label(op_label("fwd", type().c_str()));
   ctx.device->activation_forward(ctx.compute, f_, x.data, y.data, x.dtype, x.numel());
   saved_x_ = x;
   return y;
@@ -127,7 +115,7 @@ Tensor Act::forward_impl(RunContext& ctx, const Tensor& x) {
 
 Tensor Act::backward_impl(RunContext& ctx, const Tensor& dy) {
   Tensor dx = new_act(ctx, dy.rows, dy.cols);
-  ctx.device->set_label(op_label(*this, "bwd", type().c_str()));
+  ctx.device->set_label(op_label("bwd", type().c_str()));
   ctx.device->activation_backward(ctx.compute, f_, saved_x_.data, dy.data, dx.data, dy.dtype,
                                   dy.numel());
   saved_x_ = Tensor{};
@@ -159,7 +147,7 @@ Tensor ResidualMlp::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor h = x;
   for (const auto& c : children()) h = c->forward(ctx, h);
   Tensor y = new_act(ctx, x.rows, x.cols);
-  ctx.device->set_label(op_label(*this, "fwd", "residual"));
+  ctx.device->set_label(op_label("fwd", "residual"));
   ctx.device->add(ctx.compute, y.data, x.data, h.data, x.dtype, x.numel());
   return y;
 }
@@ -168,7 +156,7 @@ Tensor ResidualMlp::backward_impl(RunContext& ctx, const Tensor& dy) {
   Tensor g = dy;
   for (auto it = children().rbegin(); it != children().rend(); ++it) g = (*it)->backward(ctx, g);
   Tensor dx = new_act(ctx, dy.rows, dy.cols);
-  ctx.device->set_label(op_label(*this, "bwd", "residual"));
+  ctx.device->set_label(op_label("bwd", "residual"));
   ctx.device->add(ctx.compute, dx.data, dy.data, g.data, dy.dtype, dy.numel());
   return dx;
 }

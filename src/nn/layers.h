@@ -14,9 +14,6 @@ namespace fsdp::nn {
 // compared with an unsharded reference. Uniform(-bound, bound).
 std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound);
 
-// Interned op labels for the timeline ("fwd layers.3 gemm").
-const char* op_label(const Module& m, const char* phase, const char* what);
-
 class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias, uint64_t seed);

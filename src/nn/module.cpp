@@ -58,6 +58,12 @@ Param& Module::add_param(std::string name, std::vector<int64_t> shape, std::vect
   return *params_.back();
 }
 
+const char* Module::op_label(const char* phase, const char* what) const {
+  auto [it, inserted] = labels_.try_emplace({phase, what});
+  if (inserted) it->second = std::string(phase) + " " + (fqn_.empty() ? "root" : fqn_) + " " + what;
+  return it->second.c_str();
+}
+
 void Module::set_fqn(const std::string& fqn) {
   fqn_ = fqn;
   for (auto& c : children_) c->set_fqn(fqn_.empty() ? c->local_name_ : fqn_ + "." + c->local_name_);

@@ -39,14 +39,14 @@ Tensor MoeBlock::forward_impl(RunContext& ctx, const Tensor& x) {
   Device& d = *ctx.device;
   Tensor logits = router_->forward(ctx, x);
   probs_ = empty_tensor(d, ctx.compute, DType::F32, x.rows, experts_, MemTag::Activation);
-  d.set_label(op_label(*this, "fwd", "router softmax"));
+  d.set_label(op_label("fwd", "router softmax"));
   d.softmax_rows(ctx.compute, logits.data, logits.dtype, probs_.as<float>(), x.rows, experts_);
   Tensor y = empty_tensor(d, ctx.compute, ctx.act_dtype, x.rows, x.cols, MemTag::Activation);
   d.copy(ctx.compute, y.data, x.data, x.bytes());  // the residual
   expert_out_.clear();
   for (int e = 0; e < experts_; ++e) {
     Tensor out = expert_[e]->forward(ctx, x);
-    d.set_label(op_label(*this, "fwd", "combine"));
+    d.set_label(op_label("fwd", "combine"));
     d.scale_rows(ctx.compute, y.data, out.data, out.dtype, probs_.as<float>() + e, experts_,
                  x.rows, x.cols, true);
     expert_out_.push_back(std::move(out));
@@ -61,7 +61,7 @@ Tensor MoeBlock::backward_impl(RunContext& ctx, const Tensor& dy) {
   d.copy(ctx.compute, dx.data, dy.data, dy.bytes());  // the residual
   // d(loss)/d(prob_e) = <dy, expert_e(x)> per token; needs no expert backward.
   Tensor dprobs = empty_tensor(d, ctx.compute, DType::F32, rows, experts_, MemTag::Activation);
-  d.set_label(op_label(*this, "bwd", "combine"));
+  d.set_label(op_label("bwd", "combine"));
   for (int e = 0; e < experts_; ++e)
     d.row_dot(ctx.compute, dy.data, expert_out_[e].data, dy.dtype, dprobs.as<float>() + e,
               experts_, rows, cols);
@@ -69,7 +69,7 @@ Tensor MoeBlock::backward_impl(RunContext& ctx, const Tensor& dy) {
 
   auto expert_backward = [&](int e) {
     Tensor dh = empty_tensor(d, ctx.compute, ctx.act_dtype, rows, cols, MemTag::Activation);
-    d.set_label(op_label(*this, "bwd", "combine"));
+    d.set_label(op_label("bwd", "combine"));
     d.scale_rows(ctx.compute, dh.data, dy.data, dy.dtype, probs_.as<float>() + e, experts_, rows,
                  cols, false);
     Tensor dxe = expert_[e]->backward(ctx, dh);
@@ -77,7 +77,7 @@ Tensor MoeBlock::backward_impl(RunContext& ctx, const Tensor& dy) {
   };
   auto router_backward = [&] {
     Tensor dlogits = empty_tensor(d, ctx.compute, ctx.act_dtype, rows, experts_, MemTag::Activation);
-    d.set_label(op_label(*this, "bwd", "router softmax"));
+    d.set_label(op_label("bwd", "router softmax"));
     d.softmax_rows_backward(ctx.compute, probs_.as<float>(), dprobs.as<float>(), dlogits.data,
                             dlogits.dtype, rows, experts_);
     Tensor dxr = router_->backward(ctx, dlogits);

@@ -156,7 +156,7 @@ void CudaDevice::synchronize() {
 // ---- memory
 
 void* CudaDevice::alloc(size_t bytes, Stream s, MemTag tag) {
-  FSDP_CHECK(static_cast<int>(tag) >= 0 && static_cast<int>(tag) < kMemTagCount, "bad tag");
+  FSDP_CHECK(static_cast<int>(tag) < kMemTagCount, "bad memory tag ", static_cast<int>(tag));
   make_current();
   const cudaStream_t stream = native(s);
   void* ptr = nullptr;
