@@ -17,6 +17,11 @@
 //    been reading. The departure barrier keeps every send buffer valid and unchanged until
 //    all members have read it; results that could land on a buffer a peer reads (all_reduce
 //    in place) are built in a private fp32 buffer and written only after it.
+//  - Giving up. Only the waits before the exchange can be cancelled (abort, or a failure on
+//    the member's device). A member that gives up marks the rendezvous abandoned while it
+//    still holds the lock that saw it incomplete, so the others fail too rather than read
+//    buffers that may be freed next; the departure wait is not cancellable, and needs not
+//    be, since every member that got past arrival reaches departure without blocking.
 //  - Reductions add in member order 0..n-1 in fp32 and round to the dtype once, so every rank
 //    gets bit-identical results, whatever the timing (chaos mode checks this).
 //  - split() is collective over the parent and uses the same rendezvous, on the host thread
@@ -26,6 +31,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <utility>
 
@@ -102,7 +108,25 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
   rv->calls[member] = call;
   ++rv->arrived;
   shared.cv.notify_all();
-  wait_unless_cancelled(shared.cv, lock, cancel, [&] { return rv->arrived == size; });
+  try {
+    wait_unless_cancelled(shared.cv, lock, cancel,
+                          [&] { return rv->arrived == size || rv->abandoned; });
+  } catch (...) {
+    // Still under the lock that saw arrived < size: no member has started reading yet.
+    rv->abandoned = true;
+    rv->abandoned_by = member;
+    shared.finished[member] = seq + 1;
+    shared.cv.notify_all();
+    throw;
+  }
+  if (rv->abandoned) {
+    shared.finished[member] = seq + 1;
+    shared.cv.notify_all();
+    FSDP_FAIL(op_name(call.op), " #", seq,
+              " on communicator '", shared.name, "' abandoned: member ", rv->abandoned_by,
+              " (rank ", shared.world_ranks[rv->abandoned_by],
+              ") gave up waiting (aborted or failed)");
+  }
   const std::string mismatch = describe_mismatch(shared, seq, rv->calls);
   if (!mismatch.empty()) {
     // Every member sees the same calls and fails alike; none touches a buffer.
@@ -113,21 +137,30 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
   }
   lock.unlock();
 
-  exchange(*rv);
+  std::exception_ptr failure;
+  try {
+    exchange(*rv);
+  } catch (...) {
+    failure = std::current_exception();  // still depart, so that the others can finish
+  }
   chaos_pause_on_this_thread();
 
   lock.lock();
   ++rv->departed;
   shared.cv.notify_all();
-  wait_unless_cancelled(shared.cv, lock, cancel, [&] { return rv->departed == size; });
+  // Not cancellable: once all have arrived, every member reaches this point without
+  // blocking, and leaving early would let a peer's buffers go while others still read them.
+  shared.cv.wait(lock, [&] { return rv->departed == size; });
   shared.open.erase(seq);  // all arrived, so nobody looks it up again
   lock.unlock();
 
-  finish();
+  if (!failure) finish();
   stop_task_clock();
   lock.lock();
   shared.finished[member] = seq + 1;
   shared.cv.notify_all();
+  lock.unlock();
+  if (failure) std::rethrow_exception(failure);
 }
 
 // Sum (or mean) over members of `count` elements starting at element `first` of each

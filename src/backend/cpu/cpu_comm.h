@@ -37,6 +37,10 @@ struct Rendezvous {
   std::vector<CollectiveCall> calls;  // indexed by member
   int arrived = 0;
   int departed = 0;
+  // A member gave up before all had arrived (abort, or its device failed): nobody may read
+  // its buffers any more, so the others give up too instead of exchanging.
+  bool abandoned = false;
+  int abandoned_by = -1;
   // Split: the new communicators' shared halves, made by the first member of each color.
   std::map<int, std::shared_ptr<CommShared>> split_children;
 };

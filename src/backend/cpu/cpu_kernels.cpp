@@ -80,7 +80,7 @@ void reduce_scatter_copy_in(void* rs_in, DType rs_t, int64_t shard_numel, int wo
               for (int64_t c = 0; c < sl.cols; ++c)
                 out.store(rs_in, dst_base + c, in.load(src, src_base + c));
             } else {  // padding rows: their grad is zero, so padding stays zero
-              
+              for (int64_t c = 0; c < sl.cols; ++c) out.store(rs_in, dst_base + c, 0.0f);
             }
           }
         }

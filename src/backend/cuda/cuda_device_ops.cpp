@@ -10,10 +10,9 @@ namespace fsdp::cuda {
 
 namespace {
 
-// The kernels' 8-element pack path needs this alignment for a pointer of element type t.
-bool pack_aligned(const void* p, DType t) {
-  return reinterpret_cast<uintptr_t>(p) % (dtype_size(t) * 8) == 0;
-}
+// The kernels' pack path moves 16-byte words: the base pointer must be 16-byte aligned (the
+// element offsets of every pack are multiples of 8 elements, so of 16 bytes, by construction).
+bool pack_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 void check_slice(const ShardSlice& slice, int index, int world, int64_t shard_numel) {
   FSDP_CHECK(slice.rows >= 0 && slice.cols >= 0 && slice.rows_per_rank >= 0 &&
@@ -88,8 +87,8 @@ void CudaDevice::all_gather_copy_out(Stream s, const void* gathered, DType t,
     d.chunk_numel = slice.rows_per_rank * slice.cols;
     d.offset = slice.offset;
     d.src_type = t;
-    d.vectorized = shard_geometry_packs(slice, shard_numel) && pack_aligned(gathered, t) &&
-                   pack_aligned(dsts[i], t);
+    d.vectorized = shard_geometry_packs(slice, shard_numel) && pack_aligned(gathered) &&
+                   pack_aligned(dsts[i]);
   }
   const int64_t tiles = kernels::assign_tiles(shard_descs_.data(), count);
   with_device_descs(op.stream(), shard_descs_, [&](const kernels::ShardCopyDesc* device_descs) {
@@ -116,8 +115,8 @@ void CudaDevice::reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64
     d.work_numel = world * d.chunk_numel;  // padding rows included: they are written as zeros
     d.valid_numel = slice.rows * slice.cols;
     d.offset = slice.offset;
-    d.vectorized = shard_geometry_packs(slice, shard_numel) && pack_aligned(rs_in, rs_t) &&
-                   pack_aligned(srcs[i], src_types[i]);
+    d.vectorized = shard_geometry_packs(slice, shard_numel) && pack_aligned(rs_in) &&
+                   pack_aligned(srcs[i]);
   }
   const int64_t tiles = kernels::assign_tiles(shard_descs_.data(), count);
   with_device_descs(op.stream(), shard_descs_, [&](const kernels::ShardCopyDesc* device_descs) {
@@ -141,8 +140,8 @@ void CudaDevice::adamw_step(Stream s, const OptimTensor* tensors, int count,
     const OptimTensor& t = tensors[i];
     kernels::OptimDesc& d = optim_descs_[i];
     d = kernels::OptimDesc{t.param, t.grad, t.state0, t.state1, t.numel, 0, false};
-    d.vectorized = pack_aligned(t.param, DType::F32) && pack_aligned(t.grad, DType::F32) &&
-                   pack_aligned(t.state0, DType::F32) && pack_aligned(t.state1, DType::F32);
+    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
+                   pack_aligned(t.state0) && pack_aligned(t.state1);
   }
   // Bias corrections in double on the host, as PyTorch computes them in Python floats.
   const double steps = static_cast<double>(step);
@@ -171,8 +170,8 @@ void CudaDevice::sgd_step(Stream s, const OptimTensor* tensors, int count, float
                "SGD with momentum needs a momentum buffer (tensor ", i, ")");
     kernels::OptimDesc& d = optim_descs_[i];
     d = kernels::OptimDesc{t.param, t.grad, t.state0, nullptr, t.numel, 0, false};
-    d.vectorized = pack_aligned(t.param, DType::F32) && pack_aligned(t.grad, DType::F32) &&
-                   (momentum == 0.0f || pack_aligned(t.state0, DType::F32));
+    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
+                   (momentum == 0.0f || pack_aligned(t.state0));
   }
   const int64_t tiles = kernels::assign_tiles(optim_descs_.data(), count);
   with_device_descs(op.stream(), optim_descs_, [&](const kernels::OptimDesc* device_descs) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "fsdp/dtype.h"
 
@@ -35,9 +36,11 @@ void dispatch_dtype(DType t, F&& f) {
     f(bf16{});
 }
 
+// A pack of kVec elements starting at an index that is a multiple of kVec is 16-byte aligned
+// when the base pointer is.
 template <typename T>
 bool aligned_for_packs(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kVec) == 0;
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 __device__ __forceinline__ float to_float(float x) { return x; }
@@ -54,25 +57,82 @@ __device__ __forceinline__ bf16 from_float<bf16>(float x) {
   return __float2bfloat16_rn(x);  // round to nearest even, like fsdp::float_to_bf16
 }
 
-// W consecutive elements, aligned to their total size so the compiler emits wide accesses.
+// Packs of W consecutive elements. Whole packs move as 16-byte words (uint4), and stores go
+// through __stwb (an ordinary write-back store): written as plain struct or uint4 stores, the
+// compiler was seen (nvcc 13, PTX) to split them into 4-byte stores in the multi-tensor
+// kernels. W = 1 is the plain scalar access.
+template <typename T>
+__device__ __forceinline__ uint32_t bits_of(float x) {
+  if constexpr (std::is_same_v<T, float>)
+    return __float_as_uint(x);
+  else
+    return __bfloat16_as_ushort(from_float<bf16>(x));
+}
+template <typename T>
+__device__ __forceinline__ float from_bits(uint32_t bits) {
+  if constexpr (std::is_same_v<T, float>)
+    return __uint_as_float(bits);
+  else
+    return __uint_as_float(bits << 16);  // bf16 is the top half of an fp32
+}
+
 template <typename T, int W>
-struct alignas(sizeof(T) * W) Pack {
-  T v[W];
-};
+constexpr bool kWholeWords = (sizeof(T) * W) % 16 == 0;
 
 template <int W, typename T>
 __device__ __forceinline__ void load_pack(const T* p, float (&out)[W]) {
-  const Pack<T, W> pack = *reinterpret_cast<const Pack<T, W>*>(p);
+  if constexpr (kWholeWords<T, W>) {
+    constexpr int kPerWord = 16 / sizeof(T);
 #pragma unroll
-  for (int i = 0; i < W; ++i) out[i] = to_float(pack.v[i]);
+    for (int w = 0; w < W / kPerWord; ++w) {
+      const uint4 word = reinterpret_cast<const uint4*>(p)[w];
+      const uint32_t lanes[4] = {word.x, word.y, word.z, word.w};
+#pragma unroll
+      for (int i = 0; i < kPerWord; ++i) {
+        const uint32_t lane = lanes[i * sizeof(T) / 4];
+        out[w * kPerWord + i] =
+            sizeof(T) == 4 ? from_bits<T>(lane) : from_bits<T>((lane >> (16 * (i & 1))) & 0xffffu);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) out[i] = to_float(p[i]);
+  }
 }
 
 template <int W, typename T>
 __device__ __forceinline__ void store_pack(T* p, const float (&in)[W]) {
-  Pack<T, W> pack;
+  if constexpr (kWholeWords<T, W>) {
+    constexpr int kPerWord = 16 / sizeof(T);
 #pragma unroll
-  for (int i = 0; i < W; ++i) pack.v[i] = from_float<T>(in[i]);
-  *reinterpret_cast<Pack<T, W>*>(p) = pack;
+    for (int w = 0; w < W / kPerWord; ++w) {
+      uint32_t lanes[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (sizeof(T) == 4)
+          lanes[j] = bits_of<T>(in[w * 4 + j]);
+        else
+          lanes[j] = bits_of<T>(in[w * 8 + 2 * j]) | (bits_of<T>(in[w * 8 + 2 * j + 1]) << 16);
+      }
+      __stwb(reinterpret_cast<uint4*>(p) + w, make_uint4(lanes[0], lanes[1], lanes[2], lanes[3]));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) p[i] = from_float<T>(in[i]);
+  }
+}
+
+// Moves W elements unchanged.
+template <int W, typename T>
+__device__ __forceinline__ void copy_pack(T* dst, const T* src) {
+  if constexpr (kWholeWords<T, W>) {
+#pragma unroll
+    for (int w = 0; w < static_cast<int>(sizeof(T) * W / 16); ++w)
+      __stwb(reinterpret_cast<uint4*>(dst) + w, reinterpret_cast<const uint4*>(src)[w]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < W; ++i) dst[i] = src[i];
+  }
 }
 
 // Runs body.template run<W>(i) over [0, n): packs of kVec where `vectorized` (every pointer the

@@ -24,7 +24,7 @@ struct AllGatherCopyOut {
   __device__ void run(const ShardCopyDesc& d, int64_t e) const {
     const T* from = gathered + shard_position(d, shard_numel, e);
     T* to = static_cast<T*>(d.unsharded_dst) + e;
-    *reinterpret_cast<Pack<T, W>*>(to) = *reinterpret_cast<const Pack<T, W>*>(from);
+    copy_pack<W>(to, from);
   }
 };
 
