@@ -1,6 +1,7 @@
 // The fsdp command: the done-when run, and bad input giving one-line errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -10,12 +11,12 @@
 
 namespace {
 
-struct Run {
+struct CommandResult {
   int code;
   std::string output;
 };
 
-Run run(const std::string& args) {
+CommandResult run_fsdp_command(const std::string& args) {
   const std::string cmd = std::string(FSDP_BINARY) + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
@@ -27,7 +28,7 @@ Run run(const std::string& args) {
 
 TEST(Cli, MoeOnFourRanksBoundsTheRingAndLearns) {
   const std::string json = ::testing::TempDir() + "cli_summary.json";
-  Run r = run("train --backend cpu --world-size 4 --model moe --steps 30 "
+  CommandResult r = run_fsdp_command("train --backend cpu --world-size 4 --model moe --steps 30 "
               "--rs-max-input-buffers 2 --separate-rs-group 1 --quiet --json " + json);
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream in(json);
@@ -45,7 +46,7 @@ TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   for (const char* args : {"train --backend cpu --rs-max-input-buffers 0",
                            "train --backend cpu --world-size 0", "train --no-such-flag",
                            "train --backend cpu --model transformer", "frobnicate"}) {
-    Run r = run(args);
+    CommandResult r = run_fsdp_command(args);
     EXPECT_NE(r.code, 0) << args;
     EXPECT_NE(r.code, -1) << args << ": crashed";
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << args << ":\n" << r.output;

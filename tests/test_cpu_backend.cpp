@@ -92,6 +92,7 @@ TEST(CpuBackendStream, RunsInOrderAndReallyAsynchronously) {
   dev->copy(a, z, x, 4);
   // Enqueuing returned long before the 60 ms of work could have run.
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(30));
+  dev->record_host_span("host work", 1.0, 2.0);
   EXPECT_EQ(download(*dev, a, y, 1, DType::F32)[0], 1.0f);
   EXPECT_EQ(download(*dev, a, z, 1, DType::F32)[0], 2.0f);
   Timeline tl = dev->take_timeline();
@@ -102,6 +103,15 @@ TEST(CpuBackendStream, RunsInOrderAndReallyAsynchronously) {
   EXPECT_EQ(sa->stream, a.id);
   EXPECT_EQ(sb->stream, b.id);
   EXPECT_GE(sa->end_us - sa->start_us, 59000.0);
+  std::vector<OpKind> copy_kinds;
+  for (const auto& op : tl.ops)
+    if (op.label == "copies") copy_kinds.push_back(op.kind);
+  EXPECT_EQ(copy_kinds, (std::vector<OpKind>{OpKind::Kernel, OpKind::Copy, OpKind::Kernel,
+                                             OpKind::Copy}));  // fill, copy, fill, copy
+  const TimelineOp* host = find_op(tl, "host work");
+  ASSERT_TRUE(host);
+  EXPECT_EQ(host->stream, -1);
+  EXPECT_EQ(host->kind, OpKind::Host);
   // The two streams ran at the same time.
   EXPECT_LT(sb->start_us, sa->end_us);
   EXPECT_LT(sa->start_us, sb->end_us);

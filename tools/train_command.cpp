@@ -94,6 +94,7 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
         s.rs_inputs_in_flight_max, r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)]);
     s.host_schedule_us_per_unit = std::max(s.host_schedule_us_per_unit, r.host_schedule_us_per_unit);
   }
+  s.losses = r0.losses;
   s.loss_first = r0.losses.front();
   s.loss_last = r0.losses.back();
   return s;
@@ -119,7 +120,8 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c, con
           {"separate_rs_group", c.separate_rs_group},
           {"host_schedule_us_per_unit", s.host_schedule_us_per_unit},
           {"loss_first", s.loss_first},
-          {"loss_last", s.loss_last}};
+          {"loss_last", s.loss_last},
+          {"losses", s.losses}};
 }
 
 int run_train(TrainOptions& o) {

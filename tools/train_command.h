@@ -31,6 +31,7 @@ struct Summary {
   int64_t rs_inputs_in_flight_max = 0;
   double host_schedule_us_per_unit = 0;
   float loss_first = 0, loss_last = 0;
+  std::vector<float> losses;  // rank 0's, every step
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);

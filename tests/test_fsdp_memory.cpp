@@ -1,0 +1,76 @@
+// Peak memory against the formula in docs/memory.md.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+int64_t tag_peak(const runtime::RankResult& r, MemTag t) {
+  return r.memory.tag_peak_bytes[static_cast<int>(t)];
+}
+
+TEST(PeakMemory, MlpMeetsTheFormulaTermByTerm) {
+  for (int world : {1, 2, 4})
+    for (int k : {1, 2, 3}) {
+      runtime::TrainConfig c;
+      c.model.kind = "mlp";
+      c.model.layers = 5;
+      c.model.dim = 64;
+      c.tokens = 8;
+      c.steps = 2;
+      c.rs_max_input_buffers = k;
+      const int64_t D = 64, L = 5;
+      const int64_t shard = (D + world - 1) / world * D;
+      const int64_t sharded = 4 * 4 * shard * L;
+      const int64_t unit = world * shard * 4;  // fp32 params
+      const int64_t rs_in = world * shard * 4;
+      for (const auto& r : run_fsdp(world, c)) {
+        EXPECT_EQ(tag_peak(r, MemTag::ShardedState), sharded);
+        EXPECT_EQ(tag_peak(r, MemTag::AllGather), 2 * unit) << "world " << world;
+        EXPECT_EQ(tag_peak(r, MemTag::Unsharded), 0);  // views of the AG output
+        EXPECT_EQ(tag_peak(r, MemTag::RsInput), k * rs_in);
+        EXPECT_EQ(tag_peak(r, MemTag::RsOutput), shard * 4);
+        EXPECT_EQ(tag_peak(r, MemTag::Grad), D * D * 4);
+        const int64_t bound = sharded + 2 * unit + k * rs_in + shard * 4 + D * D * 4 +
+                              tag_peak(r, MemTag::Activation) + tag_peak(r, MemTag::Other);
+        EXPECT_LE(r.memory.peak_bytes, bound);
+        EXPECT_GE(r.memory.peak_bytes, sharded + unit + rs_in);  // the bound is not slack
+      }
+    }
+}
+
+TEST(PeakMemory, MoeStaysWithinTheBound) {
+  for (int k : {1, 2}) {
+    runtime::TrainConfig c;
+    c.model.kind = "moe";
+    c.model.layers = 4;
+    c.model.dim = 20;
+    c.model.hidden = 24;
+    c.model.experts = 3;
+    c.model.classes = 6;
+    c.tokens = 8;
+    c.steps = 2;
+    c.rs_max_input_buffers = k;
+    const int W = 3, D = 20, H = 24, E = 3, C = 6;
+    auto ceil_div = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+    const int64_t dense = ceil_div(E, W) * D;                                   // router E x D
+    const int64_t experts = E * (ceil_div(H, W) * D + ceil_div(D, W) * H);      // fc1, fc2
+    const int64_t head = ceil_div(C, W) * D + ceil_div(C, W);                   // weight, bias
+    const int64_t sharded = 4 * 4 * (c.model.layers * (dense + experts) + head);
+    const int64_t largest_group = std::max({dense, experts, head});
+    const int64_t unit_full = E * D + E * (H * D + D * H);  // a block's params, unsharded
+    const int64_t unit_gathered = W * (dense + experts) * 4;
+    for (const auto& r : run_fsdp(W, c)) {
+      EXPECT_EQ(tag_peak(r, MemTag::ShardedState), sharded);
+      EXPECT_LE(tag_peak(r, MemTag::RsInput), k * W * largest_group * 4);
+      const int64_t bound = sharded + 2 * (unit_gathered + unit_full * 4) +
+                            k * W * largest_group * 4 + largest_group * 4 + unit_full * 4 +
+                            tag_peak(r, MemTag::Activation) + tag_peak(r, MemTag::Other);
+      EXPECT_LE(r.memory.peak_bytes, bound) << "k " << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::testing

@@ -1,0 +1,62 @@
+// Invariant 6: with a separate RS communicator, an RS of layer i runs at the same time as
+// the AG of layer i-1; with one shared communicator they never overlap.
+#include <gtest/gtest.h>
+
+#include "test_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+struct Interval {
+  double start, end;
+};
+
+// Collective ops on rank 0's timeline with this exact label.
+std::vector<Interval> collectives(const Timeline& t, const std::string& label) {
+  std::vector<Interval> out;
+  for (const TimelineOp& op : t.ops)
+    if (op.kind == OpKind::Collective && op.label == label) out.push_back({op.start_us, op.end_us});
+  return out;
+}
+
+// How many (RS layers.i, AG layers.{i-1}) pairs ran at the same time; and any RS/AG overlap.
+std::pair<int, int> overlaps(const Timeline& t, int layers) {
+  int neighbour = 0, any = 0;
+  for (int i = 0; i < layers; ++i)
+    for (int j = 0; j < layers; ++j)
+      for (const Interval& rs : collectives(t, "RS layers." + std::to_string(i)))
+        for (const Interval& ag : collectives(t, "AG layers." + std::to_string(j)))
+          if (rs.start < ag.end && ag.start < rs.end) {
+            ++any;
+            neighbour += j == i - 1;
+          }
+  return {neighbour, any};
+}
+
+runtime::TrainConfig overlap_config(bool separate) {
+  runtime::TrainConfig c;
+  c.model.kind = "mlp";
+  c.model.layers = 6;
+  c.model.dim = 512;  // large collectives, small compute (4 tokens): AG(i-1) is still running
+  c.tokens = 4;       // when RS(i) starts
+  c.steps = 3;
+  c.warmup = 1;
+  c.timeline = true;
+  c.separate_rs_group = separate;
+  return c;
+}
+
+TEST(Overlap, SeparateGroupLetsRsRunUnderThePreviousLayersAg) {
+  auto r = run_fsdp(2, overlap_config(true));
+  auto [neighbour, any] = overlaps(r[0].timeline, 6);
+  EXPECT_GT(neighbour, 0) << any << " RS/AG overlaps in all";
+}
+
+TEST(Overlap, SharedCommunicatorNeverOverlapsRsAndAg) {
+  auto r = run_fsdp(2, overlap_config(false));
+  ASSERT_FALSE(collectives(r[0].timeline, "RS layers.3").empty());
+  EXPECT_EQ(overlaps(r[0].timeline, 6).second, 0);
+}
+
+}  // namespace
+}  // namespace fsdp::testing
