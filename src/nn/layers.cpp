@@ -109,7 +109,9 @@ Tensor Act::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor y = new_act(ctx, x.rows, x.cols);
   ctx.device->set_label(op_label("fwd", type().c_str()));
   ctx.device->activation_forward(ctx.compute, f_, x.data, y.data, x.dtype, x.numel());
-  saved_x_ = x;
+  // ReLU's backward needs only the sign, which its output carries: keep y, which the next
+  // Linear keeps anyway (shared storage), instead of a second tensor.
+  saved_x_ = f_ == Activation::ReLU ? y : x;
   return y;
 }
 

@@ -44,7 +44,7 @@ class Act : public Module {
 
  private:
   Activation f_;
-  Tensor saved_x_;
+  Tensor saved_x_;  // ReLU: its output (same sign as the input)
 };
 
 class Sequential : public Module {

@@ -13,8 +13,8 @@ namespace {
 size_t rounded_size(size_t bytes) {
   // aligned_alloc wants a multiple of the alignment; zero-byte requests still get a unique
   // pointer so that free(alloc(0)) works like any other pair.
-  return std::max(kAllocAlignment, (bytes + kAllocAlignment - 1) / kAllocAlignment *
-                                       kAllocAlignment);
+  return std::max(kAllocAlignment,
+                  (bytes + kAllocAlignment - 1) / kAllocAlignment * kAllocAlignment);
 }
 }  // namespace
 

@@ -45,11 +45,16 @@ namespace {
 
 const char* op_name(CollectiveOp op) {
   switch (op) {
-    case CollectiveOp::AllGather: return "all_gather";
-    case CollectiveOp::ReduceScatter: return "reduce_scatter";
-    case CollectiveOp::AllReduce: return "all_reduce";
-    case CollectiveOp::Broadcast: return "broadcast";
-    case CollectiveOp::Split: return "split";
+    case CollectiveOp::AllGather:
+      return "all_gather";
+    case CollectiveOp::ReduceScatter:
+      return "reduce_scatter";
+    case CollectiveOp::AllReduce:
+      return "all_reduce";
+    case CollectiveOp::Broadcast:
+      return "broadcast";
+    case CollectiveOp::Split:
+      return "split";
   }
   return "?";
 }
@@ -82,8 +87,8 @@ std::string describe_mismatch(const CommShared& shared, int64_t seq,
     if (same_collective(calls[0], calls[m])) continue;
     return detail::concat(
         "collective mismatch on communicator '", shared.name, "' at its collective #", seq,
-        ": member 0 (rank ", shared.world_ranks[0], ") issued ", describe(calls[0]),
-        " but member ", m, " (rank ", shared.world_ranks[m], ") issued ", describe(calls[m]),
+        ": member 0 (rank ", shared.world_ranks[0], ") issued ", describe(calls[0]), " but member ",
+        m, " (rank ", shared.world_ranks[m], ") issued ", describe(calls[m]),
         "; every rank must issue the same collectives in the same order on a communicator");
   }
   return {};
@@ -122,10 +127,9 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
   if (rv->abandoned) {
     shared.finished[member] = seq + 1;
     shared.cv.notify_all();
-    FSDP_FAIL(op_name(call.op), " #", seq,
-              " on communicator '", shared.name, "' abandoned: member ", rv->abandoned_by,
-              " (rank ", shared.world_ranks[rv->abandoned_by],
-              ") gave up waiting (aborted or failed)");
+    FSDP_FAIL(op_name(call.op), " #", seq, " on communicator '", shared.name,
+              "' abandoned: member ", rv->abandoned_by, " (rank ",
+              shared.world_ranks[rv->abandoned_by], ") gave up waiting (aborted or failed)");
   }
   const std::string mismatch = describe_mismatch(shared, seq, rv->calls);
   if (!mismatch.empty()) {
@@ -233,10 +237,11 @@ void CpuComm::launch(Stream s, const CollectiveCall& call) {
              name(), "': null buffer for ", call.count, " elements");
   const int64_t seq = next_seq_++;
   // The task holds the shared state alive; the device outlives its own streams' tasks.
-  device_.enqueue(s, OpKind::Collective,
-                  [shared = shared_, member = member_, seq, call, cancel = &device_.cancellation()] {
-                    execute(*shared, member, seq, call, *cancel);
-                  });
+  device_.enqueue(
+      s, OpKind::Collective,
+      [shared = shared_, member = member_, seq, call, cancel = &device_.cancellation()] {
+        execute(*shared, member, seq, call, *cancel);
+      });
 }
 
 void CpuComm::do_all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) {
@@ -294,7 +299,7 @@ std::unique_ptr<Comm> CpuComm::do_split(int color, int key, const std::string& n
   const int64_t seq = next_seq_++;
   std::unique_ptr<Comm> result;
   auto exchange = [&](Rendezvous& rv) {
-    if (color < 0) return;  // takes part in the exchange, joins nothing
+    if (color < 0) return;     // takes part in the exchange, joins nothing
     std::vector<int> members;  // parent members of our color, in (key, parent member) order
     for (int m = 0; m < shared_->size(); ++m)
       if (rv.calls[m].color == color) members.push_back(m);

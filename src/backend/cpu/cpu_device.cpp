@@ -56,7 +56,9 @@ CpuDevice::~CpuDevice() {
   for (int i = num_streams_.load(std::memory_order_acquire) - 1; i >= 0; --i) streams_[i].reset();
 }
 
-std::string CpuDevice::name() const { return "cpu:" + std::to_string(rank_); }
+std::string CpuDevice::name() const {
+  return "cpu:" + std::to_string(rank_);
+}
 
 // ---- streams
 
@@ -73,8 +75,8 @@ Stream CpuDevice::create_stream(const std::string& name, StreamPriority /*priori
 
 StreamWorker& CpuDevice::worker(Stream s) {
   const int n = num_streams_.load(std::memory_order_acquire);
-  FSDP_CHECK(s.id >= 0 && s.id < n, "stream ", s.id, " does not exist on ", name(), " (it has ",
-             n, ")");
+  FSDP_CHECK(s.id >= 0 && s.id < n, "stream ", s.id, " does not exist on ", name(), " (it has ", n,
+             ")");
   return *streams_[s.id];
 }
 
@@ -101,8 +103,8 @@ void CpuDevice::synchronize() {
 // ---- events
 
 CpuDevice::EventSlot& CpuDevice::slot(Event e) {
-  FSDP_CHECK(e.id >= 0 && e.id < static_cast<int>(events_.size()) && events_[e.id].live,
-             "event ", e.id, " does not exist on ", name(), " (never created, or destroyed)");
+  FSDP_CHECK(e.id >= 0 && e.id < static_cast<int>(events_.size()) && events_[e.id].live, "event ",
+             e.id, " does not exist on ", name(), " (never created, or destroyed)");
   return events_[e.id];
 }
 
@@ -214,8 +216,12 @@ void CpuDevice::free(void* ptr, Stream s) {
   w.enqueue(std::move(task));
 }
 
-MemStats CpuDevice::memory_stats() const { return allocator_.stats(); }
-void CpuDevice::reset_peak_memory() { allocator_.reset_peak(); }
+MemStats CpuDevice::memory_stats() const {
+  return allocator_.stats();
+}
+void CpuDevice::reset_peak_memory() {
+  allocator_.reset_peak();
+}
 
 void CpuDevice::sample_memory() {
   if (timeline_.enabled()) timeline_.add_memory(now_us(), allocator_.current_bytes());
@@ -223,9 +229,15 @@ void CpuDevice::sample_memory() {
 
 // ---- labels and timeline
 
-void CpuDevice::set_label(const char* label) { label_.store(label, std::memory_order_relaxed); }
-void CpuDevice::enable_timeline(bool on) { timeline_.set_enabled(on); }
-double CpuDevice::now_us() const { return world_->now_us(); }
+void CpuDevice::set_label(const char* label) {
+  label_.store(label, std::memory_order_relaxed);
+}
+void CpuDevice::enable_timeline(bool on) {
+  timeline_.set_enabled(on);
+}
+double CpuDevice::now_us() const {
+  return world_->now_us();
+}
 
 Timeline CpuDevice::take_timeline() {
   synchronize();

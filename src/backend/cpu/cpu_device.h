@@ -48,9 +48,8 @@ class CpuDevice final : public Device {
   void copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) override;
   void fill(Stream s, void* dst, DType t, int64_t n, float value) override;
   void cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override;
-  void all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel,
-                           int world, const ShardSlice* slices, void* const* dsts,
-                           int count) override;
+  void all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel, int world,
+                           const ShardSlice* slices, void* const* dsts, int count) override;
   void reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64_t shard_numel, int world,
                               const ShardSlice* slices, const void* const* srcs,
                               const DType* src_types, int count) override;
@@ -64,13 +63,13 @@ class CpuDevice final : public Device {
             const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t) override;
   void activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
                           int64_t n) override;
-  void activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx,
-                           DType t, int64_t n) override;
+  void activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx, DType t,
+                           int64_t n) override;
   void add(Stream s, void* out, const void* a, const void* b, DType t, int64_t n) override;
   void softmax_rows(Stream s, const void* x, DType t, float* probs, int64_t rows,
                     int64_t cols) override;
-  void softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx,
-                             DType t, int64_t rows, int64_t cols) override;
+  void softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx, DType t,
+                             int64_t rows, int64_t cols) override;
   void scale_rows(Stream s, void* out, const void* in, DType t, const float* w, int64_t w_stride,
                   int64_t rows, int64_t cols, bool accumulate) override;
   void row_dot(Stream s, const void* a, const void* b, DType t, float* out, int64_t out_stride,
@@ -98,9 +97,9 @@ class CpuDevice final : public Device {
  private:
   struct EventSlot {
     bool live = false;
-    int64_t recorded = 0;         // generations recorded so far (monotonic, across reuse)
-    int64_t created_at = 0;       // `recorded` when the current owner created it
-    std::set<int64_t> pending;    // recorded generations whose point is not reached yet
+    int64_t recorded = 0;              // generations recorded so far (monotonic, across reuse)
+    int64_t created_at = 0;            // `recorded` when the current owner created it
+    std::set<int64_t> pending;         // recorded generations whose point is not reached yet
     const char* last_label = nullptr;  // the op the latest recorded generation follows
   };
 

@@ -21,13 +21,12 @@ void check_buffer(const void* p, int64_t n, const char* what, const char* op) {
 
 void check_slices(const char* op, int64_t shard_numel, int world, const ShardSlice* slices,
                   int count) {
-  FSDP_CHECK(world >= 1 && count >= 0 && shard_numel >= 0, op, ": world ", world, ", count ",
-             count, ", shard_numel ", shard_numel);
+  FSDP_CHECK(world >= 1 && count >= 0 && shard_numel >= 0, op, ": world ", world, ", count ", count,
+             ", shard_numel ", shard_numel);
   FSDP_CHECK(count == 0 || slices != nullptr, op, ": null slice array");
   for (int p = 0; p < count; ++p) {
     const ShardSlice& s = slices[p];
-    FSDP_CHECK(s.rows >= 0 && s.cols >= 0 && s.offset >= 0 &&
-                   s.rows_per_rank * world >= s.rows &&
+    FSDP_CHECK(s.rows >= 0 && s.cols >= 0 && s.offset >= 0 && s.rows_per_rank * world >= s.rows &&
                    s.offset + s.rows_per_rank * s.cols <= shard_numel,
                op, ": slice ", p, " (rows ", s.rows, ", cols ", s.cols, ", rows_per_rank ",
                s.rows_per_rank, ", offset ", s.offset, ") does not fit a shard of ", shard_numel,
@@ -63,9 +62,8 @@ void CpuDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_t
   // The caller may reuse host_src as soon as we return, so the task carries its own copy.
   const auto* first = static_cast<const char*>(host_src);
   std::vector<char> staged(first, first + bytes);
-  enqueue(s, OpKind::Copy, [dst, staged = std::move(staged)] {
-    std::memcpy(dst, staged.data(), staged.size());
-  });
+  enqueue(s, OpKind::Copy,
+          [dst, staged = std::move(staged)] { std::memcpy(dst, staged.data(), staged.size()); });
 }
 
 void CpuDevice::copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) {
@@ -94,17 +92,15 @@ void CpuDevice::all_gather_copy_out(Stream s, const void* gathered, DType t, int
   std::vector<void*> dst_copy(dsts, dsts + count);
   for (int p = 0; p < count; ++p)
     check_buffer(dst_copy[p], slices[p].rows * slices[p].cols, "dst", "all_gather_copy_out");
-  enqueue(s, OpKind::Copy,
-          [=, slice_copy = std::move(slice_copy), dst_copy = std::move(dst_copy)] {
-            kernels::all_gather_copy_out(gathered, t, shard_numel, world, slice_copy.data(),
-                                         dst_copy.data(), count);
-          });
+  enqueue(s, OpKind::Copy, [=, slice_copy = std::move(slice_copy), dst_copy = std::move(dst_copy)] {
+    kernels::all_gather_copy_out(gathered, t, shard_numel, world, slice_copy.data(),
+                                 dst_copy.data(), count);
+  });
 }
 
 void CpuDevice::reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64_t shard_numel,
-                                       int world, const ShardSlice* slices,
-                                       const void* const* srcs, const DType* src_types,
-                                       int count) {
+                                       int world, const ShardSlice* slices, const void* const* srcs,
+                                       const DType* src_types, int count) {
   check_slices("reduce_scatter_copy_in", shard_numel, world, slices, count);
   check_buffer(rs_in, world * shard_numel, "rs_in", "reduce_scatter_copy_in");
   std::vector<ShardSlice> slice_copy(slices, slices + count);
@@ -138,12 +134,11 @@ void CpuDevice::adamw_step(Stream s, const OptimTensor* tensors, int count, cons
   });
 }
 
-void CpuDevice::sgd_step(Stream s, const OptimTensor* tensors, int count, float lr,
-                         float momentum, float weight_decay) {
+void CpuDevice::sgd_step(Stream s, const OptimTensor* tensors, int count, float lr, float momentum,
+                         float weight_decay) {
   auto copies = copy_optim_tensors("sgd_step", tensors, count, momentum != 0.0f, false);
   enqueue(s, OpKind::Optimizer, [copies = std::move(copies), lr, momentum, weight_decay] {
-    kernels::sgd_step(copies.data(), static_cast<int>(copies.size()), lr, momentum,
-                      weight_decay);
+    kernels::sgd_step(copies.data(), static_cast<int>(copies.size()), lr, momentum, weight_decay);
   });
 }
 
@@ -156,9 +151,8 @@ void CpuDevice::gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n,
   check_buffer(a, m * k, "A", "gemm");
   check_buffer(b, k * n, "B", "gemm");
   check_buffer(c, m * n, "C", "gemm");
-  enqueue(s, OpKind::Kernel, [=] {
-    kernels::gemm(trans_a, trans_b, m, n, k, alpha, a, b, ab_t, beta, c, c_t);
-  });
+  enqueue(s, OpKind::Kernel,
+          [=] { kernels::gemm(trans_a, trans_b, m, n, k, alpha, a, b, ab_t, beta, c, c_t); });
 }
 
 void CpuDevice::activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
@@ -168,8 +162,8 @@ void CpuDevice::activation_forward(Stream s, Activation f, const void* x, void* 
   enqueue(s, OpKind::Kernel, [=] { kernels::activation_forward(f, x, y, t, n); });
 }
 
-void CpuDevice::activation_backward(Stream s, Activation f, const void* x, const void* dy,
-                                    void* dx, DType t, int64_t n) {
+void CpuDevice::activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx,
+                                    DType t, int64_t n) {
   check_buffer(x, n, "x", "activation_backward");
   check_buffer(dy, n, "dy", "activation_backward");
   check_buffer(dx, n, "dx", "activation_backward");
@@ -190,8 +184,8 @@ void CpuDevice::softmax_rows(Stream s, const void* x, DType t, float* probs, int
   enqueue(s, OpKind::Kernel, [=] { kernels::softmax_rows(x, t, probs, rows, cols); });
 }
 
-void CpuDevice::softmax_rows_backward(Stream s, const float* probs, const float* dprobs,
-                                      void* dx, DType t, int64_t rows, int64_t cols) {
+void CpuDevice::softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx,
+                                      DType t, int64_t rows, int64_t cols) {
   check_buffer(probs, rows * cols, "probs", "softmax_rows_backward");
   check_buffer(dprobs, rows * cols, "dprobs", "softmax_rows_backward");
   check_buffer(dx, rows * cols, "dx", "softmax_rows_backward");
@@ -204,9 +198,8 @@ void CpuDevice::scale_rows(Stream s, void* out, const void* in, DType t, const f
   check_buffer(out, rows * cols, "out", "scale_rows");
   check_buffer(in, rows * cols, "in", "scale_rows");
   check_buffer(w, rows, "w", "scale_rows");
-  enqueue(s, OpKind::Kernel, [=] {
-    kernels::scale_rows(out, in, t, w, w_stride, rows, cols, accumulate);
-  });
+  enqueue(s, OpKind::Kernel,
+          [=] { kernels::scale_rows(out, in, t, w, w_stride, rows, cols, accumulate); });
 }
 
 void CpuDevice::row_dot(Stream s, const void* a, const void* b, DType t, float* out,
@@ -214,8 +207,7 @@ void CpuDevice::row_dot(Stream s, const void* a, const void* b, DType t, float* 
   check_buffer(a, rows * cols, "a", "row_dot");
   check_buffer(b, rows * cols, "b", "row_dot");
   check_buffer(out, rows, "out", "row_dot");
-  enqueue(s, OpKind::Kernel,
-          [=] { kernels::row_dot(a, b, t, out, out_stride, rows, cols); });
+  enqueue(s, OpKind::Kernel, [=] { kernels::row_dot(a, b, t, out, out_stride, rows, cols); });
 }
 
 void CpuDevice::mean_square_loss(Stream s, const void* y, DType t, int64_t n, float* loss,
@@ -227,13 +219,11 @@ void CpuDevice::mean_square_loss(Stream s, const void* y, DType t, int64_t n, fl
 
 void CpuDevice::cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
                                    int64_t rows, int64_t classes, float* loss, void* dlogits) {
-  FSDP_CHECK(rows > 0 && classes > 0, "cross_entropy_loss over ", rows, "x", classes,
-             " logits");
+  FSDP_CHECK(rows > 0 && classes > 0, "cross_entropy_loss over ", rows, "x", classes, " logits");
   check_buffer(logits, rows * classes, "logits", "cross_entropy_loss");
   check_buffer(labels, rows, "labels", "cross_entropy_loss");
-  enqueue(s, OpKind::Kernel, [=] {
-    kernels::cross_entropy_loss(logits, t, labels, rows, classes, loss, dlogits);
-  });
+  enqueue(s, OpKind::Kernel,
+          [=] { kernels::cross_entropy_loss(logits, t, labels, rows, classes, loss, dlogits); });
 }
 
 void CpuDevice::spin(Stream s, double microseconds) {

@@ -12,8 +12,12 @@
 namespace fsdp::cpu::kernels {
 
 namespace {
-char* byte_ptr(void* p) { return static_cast<char*>(p); }
-const char* byte_ptr(const void* p) { return static_cast<const char*>(p); }
+char* byte_ptr(void* p) {
+  return static_cast<char*>(p);
+}
+const char* byte_ptr(const void* p) {
+  return static_cast<const char*>(p);
+}
 
 constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kGeluCubic = 0.044715f;
@@ -121,8 +125,7 @@ void adamw_step(const OptimTensor* tensors, int count, const AdamWConfig& c, int
   }
 }
 
-void sgd_step(const OptimTensor* tensors, int count, float lr, float momentum,
-              float weight_decay) {
+void sgd_step(const OptimTensor* tensors, int count, float lr, float momentum, float weight_decay) {
   // PyTorch's SGD with dampening 0. Its first step sets buf = g; with the buffer starting at
   // zero (the engine zero-fills optimizer state), buf = momentum * 0 + g is the same thing,
   // so no first-step flag is needed.
@@ -210,8 +213,8 @@ void softmax_rows(const void* x, DType t, float* probs, int64_t rows, int64_t co
   });
 }
 
-void softmax_rows_backward(const float* probs, const float* dprobs, void* dx, DType t,
-                           int64_t rows, int64_t cols) {
+void softmax_rows_backward(const float* probs, const float* dprobs, void* dx, DType t, int64_t rows,
+                           int64_t cols) {
   with_io(t, [&](auto io) {
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t base = r * cols;
@@ -223,8 +226,8 @@ void softmax_rows_backward(const float* probs, const float* dprobs, void* dx, DT
   });
 }
 
-void scale_rows(void* out, const void* in, DType t, const float* w, int64_t w_stride,
-                int64_t rows, int64_t cols, bool accumulate) {
+void scale_rows(void* out, const void* in, DType t, const float* w, int64_t w_stride, int64_t rows,
+                int64_t cols, bool accumulate) {
   with_io(t, [&](auto io) {
     for (int64_t r = 0; r < rows; ++r) {
       const float wr = w[r * w_stride];
@@ -274,8 +277,8 @@ void cross_entropy_loss(const void* logits, DType t, const int32_t* labels, int6
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t base = r * classes;
       const int32_t label = labels[r];
-      FSDP_CHECK(label >= 0 && label < classes, "cross_entropy_loss: label ", label, " of row ",
-                 r, " outside [0, ", classes, ")");
+      FSDP_CHECK(label >= 0 && label < classes, "cross_entropy_loss: label ", label, " of row ", r,
+                 " outside [0, ", classes, ")");
       float max_v = -INFINITY;
       for (int64_t c = 0; c < classes; ++c) max_v = std::max(max_v, io.load(logits, base + c));
       float sum = 0.0f;
@@ -294,8 +297,8 @@ void cross_entropy_loss(const void* logits, DType t, const int32_t* labels, int6
 
 void spin(double microseconds) {
   // Busy, not sleeping: the point is a stream that is occupied for a known time.
-  const auto until = std::chrono::steady_clock::now() +
-                     std::chrono::duration<double, std::micro>(microseconds);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(microseconds);
   while (std::chrono::steady_clock::now() < until) {
   }
 }

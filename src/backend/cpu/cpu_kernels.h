@@ -25,22 +25,20 @@ void reduce_scatter_copy_in(void* rs_in, DType rs_t, int64_t shard_numel, int wo
 void accumulate(float* dst, const void* src, DType src_t, int64_t n, float scale);
 
 void adamw_step(const OptimTensor* tensors, int count, const AdamWConfig& c, int64_t step);
-void sgd_step(const OptimTensor* tensors, int count, float lr, float momentum,
-              float weight_decay);
+void sgd_step(const OptimTensor* tensors, int count, float lr, float momentum, float weight_decay);
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           const void* b, DType ab_t, float beta, void* c, DType c_t);
 
 void activation_forward(Activation f, const void* x, void* y, DType t, int64_t n);
-void activation_backward(Activation f, const void* x, const void* dy, void* dx, DType t,
-                         int64_t n);
+void activation_backward(Activation f, const void* x, const void* dy, void* dx, DType t, int64_t n);
 void add(void* out, const void* a, const void* b, DType t, int64_t n);
 
 void softmax_rows(const void* x, DType t, float* probs, int64_t rows, int64_t cols);
-void softmax_rows_backward(const float* probs, const float* dprobs, void* dx, DType t,
-                           int64_t rows, int64_t cols);
-void scale_rows(void* out, const void* in, DType t, const float* w, int64_t w_stride,
-                int64_t rows, int64_t cols, bool accumulate);
+void softmax_rows_backward(const float* probs, const float* dprobs, void* dx, DType t, int64_t rows,
+                           int64_t cols);
+void scale_rows(void* out, const void* in, DType t, const float* w, int64_t w_stride, int64_t rows,
+                int64_t cols, bool accumulate);
 void row_dot(const void* a, const void* b, DType t, float* out, int64_t out_stride, int64_t rows,
              int64_t cols);
 

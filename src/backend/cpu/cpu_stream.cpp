@@ -111,8 +111,7 @@ void StreamWorker::enqueue(Task task) {
 void StreamWorker::wait_idle() {
   std::unique_lock<std::mutex> lock(mutex_);
   const int64_t target = enqueued_;
-  wait_unless_cancelled(idle_cv_, lock, *host_.cancellation,
-                        [&] { return finished_ >= target; });
+  wait_unless_cancelled(idle_cv_, lock, *host_.cancellation, [&] { return finished_ >= target; });
 }
 
 void StreamWorker::loop() {

@@ -40,7 +40,7 @@ class TimelineRecorder {
 
 struct Task {
   std::function<void()> run;
-  const char* label = nullptr;       // the device's label when the op was enqueued
+  const char* label = nullptr;  // the device's label when the op was enqueued
   OpKind kind = OpKind::Kernel;
   const char* waited_for = nullptr;  // Wait tasks: the label before the awaited record
   // Bookkeeping tasks (event completion, stream-ordered release of memory) run even after

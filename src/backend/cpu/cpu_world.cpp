@@ -88,8 +88,12 @@ CpuWorld::CpuWorld(int world_size, CpuOptions options) : impl_(std::make_unique<
 // Devices and communicators keep the shared state alive, so the world may go first.
 CpuWorld::~CpuWorld() = default;
 
-int CpuWorld::size() const { return impl_->state->size; }
-const CpuOptions& CpuWorld::options() const { return impl_->state->options; }
+int CpuWorld::size() const {
+  return impl_->state->size;
+}
+const CpuOptions& CpuWorld::options() const {
+  return impl_->state->options;
+}
 
 std::unique_ptr<Device> CpuWorld::make_device(int rank) {
   FSDP_CHECK(rank >= 0 && rank < size(), "rank ", rank, " outside the CPU world of ", size());
@@ -108,7 +112,11 @@ std::unique_ptr<Comm> CpuWorld::make_world_comm(int rank, Device& device) {
   return std::make_unique<CpuComm>(*cpu_device, std::move(shared), rank, name);
 }
 
-void CpuWorld::abort(const std::string& why) { impl_->state->abort(why); }
-bool CpuWorld::aborted() const { return impl_->state->aborted(); }
+void CpuWorld::abort(const std::string& why) {
+  impl_->state->abort(why);
+}
+bool CpuWorld::aborted() const {
+  return impl_->state->aborted();
+}
 
 }  // namespace fsdp::cpu
