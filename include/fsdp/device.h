@@ -190,6 +190,10 @@ class Device {
   // cross-entropy averaged over rows; dlogits = (softmax - onehot) / rows
   virtual void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
                                   int64_t rows, int64_t classes, float* loss, void* dlogits) = 0;
+  // Training data made on the device (include/fsdp/synthetic.h): row r of dst is row
+  // first_row + r of the global batch of `step`, Uniform(-bound, bound), in dtype t.
+  virtual void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols,
+                               uint64_t seed, int64_t step, int64_t first_row, float bound) = 0;
   // Busy work of a known length; tests use it to force op durations.
   virtual void spin(Stream s, double microseconds) = 0;
 

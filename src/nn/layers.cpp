@@ -3,17 +3,11 @@
 #include <cmath>
 
 #include "fsdp/error.h"
+#include "fsdp/synthetic.h"
 
 namespace fsdp::nn {
 
 namespace {
-
-uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
 
 Tensor new_act(RunContext& ctx, int64_t rows, int64_t cols, DType t = DType::F32, bool use_ctx = true) {
   return empty_tensor(*ctx.device, ctx.compute, use_ctx ? ctx.act_dtype : t, rows, cols,
@@ -30,11 +24,7 @@ Tensor ones(RunContext& ctx, int64_t n) {
 
 std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound) {
   std::vector<float> v(static_cast<size_t>(n));
-  uint64_t state = seed * 0x2545f4914f6cdd1dull + 1;
-  for (auto& x : v) {
-    const double u = static_cast<double>(splitmix64(state) >> 11) * (1.0 / 9007199254740992.0);
-    x = static_cast<float>((2.0 * u - 1.0) * bound);
-  }
+  for (int64_t j = 0; j < n; ++j) v[j] = synthetic_uniform(seed, static_cast<uint64_t>(j), bound);
   return v;
 }
 

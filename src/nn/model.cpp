@@ -1,8 +1,9 @@
 #include "nn/model.h"
 
-#include <cmath>
+#include <algorithm>
 
 #include "fsdp/error.h"
+#include "fsdp/synthetic.h"
 
 namespace fsdp::nn {
 
@@ -52,23 +53,22 @@ Tensor Model::backward_impl(RunContext& ctx, const Tensor& dy) {
   return g;
 }
 
-Batch make_batch(const ModelConfig& c, uint64_t seed, int step, int64_t first_row, int64_t tokens) {
-  Batch b;
-  b.x.resize(static_cast<size_t>(tokens * c.dim));
+std::vector<int32_t> make_labels(const ModelConfig& c, uint64_t seed, int step, int64_t first_row,
+                                 int64_t tokens) {
+  std::vector<int32_t> labels;
+  if (c.classes <= 0) return labels;
+  const int64_t width = std::min<int64_t>(c.classes, c.dim);
   for (int64_t r = 0; r < tokens; ++r) {
-    const uint64_t row_seed = (seed * 0x100000001b3ull) ^ (static_cast<uint64_t>(step) << 40) ^
-                              static_cast<uint64_t>(first_row + r);
-    std::vector<float> row = uniform_init(row_seed, c.dim, std::sqrt(3.0f));  // unit variance
-    std::copy(row.begin(), row.end(), b.x.begin() + r * c.dim);
-    if (c.classes > 0) {
-      // A learnable target: the argmax of the row's first `classes` features.
-      int32_t best = 0;
-      for (int64_t k = 1; k < std::min<int64_t>(c.classes, c.dim); ++k)
-        if (row[k] > row[best]) best = static_cast<int32_t>(k);
-      b.labels.push_back(best);
+    const uint64_t row_seed = synthetic_row_seed(seed, step, first_row + r);
+    int32_t best = 0;
+    float best_value = synthetic_uniform(row_seed, 0, kDataBound);
+    for (int64_t k = 1; k < width; ++k) {
+      const float v = synthetic_uniform(row_seed, static_cast<uint64_t>(k), kDataBound);
+      if (v > best_value) best = static_cast<int32_t>(k), best_value = v;
     }
+    labels.push_back(best);
   }
-  return b;
+  return labels;
 }
 
 }  // namespace fsdp::nn

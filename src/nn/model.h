@@ -41,14 +41,15 @@ class Model : public Module {
   Module* head_ = nullptr;
 };
 
-// One rank's slice of the global batch of `step`: rows [rank*tokens, (rank+1)*tokens) of a
-// global batch whose every row depends only on (seed, step, global row), so a single-rank
-// reference can rebuild the same global batch.
-struct Batch {
-  std::vector<float> x;           // [tokens, dim]
-  std::vector<int32_t> labels;    // [tokens] when the model has classes
-};
-Batch make_batch(const ModelConfig& config, uint64_t seed, int step, int64_t first_row,
-                 int64_t tokens);
+// Training data: row r of the global batch of a step is Uniform(-sqrt 3, sqrt 3) (unit
+// variance) from include/fsdp/synthetic.h, made on the device by Device::synthetic_batch.
+// Every row depends only on (seed, step, global row), so a single-rank reference can rebuild
+// the global batch that the ranks share.
+constexpr float kDataBound = 1.7320508f;
+
+// Labels of rows [first_row, first_row + tokens) when the model has classes: the argmax of
+// the row's first `classes` features (a target a linear head can learn).
+std::vector<int32_t> make_labels(const ModelConfig& config, uint64_t seed, int step,
+                                 int64_t first_row, int64_t tokens);
 
 }  // namespace fsdp::nn

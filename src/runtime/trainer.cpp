@@ -20,19 +20,16 @@ struct DeviceBatch {
   Tensor labels;
 };
 
-DeviceBatch upload(Device& d, Stream s, const nn::Batch& b, int64_t rows, int64_t dim, DType t) {
+DeviceBatch make_device_batch(Device& d, Stream s, const nn::ModelConfig& model, uint64_t seed,
+                              int step, int64_t first_row, int64_t rows, DType t) {
   DeviceBatch out;
-  Tensor x32 = empty_tensor(d, s, DType::F32, rows, dim, MemTag::Activation);
-  d.copy_from_host(s, x32.data, b.x.data(), b.x.size() * sizeof(float));
-  if (t == DType::F32) {
-    out.x = x32;
-  } else {
-    out.x = empty_tensor(d, s, t, rows, dim, MemTag::Activation);
-    d.cast(s, out.x.data, t, x32.data, DType::F32, rows * dim);
-  }
-  if (!b.labels.empty()) {
+  out.x = empty_tensor(d, s, t, rows, model.dim, MemTag::Activation);
+  d.set_label("data");
+  d.synthetic_batch(s, out.x.data, t, rows, model.dim, seed, step, first_row, nn::kDataBound);
+  const std::vector<int32_t> labels = nn::make_labels(model, seed, step, first_row, rows);
+  if (!labels.empty()) {
     out.labels = empty_tensor(d, s, DType::F32, rows, 1, MemTag::Activation);  // int32 storage
-    d.copy_from_host(s, out.labels.data, b.labels.data(), b.labels.size() * sizeof(int32_t));
+    d.copy_from_host(s, out.labels.data, labels.data(), labels.size() * sizeof(int32_t));
   }
   return out;
 }
@@ -120,10 +117,8 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     for (int mb = 0; mb < config.micro_batches; ++mb) {
       root.set_requires_gradient_sync(mb == config.micro_batches - 1);
       const int data_step = step * config.micro_batches + mb;
-      nn::Batch host_batch = nn::make_batch(config.model, config.seed, data_step,
-                                            rank * config.tokens, config.tokens);
-      DeviceBatch batch = upload(device, compute, host_batch, config.tokens, config.model.dim,
-                                 config.param_dtype);
+      DeviceBatch batch = make_device_batch(device, compute, config.model, config.seed, data_step,
+                                            rank * config.tokens, config.tokens, config.param_dtype);
       const int64_t ag0 = issued(CollectiveKind::AllGather);
       const double h0 = device.now_us();
       Tensor y = model.forward(ctx, batch.x);
@@ -194,9 +189,8 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
   for (int step = 0; step < config.steps; ++step) {
     float loss_sum = 0;
     for (int mb = 0; mb < config.micro_batches; ++mb) {
-      nn::Batch host_batch = nn::make_batch(config.model, config.seed,
-                                            step * config.micro_batches + mb, 0, rows);
-      DeviceBatch batch = upload(device, compute, host_batch, rows, config.model.dim, DType::F32);
+      DeviceBatch batch = make_device_batch(device, compute, config.model, config.seed,
+                                            step * config.micro_batches + mb, 0, rows, DType::F32);
       Tensor y = model.forward(ctx, batch.x);
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
       // Each rank's loss is a mean over its own rows, and FSDP averages the ranks: the same

@@ -79,6 +79,8 @@ class CpuDevice final : public Device {
   void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
                           int64_t rows, int64_t classes, float* loss, void* dlogits) override;
   void spin(Stream s, double microseconds) override;
+  void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols, uint64_t seed,
+                       int64_t step, int64_t first_row, float bound) override;
 
   void set_label(const char* label) override;
   void enable_timeline(bool on) override;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_device.h"
+#include "fsdp/synthetic.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "fsdp/error.h"
 
@@ -224,6 +225,18 @@ void CpuDevice::cross_entropy_loss(Stream s, const void* logits, DType t, const 
   check_buffer(labels, rows, "labels", "cross_entropy_loss");
   enqueue(s, OpKind::Kernel,
           [=] { kernels::cross_entropy_loss(logits, t, labels, rows, classes, loss, dlogits); });
+}
+
+void CpuDevice::synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols,
+                                uint64_t seed, int64_t step, int64_t first_row, float bound) {
+  enqueue(s, OpKind::Kernel, [=] {
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint64_t row_seed = synthetic_row_seed(seed, step, first_row + r);
+      for (int64_t c = 0; c < cols; ++c)
+        store_from_float(dst, t, static_cast<size_t>(r * cols + c),
+                         synthetic_uniform(row_seed, static_cast<uint64_t>(c), bound));
+    }
+  });
 }
 
 void CpuDevice::spin(Stream s, double microseconds) {
