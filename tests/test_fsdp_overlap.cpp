@@ -37,8 +37,8 @@ runtime::TrainConfig overlap_config(bool separate) {
   runtime::TrainConfig c;
   c.model.kind = "mlp";
   c.model.layers = 6;
-  c.model.dim = 512;  // large collectives, small compute (4 tokens): AG(i-1) is still running
-  c.tokens = 4;       // when RS(i) starts
+  c.model.dim = 256;  // small compute (4 tokens) under a slow simulated link: AG(i-1) is
+  c.tokens = 4;       // still on the wire when RS(i) starts
   c.steps = 3;
   c.warmup = 1;
   c.timeline = true;
@@ -46,14 +46,20 @@ runtime::TrainConfig overlap_config(bool separate) {
   return c;
 }
 
+cpu::CpuOptions slow_link() {
+  cpu::CpuOptions o;
+  o.link_gbps = 0.2;  // a 256 KiB all-gather takes ~0.65 ms on the wire
+  return o;
+}
+
 TEST(Overlap, SeparateGroupLetsRsRunUnderThePreviousLayersAg) {
-  auto r = run_fsdp(2, overlap_config(true));
+  auto r = run_fsdp(2, overlap_config(true), slow_link());
   auto [neighbour, any] = overlaps(r[0].timeline, 6);
   EXPECT_GT(neighbour, 0) << any << " RS/AG overlaps in all";
 }
 
 TEST(Overlap, SharedCommunicatorNeverOverlapsRsAndAg) {
-  auto r = run_fsdp(2, overlap_config(false));
+  auto r = run_fsdp(2, overlap_config(false), slow_link());
   ASSERT_FALSE(collectives(r[0].timeline, "RS layers.3").empty());
   EXPECT_EQ(overlaps(r[0].timeline, 6).second, 0);
 }

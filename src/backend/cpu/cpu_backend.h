@@ -19,6 +19,9 @@ struct CpuOptions {
   bool chaos = false;
   uint64_t chaos_seed = 0;
   int chaos_max_us = 300;
+  // A simulated link: each collective takes at least (bytes this rank receives) / link_gbps
+  // (GB/s), so tests can make communication slow relative to compute. 0: as fast as memcpy.
+  double link_gbps = 0;
 };
 
 // State shared by the rank threads of one launch: the in-process "network".

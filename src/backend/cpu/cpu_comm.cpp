@@ -30,7 +30,9 @@
 #include "backend/cpu/cpu_comm.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #include <exception>
 #include <functional>
 #include <utility>
@@ -212,6 +214,13 @@ void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& 
       case CollectiveOp::Split:
         FSDP_FAIL("split is not a stream collective");
     }
+    // The simulated link: what this rank receives, at link_gbps.
+    if (shared.link_gbps > 0) {
+      const double peers = shared.size() - 1;
+      const double bytes = call.op == CollectiveOp::AllReduce ? 2.0 * peers * chunk_bytes / shared.size()
+                           : call.op == CollectiveOp::Broadcast ? chunk_bytes : peers * chunk_bytes;
+      std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(bytes / (shared.link_gbps * 1e3)));
+    }
   };
   auto finish = [&] {
     if (!is_reduction(call.op)) return;
@@ -315,7 +324,7 @@ std::unique_ptr<Comm> CpuComm::do_split(int color, int key, const std::string& n
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
       std::shared_ptr<CommShared>& slot = rv.split_children[color];
-      if (!slot) slot = std::make_shared<CommShared>(name, world_ranks);
+      if (!slot) slot = std::make_shared<CommShared>(name, world_ranks, shared_->link_gbps);
       child = slot;
     }
     result = std::make_unique<CpuComm>(device_, std::move(child), my_index, name);

@@ -48,14 +48,16 @@ struct Rendezvous {
 // The half of a communicator that its members share. Everything mutable is guarded by
 // `mutex`; `cv` is notified on every change.
 struct CommShared {
-  CommShared(std::string comm_name, std::vector<int> ranks)
+  CommShared(std::string comm_name, std::vector<int> ranks, double link_gbps)
       : name(std::move(comm_name)),
         world_ranks(std::move(ranks)),
+        link_gbps(link_gbps),
         finished(world_ranks.size(), 0) {}
   int size() const { return static_cast<int>(world_ranks.size()); }
 
   const std::string name;
   const std::vector<int> world_ranks;  // global rank of each member
+  const double link_gbps;              // CpuOptions::link_gbps; split children inherit it
   std::mutex mutex;
   std::condition_variable cv;
   std::vector<int64_t> finished;  // per member: collectives finished on that member's rank

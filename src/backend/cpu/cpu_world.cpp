@@ -45,7 +45,8 @@ std::shared_ptr<CommShared> WorldState::world_comm(int rank) {
     std::vector<int> ranks(static_cast<size_t>(size));
     std::iota(ranks.begin(), ranks.end(), 0);
     world_comms_.push_back(
-        std::make_shared<CommShared>(k == 0 ? "world" : detail::concat("world#", k), ranks));
+        std::make_shared<CommShared>(k == 0 ? "world" : detail::concat("world#", k), ranks,
+                                     options.link_gbps));
   }
   return world_comms_[static_cast<size_t>(k)];
 }
