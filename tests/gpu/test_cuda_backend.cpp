@@ -4,14 +4,19 @@
 // Without a GPU the binary prints SKIPPED and exits 77 (ctest's SKIP_RETURN_CODE).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <memory>
 #include <random>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
+#include "fsdp/synthetic.h"
 
 namespace fsdp {
 namespace {
@@ -19,7 +24,9 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr DType kTypes[] = {DType::F32, DType::BF16};
 
-float round_to(DType t, float v) { return t == DType::F32 ? v : bf16_to_float(float_to_bf16(v)); }
+float round_to(DType t, float v) {
+  return t == DType::F32 ? v : bf16_to_float(float_to_bf16(v));
+}
 
 class CudaBackendTest : public ::testing::Test {
  protected:
@@ -30,6 +37,7 @@ class CudaBackendTest : public ::testing::Test {
   void TearDown() override {
     for (void* p : owned) device->free(p, s);
     device->synchronize();
+    EXPECT_EQ(device->memory_stats().current_bytes, 0) << "a test leaked device memory";
   }
 
   // Magnitudes in [lo, hi], random sign.
@@ -87,7 +95,9 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
   }
   EXPECT_EQ(misses, 0) << what;
 }
-std::vector<double> to_double(const std::vector<float>& v) { return {v.begin(), v.end()}; }
+std::vector<double> to_double(const std::vector<float>& v) {
+  return {v.begin(), v.end()};
+}
 
 TEST_F(CudaBackendTest, GemmMatchesHostForEveryTransposeAndType) {
   const int64_t m = 37, n = 61, k = 83;
@@ -109,14 +119,16 @@ TEST_F(CudaBackendTest, GemmMatchesHostForEveryTransposeAndType) {
             for (int64_t j = 0; j < n; ++j) {
               double sum = 0;
               for (int64_t p = 0; p < k; ++p)
-                sum += double{ta ? a[p * m + i] : a[i * k + p]} * (tb ? b[j * k + p] : b[p * n + j]);
+                sum +=
+                    double{ta ? a[p * m + i] : a[i * k + p]} * (tb ? b[j * k + p] : b[p * n + j]);
               const double want = 1.5 * sum + (beta == 0.0f ? 0.0 : beta * double{c0[i * n + j]});
               err += (got[i * n + j] - want) * (got[i * n + j] - want);
               norm += want * want;
             }
           const double limit = ab_t == DType::F32 && c_t == DType::F32 ? 1e-5 : 1e-2;
-          EXPECT_LT(std::sqrt(err / norm), limit) << dtype_name(ab_t) << "->" << dtype_name(c_t)
-                                                  << " ta=" << ta << " tb=" << tb << " beta=" << beta;
+          EXPECT_LT(std::sqrt(err / norm), limit)
+              << dtype_name(ab_t) << "->" << dtype_name(c_t) << " ta=" << ta << " tb=" << tb
+              << " beta=" << beta;
         }
       }
     }
@@ -223,8 +235,8 @@ TEST_F(CudaBackendTest, ReduceScatterCopyInPadsInterleavesAndCasts) {
         srcs.push_back(upload(types[p], grads[p]));
       }
       void* rs_in = poisoned(rs_t, world * shard_numel);
-      device->reduce_scatter_copy_in(s, rs_in, rs_t, shard_numel, world, slices.data(),
-                                     srcs.data(), types.data(), static_cast<int>(slices.size()));
+      device->reduce_scatter_copy_in(s, rs_in, rs_t, shard_numel, world, slices.data(), srcs.data(),
+                                     types.data(), static_cast<int>(slices.size()));
       const auto got = read(rs_in, rs_t, world * shard_numel);
       for (size_t p = 0; p < slices.size(); ++p) {
         const ShardSlice& sl = slices[p];
@@ -234,8 +246,8 @@ TEST_F(CudaBackendTest, ReduceScatterCopyInPadsInterleavesAndCasts) {
               const int64_t row = r * sl.rows_per_rank + j;
               const float want = row < sl.rows ? round_to(rs_t, grads[p][row * sl.cols + c]) : 0.0f;
               const float g = got[r * shard_numel + sl.offset + j * sl.cols + c];
-              ASSERT_EQ(g, want) << dtype_name(rs_t) << " param " << p << " rank " << r
-                                 << " row " << j << " col " << c;
+              ASSERT_EQ(g, want) << dtype_name(rs_t) << " param " << p << " rank " << r << " row "
+                                 << j << " col " << c;
             }
       }
     }
@@ -272,10 +284,12 @@ TEST_F(CudaBackendTest, AdamWMatchesDoubleReference) {
     host.push_back(std::move(h));
   }
   std::vector<std::vector<double>> p(3), m(3), v(3);
-  for (int i = 0; i < 3; ++i) p[i] = to_double(host[i].p), m[i] = to_double(host[i].m), v[i] = to_double(host[i].v);
+  for (int i = 0; i < 3; ++i)
+    p[i] = to_double(host[i].p), m[i] = to_double(host[i].m), v[i] = to_double(host[i].v);
   for (int64_t step = 1; step <= 3; ++step) {
     device->adamw_step(s, tensors.data(), 3, c, step);
-    const double bc1 = 1 - std::pow(double{c.beta1}, step), bc2 = 1 - std::pow(double{c.beta2}, step);
+    const double bc1 = 1 - std::pow(double{c.beta1}, step),
+                 bc2 = 1 - std::pow(double{c.beta2}, step);
     for (int i = 0; i < 3; ++i)
       for (size_t e = 0; e < p[i].size(); ++e) {
         const double g = host[i].g[e];
@@ -287,8 +301,10 @@ TEST_F(CudaBackendTest, AdamWMatchesDoubleReference) {
   }
   for (int i = 0; i < 3; ++i) {
     expect_close(read(tensors[i].param, DType::F32, tensors[i].numel), p[i], 1e-5, 1e-6, "param");
-    expect_close(read(tensors[i].state0, DType::F32, tensors[i].numel), m[i], 1e-5, 1e-7, "exp_avg");
-    expect_close(read(tensors[i].state1, DType::F32, tensors[i].numel), v[i], 1e-5, 1e-9, "exp_avg_sq");
+    expect_close(read(tensors[i].state0, DType::F32, tensors[i].numel), m[i], 1e-5, 1e-7,
+                 "exp_avg");
+    expect_close(read(tensors[i].state1, DType::F32, tensors[i].numel), v[i], 1e-5, 1e-9,
+                 "exp_avg_sq");
   }
 }
 
@@ -308,7 +324,8 @@ TEST_F(CudaBackendTest, SgdWithAndWithoutMomentumOverManyTensors) {
       tensors.push_back({static_cast<float*>(upload(DType::F32, p0[i])),
                          static_cast<const float*>(upload(DType::F32, g[i])), buf, nullptr, numel});
     }
-    for (int step = 0; step < 2; ++step) device->sgd_step(s, tensors.data(), count, 0.1f, momentum, 0.01f);
+    for (int step = 0; step < 2; ++step)
+      device->sgd_step(s, tensors.data(), count, 0.1f, momentum, 0.01f);
     for (int i = 0; i < count; ++i) {
       std::vector<double> p = to_double(p0[i]), buf(numel, 0.0);
       for (int step = 0; step < 2; ++step)
@@ -339,7 +356,8 @@ TEST_F(CudaBackendTest, ActivationsAndAdd) {
         const double v = x[i], th = std::tanh(k * (v + cubic * v * v * v));
         want_y[i] = f == Activation::ReLU ? std::max(v, 0.0) : 0.5 * v * (1 + th);
         const double slope = f == Activation::ReLU ? (v > 0 ? 1.0 : 0.0)
-            : 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * k * (1 + 3 * cubic * v * v);
+                                                   : 0.5 * (1 + th) + 0.5 * v * (1 - th * th) * k *
+                                                                          (1 + 3 * cubic * v * v);
         want_dx[i] = slope * dy[i];
       }
       expect_close(read(y, t, n), want_y, rel, abs, "activation forward");
@@ -361,18 +379,22 @@ TEST_F(CudaBackendTest, SoftmaxRowsAndBackward) {
     auto* probs = static_cast<float*>(poisoned(DType::F32, rows * cols));
     void* dx = poisoned(t, rows * cols);
     device->softmax_rows(s, upload(t, x), t, probs, rows, cols);
-    device->softmax_rows_backward(s, probs, static_cast<const float*>(upload(DType::F32, dp)), dx, t, rows, cols);
+    device->softmax_rows_backward(s, probs, static_cast<const float*>(upload(DType::F32, dp)), dx,
+                                  t, rows, cols);
     std::vector<double> want_p(rows * cols), want_dx(rows * cols);
     for (int64_t r = 0; r < rows; ++r) {
       double mx = -1e30, sum = 0, dot = 0;
       for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, double{x[r * cols + c]});
       for (int64_t c = 0; c < cols; ++c) sum += std::exp(x[r * cols + c] - mx);
-      for (int64_t c = 0; c < cols; ++c) want_p[r * cols + c] = std::exp(x[r * cols + c] - mx) / sum;
+      for (int64_t c = 0; c < cols; ++c)
+        want_p[r * cols + c] = std::exp(x[r * cols + c] - mx) / sum;
       for (int64_t c = 0; c < cols; ++c) dot += want_p[r * cols + c] * dp[r * cols + c];
-      for (int64_t c = 0; c < cols; ++c) want_dx[r * cols + c] = want_p[r * cols + c] * (dp[r * cols + c] - dot);
+      for (int64_t c = 0; c < cols; ++c)
+        want_dx[r * cols + c] = want_p[r * cols + c] * (dp[r * cols + c] - dot);
     }
     expect_close(read(probs, DType::F32, rows * cols), want_p, 1e-5, 1e-8, "softmax");
-    expect_close(read(dx, t, rows * cols), want_dx, t == DType::F32 ? 1e-4 : 1e-2, 1e-7, "softmax backward");
+    expect_close(read(dx, t, rows * cols), want_dx, t == DType::F32 ? 1e-4 : 1e-2, 1e-7,
+                 "softmax backward");
   }
 }
 
@@ -388,14 +410,16 @@ TEST_F(CudaBackendTest, ScaleRowsAndRowDot) {
       std::vector<double> want(rows * cols);
       for (int64_t i = 0; i < rows * cols; ++i)
         want[i] = (acc ? base[i] : 0.0) + double{w[(i / cols) * stride]} * in[i];
-      expect_close(read(out, t, rows * cols), want, t == DType::F32 ? 1e-6 : 1e-2, 1e-6, "scale_rows");
+      expect_close(read(out, t, rows * cols), want, t == DType::F32 ? 1e-6 : 1e-2, 1e-6,
+                   "scale_rows");
     }
     auto* dots = static_cast<float*>(upload(DType::F32, std::vector<float>(rows * stride, -5.0f)));
     device->row_dot(s, upload(t, in), upload(t, b), t, dots, stride, rows, cols);
     std::vector<double> want(rows * stride, -5.0);
     for (int64_t r = 0; r < rows; ++r) {
       want[r * stride] = 0;
-      for (int64_t c = 0; c < cols; ++c) want[r * stride] += double{in[r * cols + c]} * b[r * cols + c];
+      for (int64_t c = 0; c < cols; ++c)
+        want[r * stride] += double{in[r * cols + c]} * b[r * cols + c];
     }
     expect_close(read(dots, DType::F32, rows * stride), want, 1e-5, 1e-5, "row_dot");
   }
@@ -436,6 +460,20 @@ TEST_F(CudaBackendTest, MeanSquareAndCrossEntropyLosses) {
     }
     expect_close(read(loss, DType::F32, 1), {total / rows}, 1e-5, 0, "cross-entropy loss");
     expect_close(read(dlogits, t, rows * classes), want, rel, 1e-7, "dlogits");
+  }
+}
+
+TEST_F(CudaBackendTest, SyntheticBatchIsBitIdenticalToTheHost) {
+  const int64_t rows = 7, cols = 129, first_row = 5, step = 3;
+  for (DType t : kTypes) {
+    void* d = poisoned(t, rows * cols);
+    device->synthetic_batch(s, d, t, rows, cols, 42, step, first_row, 0.5f);
+    std::vector<float> want(rows * cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        want[r * cols + c] =
+            round_to(t, synthetic_uniform(synthetic_row_seed(42, step, first_row + r), c, 0.5f));
+    EXPECT_EQ(read(d, t, rows * cols), want) << dtype_name(t);
   }
 }
 
@@ -505,6 +543,9 @@ TEST_F(CudaBackendTest, TimelineRecordsOpsWaitsHostSpansAndMemory) {
   device->synchronize();
   const double t0 = device->now_us();
   device->enable_timeline(true);
+  const Event never = device->create_event();
+  device->set_label("wait never");
+  device->wait_event(s, never);  // never recorded: a no-op, no Wait op
   device->set_label("spin side");
   device->spin(side, 2000);
   const Event e = device->create_event();
@@ -530,6 +571,7 @@ TEST_F(CudaBackendTest, TimelineRecordsOpsWaitsHostSpansAndMemory) {
     if (op.label == "wait main" && op.kind == OpKind::Wait) wait = &op;
     if (op.label == "fill main") fill = &op;
     if (op.kind == OpKind::Host) host = &op;
+    EXPECT_NE(op.label, "wait never");
   }
   ASSERT_TRUE(spin && wait && fill && host);
   EXPECT_EQ(spin->stream, side.id);
@@ -541,6 +583,7 @@ TEST_F(CudaBackendTest, TimelineRecordsOpsWaitsHostSpansAndMemory) {
   EXPECT_EQ(tl.memory[0].bytes, 4096);
   EXPECT_EQ(tl.memory[1].bytes, 0);
   device->destroy_event(e);
+  device->destroy_event(never);
   EXPECT_TRUE(device->take_timeline().ops.empty());
 }
 
@@ -589,7 +632,8 @@ TEST_F(CudaBackendTest, NcclCommWithOneRank) {
   device->enable_timeline(true);
   check_collectives(*device, *comm, 0, 1);
   int collectives = 0;
-  for (const TimelineOp& op : device->take_timeline().ops) collectives += op.kind == OpKind::Collective;
+  for (const TimelineOp& op : device->take_timeline().ops)
+    collectives += op.kind == OpKind::Collective;
   EXPECT_EQ(collectives, 4);
 }
 

@@ -6,7 +6,9 @@ namespace fsdp::cuda {
 
 namespace {
 
-cudaDataType_t lt_type(DType t) { return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+cudaDataType_t lt_type(DType t) {
+  return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
+}
 
 // The largest power of two (up to the 256 cuBLASLt assumes by default) dividing the address:
 // a view into the middle of a buffer must not get a kernel that needs 16-byte alignment.
@@ -33,14 +35,15 @@ void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
 
 size_t LtGemm::KeyHash::operator()(const Key& key) const {
   size_t h = 0;
-  auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  auto mix = [&h](uint64_t v) {
+    h ^= std::hash<uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  };
   mix(static_cast<uint64_t>(key.m));
   mix(static_cast<uint64_t>(key.n));
   mix(static_cast<uint64_t>(key.k));
   mix((uint64_t{key.trans_a} << 0) | (uint64_t{key.trans_b} << 1) |
       (static_cast<uint64_t>(key.ab_t) << 2) | (static_cast<uint64_t>(key.c_t) << 4) |
-      (uint64_t{key.align_a} << 8) | (uint64_t{key.align_b} << 24) |
-      (uint64_t{key.align_c} << 40));
+      (uint64_t{key.align_a} << 8) | (uint64_t{key.align_b} << 24) | (uint64_t{key.align_c} << 40));
   return h;
 }
 
@@ -102,9 +105,8 @@ LtGemm::Plan LtGemm::make_plan(const Key& key) {
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t{key.align_c});
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    FSDP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.lt_a, plan.lt_b,
-                                                     plan.lt_c, plan.lt_c, pref, 1, &result,
-                                                     &found));
+    FSDP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
+        handle_, plan.op, plan.lt_a, plan.lt_b, plan.lt_c, plan.lt_c, pref, 1, &result, &found));
     FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for gemm m=", key.m, " n=", key.n,
                " k=", key.k, " trans_a=", key.trans_a, " trans_b=", key.trans_b,
                " ab=", dtype_name(key.ab_t), " c=", dtype_name(key.c_t));
@@ -124,16 +126,16 @@ const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
   return plans_.emplace(key, make_plan(key)).first->second;
 }
 
-void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                 int64_t k, float alpha, const void* a, const void* b, DType ab_t, float beta,
-                 void* c, DType c_t) {
-  const Key key{m, n, k, trans_a, trans_b, ab_t, c_t,
-                alignment_of(a), alignment_of(b), alignment_of(c)};
+void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 float alpha, const void* a, const void* b, DType ab_t, float beta, void* c,
+                 DType c_t) {
+  const Key key{
+      m, n, k, trans_a, trans_b, ab_t, c_t, alignment_of(a), alignment_of(b), alignment_of(c)};
   const Plan& plan = plan_for(key);
   void* workspace = workspace_for(stream);
-  FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, b, plan.lt_a, a, plan.lt_b, &beta,
-                                   c, plan.lt_c, c, plan.lt_c, &plan.algo, workspace,
-                                   kWorkspaceBytes, stream));
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, b, plan.lt_a, a, plan.lt_b, &beta, c,
+                                   plan.lt_c, c, plan.lt_c, &plan.algo, workspace, kWorkspaceBytes,
+                                   stream));
 }
 
 }  // namespace fsdp::cuda

@@ -34,8 +34,7 @@ class LtGemm {
 
   // Device::gemm's contract (include/fsdp/device.h); m, n, k > 0.
   void run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-           float alpha, const void* a, const void* b, DType ab_t, float beta, void* c,
-           DType c_t);
+           float alpha, const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t);
 
   size_t cached_plans() const { return plans_.size(); }
 

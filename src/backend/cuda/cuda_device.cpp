@@ -95,9 +95,11 @@ Event CudaDevice::create_event() {
     const int id = free_event_ids_.back();
     free_event_ids_.pop_back();
     events_[id] = event;
+    event_recorded_[id] = 0;
     return Event{id};
   }
   events_.push_back(event);
+  event_recorded_.push_back(0);
   return Event{static_cast<int>(events_.size()) - 1};
 }
 
@@ -112,6 +114,7 @@ void CudaDevice::destroy_event(Event e) {
 void CudaDevice::record_event(Event e, Stream s) {
   make_current();
   FSDP_CUDA_CHECK(cudaEventRecord(native_event(e), native(s)));
+  event_recorded_[e.id] = 1;
   if (timeline_.enabled()) [[unlikely]]
     timeline_.note_event_recorded(e.id, s.id);
 }
@@ -120,7 +123,7 @@ void CudaDevice::wait_event(Stream s, Event e) {
   make_current();
   const cudaStream_t stream = native(s);
   FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream, native_event(e), 0));
-  if (timeline_.enabled()) [[unlikely]]
+  if (timeline_.enabled() && event_recorded_[e.id]) [[unlikely]]
     timeline_.record_wait(s.id, stream, e.id, label_);
 }
 
@@ -166,8 +169,7 @@ void* CudaDevice::alloc(size_t bytes, Stream s, MemTag tag) {
     (void)cudaGetLastError();
     const MemStats stats = memory_stats();
     FSDP_FAIL("out of GPU memory on ", name(), ": ", bytes, " bytes for ", mem_tag_name(tag),
-              " with ", stats.current_bytes, " bytes live (pool holds ", pool_used_bytes(),
-              ")");
+              " with ", stats.current_bytes, " bytes live (pool holds ", pool_used_bytes(), ")");
   }
   FSDP_CUDA_CHECK(status);
   int64_t current = 0;
@@ -302,9 +304,13 @@ CudaDevice& as_cuda_device(Device& device) {
   return *cuda_device;
 }
 
-cudaStream_t native_stream(Device& device, Stream s) { return as_cuda_device(device).native(s); }
+cudaStream_t native_stream(Device& device, Stream s) {
+  return as_cuda_device(device).native(s);
+}
 
-bool compiled_with_cuda() { return true; }
+bool compiled_with_cuda() {
+  return true;
+}
 
 int device_count() {
   int count = 0;
@@ -317,8 +323,8 @@ int device_count() {
 
 std::unique_ptr<Device> make_device(int local_rank) {
   const int available = device_count();
-  FSDP_CHECK(local_rank >= 0 && local_rank < available, "local rank ", local_rank,
-             " needs GPU ", local_rank, " but ", available, " CUDA device(s) are visible");
+  FSDP_CHECK(local_rank >= 0 && local_rank < available, "local rank ", local_rank, " needs GPU ",
+             local_rank, " but ", available, " CUDA device(s) are visible");
   return std::make_unique<CudaDevice>(local_rank);
 }
 

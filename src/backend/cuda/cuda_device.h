@@ -59,9 +59,8 @@ class CudaDevice final : public Device {
   void fill(Stream s, void* dst, DType t, int64_t n, float value) override;
   void cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override;
 
-  void all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel,
-                           int world, const ShardSlice* slices, void* const* dsts,
-                           int count) override;
+  void all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel, int world,
+                           const ShardSlice* slices, void* const* dsts, int count) override;
   void reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64_t shard_numel, int world,
                               const ShardSlice* slices, const void* const* srcs,
                               const DType* src_types, int count) override;
@@ -77,13 +76,13 @@ class CudaDevice final : public Device {
             const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t) override;
   void activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
                           int64_t n) override;
-  void activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx,
-                           DType t, int64_t n) override;
+  void activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx, DType t,
+                           int64_t n) override;
   void add(Stream s, void* out, const void* a, const void* b, DType t, int64_t n) override;
   void softmax_rows(Stream s, const void* x, DType t, float* probs, int64_t rows,
                     int64_t cols) override;
-  void softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx,
-                             DType t, int64_t rows, int64_t cols) override;
+  void softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx, DType t,
+                             int64_t rows, int64_t cols) override;
   void scale_rows(Stream s, void* out, const void* in, DType t, const float* w, int64_t w_stride,
                   int64_t rows, int64_t cols, bool accumulate) override;
   void row_dot(Stream s, const void* a, const void* b, DType t, float* out, int64_t out_stride,
@@ -92,6 +91,8 @@ class CudaDevice final : public Device {
                         void* dy) override;
   void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
                           int64_t rows, int64_t classes, float* loss, void* dlogits) override;
+  void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols, uint64_t seed,
+                       int64_t step, int64_t first_row, float bound) override;
   void spin(Stream s, double microseconds) override;
 
   void set_label(const char* label) override { label_ = label ? label : ""; }
@@ -145,6 +146,9 @@ class CudaDevice final : public Device {
   std::vector<StreamEntry> streams_;
   std::vector<cudaEvent_t> events_;  // null: a destroyed id, reusable
   std::vector<int> free_event_ids_;
+  // Whether each event id was recorded since it was created: a wait on a never-recorded
+  // event is a no-op and, as on the CPU backend, no Wait on the timeline.
+  std::vector<uint8_t> event_recorded_;
 
   mutable std::mutex memory_mutex_;
   std::unordered_map<void*, Allocation> allocations_;

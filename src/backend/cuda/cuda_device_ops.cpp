@@ -12,15 +12,15 @@ namespace {
 
 // The kernels' pack path moves 16-byte words: the base pointer must be 16-byte aligned (the
 // element offsets of every pack are multiples of 8 elements, so of 16 bytes, by construction).
-bool pack_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+bool pack_aligned(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
 
 void check_slice(const ShardSlice& slice, int index, int world, int64_t shard_numel) {
-  FSDP_CHECK(slice.rows >= 0 && slice.cols >= 0 && slice.rows_per_rank >= 0 &&
-                 slice.offset >= 0,
+  FSDP_CHECK(slice.rows >= 0 && slice.cols >= 0 && slice.rows_per_rank >= 0 && slice.offset >= 0,
              "param ", index, ": negative shape or offset");
-  FSDP_CHECK(slice.rows_per_rank * world >= slice.rows, "param ", index, ": ", world,
-             " ranks x ", slice.rows_per_rank, " rows per rank do not cover ", slice.rows,
-             " rows");
+  FSDP_CHECK(slice.rows_per_rank * world >= slice.rows, "param ", index, ": ", world, " ranks x ",
+             slice.rows_per_rank, " rows per rank do not cover ", slice.rows, " rows");
   FSDP_CHECK(slice.offset + slice.rows_per_rank * slice.cols <= shard_numel, "param ", index,
              ": offset ", slice.offset, " + ", slice.rows_per_rank, "x", slice.cols,
              " runs past the shard of ", shard_numel, " elements");
@@ -29,8 +29,7 @@ void check_slice(const ShardSlice& slice, int index, int world, int64_t shard_nu
 // The parameter-independent half of "every access of this param is pack-aligned": chunks,
 // offsets and the shard stride must all be whole packs.
 bool shard_geometry_packs(const ShardSlice& slice, int64_t shard_numel) {
-  return slice.rows_per_rank * slice.cols % 8 == 0 && slice.offset % 8 == 0 &&
-         shard_numel % 8 == 0;
+  return slice.rows_per_rank * slice.cols % 8 == 0 && slice.offset % 8 == 0 && shard_numel % 8 == 0;
 }
 
 }  // namespace
@@ -58,8 +57,7 @@ void CudaDevice::fill(Stream s, void* dst, DType t, int64_t n, float value) {
   kernels::fill(op.stream(), dst, t, n, value);
 }
 
-void CudaDevice::cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t,
-                      int64_t n) {
+void CudaDevice::cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
   OpScope op(*this, s, OpKind::Kernel);
   if (n <= 0) return;
   if (dst_t == src_t) {
@@ -70,9 +68,9 @@ void CudaDevice::cast(Stream s, void* dst, DType dst_t, const void* src, DType s
   kernels::cast(op.stream(), dst, dst_t, src, src_t, n);
 }
 
-void CudaDevice::all_gather_copy_out(Stream s, const void* gathered, DType t,
-                                     int64_t shard_numel, int world, const ShardSlice* slices,
-                                     void* const* dsts, int count) {
+void CudaDevice::all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel,
+                                     int world, const ShardSlice* slices, void* const* dsts,
+                                     int count) {
   OpScope op(*this, s, OpKind::Copy);
   FSDP_CHECK(world >= 1 && count >= 0 && shard_numel >= 0, "world ", world, " count ", count,
              " shard_numel ", shard_numel);
@@ -87,8 +85,8 @@ void CudaDevice::all_gather_copy_out(Stream s, const void* gathered, DType t,
     d.chunk_numel = slice.rows_per_rank * slice.cols;
     d.offset = slice.offset;
     d.src_type = t;
-    d.vectorized = shard_geometry_packs(slice, shard_numel) && pack_aligned(gathered) &&
-                   pack_aligned(dsts[i]);
+    d.vectorized =
+        shard_geometry_packs(slice, shard_numel) && pack_aligned(gathered) && pack_aligned(dsts[i]);
   }
   const int64_t tiles = kernels::assign_tiles(shard_descs_.data(), count);
   with_device_descs(op.stream(), shard_descs_, [&](const kernels::ShardCopyDesc* device_descs) {
@@ -115,8 +113,8 @@ void CudaDevice::reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64
     d.work_numel = world * d.chunk_numel;  // padding rows included: they are written as zeros
     d.valid_numel = slice.rows * slice.cols;
     d.offset = slice.offset;
-    d.vectorized = shard_geometry_packs(slice, shard_numel) && pack_aligned(rs_in) &&
-                   pack_aligned(srcs[i]);
+    d.vectorized =
+        shard_geometry_packs(slice, shard_numel) && pack_aligned(rs_in) && pack_aligned(srcs[i]);
   }
   const int64_t tiles = kernels::assign_tiles(shard_descs_.data(), count);
   with_device_descs(op.stream(), shard_descs_, [&](const kernels::ShardCopyDesc* device_descs) {
@@ -131,8 +129,8 @@ void CudaDevice::accumulate(Stream s, float* dst, const void* src, DType src_t, 
   kernels::accumulate(op.stream(), dst, src, src_t, n, scale);
 }
 
-void CudaDevice::adamw_step(Stream s, const OptimTensor* tensors, int count,
-                            const AdamWConfig& c, int64_t step) {
+void CudaDevice::adamw_step(Stream s, const OptimTensor* tensors, int count, const AdamWConfig& c,
+                            int64_t step) {
   OpScope op(*this, s, OpKind::Optimizer);
   FSDP_CHECK(step >= 1, "AdamW step counts from 1, got ", step);
   optim_descs_.assign(count, kernels::OptimDesc{});
@@ -140,8 +138,8 @@ void CudaDevice::adamw_step(Stream s, const OptimTensor* tensors, int count,
     const OptimTensor& t = tensors[i];
     kernels::OptimDesc& d = optim_descs_[i];
     d = kernels::OptimDesc{t.param, t.grad, t.state0, t.state1, t.numel, 0, false};
-    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
-                   pack_aligned(t.state0) && pack_aligned(t.state1);
+    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) && pack_aligned(t.state0) &&
+                   pack_aligned(t.state1);
   }
   // Bias corrections in double on the host, as PyTorch computes them in Python floats.
   const double steps = static_cast<double>(step);
@@ -160,8 +158,8 @@ void CudaDevice::adamw_step(Stream s, const OptimTensor* tensors, int count,
   });
 }
 
-void CudaDevice::sgd_step(Stream s, const OptimTensor* tensors, int count, float lr,
-                          float momentum, float weight_decay) {
+void CudaDevice::sgd_step(Stream s, const OptimTensor* tensors, int count, float lr, float momentum,
+                          float weight_decay) {
   OpScope op(*this, s, OpKind::Optimizer);
   optim_descs_.assign(count, kernels::OptimDesc{});
   for (int i = 0; i < count; ++i) {
@@ -219,8 +217,8 @@ void CudaDevice::softmax_rows(Stream s, const void* x, DType t, float* probs, in
   kernels::softmax_rows(op.stream(), x, t, probs, rows, cols);
 }
 
-void CudaDevice::softmax_rows_backward(Stream s, const float* probs, const float* dprobs,
-                                       void* dx, DType t, int64_t rows, int64_t cols) {
+void CudaDevice::softmax_rows_backward(Stream s, const float* probs, const float* dprobs, void* dx,
+                                       DType t, int64_t rows, int64_t cols) {
   OpScope op(*this, s, OpKind::Kernel);
   kernels::softmax_rows_backward(op.stream(), probs, dprobs, dx, t, rows, cols);
 }
@@ -247,8 +245,13 @@ void CudaDevice::cross_entropy_loss(Stream s, const void* logits, DType t, const
                                     int64_t rows, int64_t classes, float* loss, void* dlogits) {
   OpScope op(*this, s, OpKind::Kernel);
   FSDP_CHECK(classes > 0 || rows == 0, "cross-entropy over ", classes, " classes");
-  kernels::cross_entropy_loss(op.stream(), pool_, logits, t, labels, rows, classes, loss,
-                              dlogits);
+  kernels::cross_entropy_loss(op.stream(), pool_, logits, t, labels, rows, classes, loss, dlogits);
+}
+
+void CudaDevice::synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols,
+                                 uint64_t seed, int64_t step, int64_t first_row, float bound) {
+  OpScope op(*this, s, OpKind::Kernel);
+  kernels::synthetic_batch(op.stream(), dst, t, rows, cols, seed, step, first_row, bound);
 }
 
 void CudaDevice::spin(Stream s, double microseconds) {

@@ -22,7 +22,8 @@ constexpr int64_t kTileElems = 8192;
 
 // One parameter of an FSDP group. "Work" index e runs over the unsharded side:
 //   all-gather copy-out:      e in [0, rows*cols)                 dst[e] = gathered[shard_pos(e)]
-//   reduce-scatter copy-in:   e in [0, world*rows_per_rank*cols)  rs_in[shard_pos(e)] = e < rows*cols ? src[e] : 0
+//   reduce-scatter copy-in:   e in [0, world*rows_per_rank*cols)  rs_in[shard_pos(e)] = e <
+//   rows*cols ? src[e] : 0
 // with shard_pos(e) = r*shard_numel + offset + (e - r*chunk), r = e / chunk,
 // chunk = rows_per_rank*cols (Note [Shard layout]).
 struct ShardCopyDesc {
@@ -32,7 +33,7 @@ struct ShardCopyDesc {
   int64_t valid_numel = 0;  // rows*cols
   int64_t chunk_numel = 0;  // rows_per_rank*cols
   int64_t offset = 0;
-  int64_t tile_begin = 0;   // set by assign_tiles
+  int64_t tile_begin = 0;  // set by assign_tiles
   DType src_type = DType::F32;
   bool vectorized = false;  // every access of this param is pack-aligned
 };
@@ -72,8 +73,8 @@ struct AdamWParams {
 };
 void adamw(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
            int count, int64_t total_tiles, const AdamWParams& params);
-void sgd(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
-         int count, int64_t total_tiles, float lr, float momentum, float weight_decay);
+void sgd(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs, int count,
+         int64_t total_tiles, float lr, float momentum, float weight_decay);
 
 // ---- elementwise
 void fill(cudaStream_t stream, void* dst, DType t, int64_t n, float value);
@@ -83,17 +84,20 @@ void accumulate(cudaStream_t stream, float* dst, const void* src, DType src_t, i
 void scale_in_place(cudaStream_t stream, void* x, DType t, int64_t n, float factor);
 void activation_forward(cudaStream_t stream, Activation f, const void* x, void* y, DType t,
                         int64_t n);
-void activation_backward(cudaStream_t stream, Activation f, const void* x, const void* dy,
-                         void* dx, DType t, int64_t n);
+void activation_backward(cudaStream_t stream, Activation f, const void* x, const void* dy, void* dx,
+                         DType t, int64_t n);
 void add(cudaStream_t stream, void* out, const void* a, const void* b, DType t, int64_t n);
 void spin(cudaStream_t stream, uint64_t nanoseconds);
+// Device::synthetic_batch: the values of include/fsdp/synthetic.h, bit-identical to the host.
+void synthetic_batch(cudaStream_t stream, void* dst, DType t, int64_t rows, int64_t cols,
+                     uint64_t seed, int64_t step, int64_t first_row, float bound);
 
 // ---- row-wise ops and losses. The losses reduce in two deterministic passes through a
 // scratch buffer taken from (and returned to) `scratch_pool`, stream-ordered.
 void softmax_rows(cudaStream_t stream, const void* x, DType t, float* probs, int64_t rows,
                   int64_t cols);
-void softmax_rows_backward(cudaStream_t stream, const float* probs, const float* dprobs,
-                           void* dx, DType t, int64_t rows, int64_t cols);
+void softmax_rows_backward(cudaStream_t stream, const float* probs, const float* dprobs, void* dx,
+                           DType t, int64_t rows, int64_t cols);
 void scale_rows(cudaStream_t stream, void* out, const void* in, DType t, const float* w,
                 int64_t w_stride, int64_t rows, int64_t cols, bool accumulate);
 void row_dot(cudaStream_t stream, const void* a, const void* b, DType t, float* out,
@@ -101,7 +105,7 @@ void row_dot(cudaStream_t stream, const void* a, const void* b, DType t, float* 
 void mean_square_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* y, DType t,
                       int64_t n, float* loss, void* dy);
 void cross_entropy_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* logits,
-                        DType t, const int32_t* labels, int64_t rows, int64_t classes,
-                        float* loss, void* dlogits);
+                        DType t, const int32_t* labels, int64_t rows, int64_t classes, float* loss,
+                        void* dlogits);
 
 }  // namespace fsdp::cuda::kernels

@@ -7,6 +7,10 @@
 
 namespace fsdp::cuda {
 
+namespace {
+constexpr double kRelayIntervalUs = 200'000;  // Note [CUDA timeline clock]
+}
+
 TimelineRecorder::~TimelineRecorder() {
   for (cudaEvent_t e : free_events_) (void)cudaEventDestroy(e);
   for (cudaEvent_t e : used_events_) (void)cudaEventDestroy(e);
@@ -27,10 +31,12 @@ void TimelineRecorder::anchor() {
   FSDP_CUDA_CHECK(cudaEventRecord(anchor_event_, anchor_stream_));
   FSDP_CUDA_CHECK(cudaEventSynchronize(anchor_event_));
   anchor_host_us_ = 0.5 * (before + host_now_us());
+  last_relay_host_us_ = anchor_host_us_;
 }
 
 void TimelineRecorder::enable(bool on) {
-  if (on && !enabled_) anchor();
+  // Ops still waiting for take() were measured against the current anchor: keep it for them.
+  if (on && !enabled_ && (ops_.empty() || !anchor_event_)) anchor();
   enabled_ = on;
 }
 
@@ -46,9 +52,20 @@ cudaEvent_t TimelineRecorder::take_event() {
   return e;
 }
 
+int TimelineRecorder::current_relay() {
+  const double now = host_now_us();
+  if (now - last_relay_host_us_ >= kRelayIntervalUs) {
+    cudaEvent_t relay = take_event();
+    FSDP_CUDA_CHECK(cudaEventRecord(relay, anchor_stream_));
+    relays_.push_back(relay);
+    last_relay_host_us_ = now;
+  }
+  return static_cast<int>(relays_.size()) - 1;
+}
+
 void TimelineRecorder::grow_stream_tables(int stream) {
   if (stream < static_cast<int>(last_end_by_stream_.size())) return;
-  last_end_by_stream_.resize(stream + 1, nullptr);
+  last_end_by_stream_.resize(stream + 1);
   last_label_by_stream_.resize(stream + 1, nullptr);
 }
 
@@ -58,8 +75,9 @@ int TimelineRecorder::begin(int stream, cudaStream_t native, const char* label, 
   op.label = label;
   op.stream = stream;
   op.kind = kind;
-  op.start = take_event();
-  FSDP_CUDA_CHECK(cudaEventRecord(op.start, native));
+  op.start.relay = current_relay();
+  op.start.event = take_event();
+  FSDP_CUDA_CHECK(cudaEventRecord(op.start.event, native));
   last_label_by_stream_[stream] = label;
   ops_.push_back(op);
   return static_cast<int>(ops_.size()) - 1;
@@ -72,11 +90,11 @@ void TimelineRecorder::end(int token, cudaStream_t native) noexcept {
   try {
     e = take_event();
   } catch (...) {
-    return;  // op.end stays null: take() drops the op
+    return;  // op.end stays empty: take() drops the op
   }
   if (cudaEventRecord(e, native) != cudaSuccess) return;
-  op.end = e;
-  last_end_by_stream_[op.stream] = e;
+  op.end = Mark{e, op.start.relay};  // recorded after the relay the start was measured from
+  last_end_by_stream_[op.stream] = op.end;
 }
 
 void TimelineRecorder::note_event_recorded(int event_id, int stream) {
@@ -93,10 +111,12 @@ void TimelineRecorder::record_wait(int stream, cudaStream_t native, int event_id
   op.label = label;
   op.stream = stream;
   op.kind = OpKind::Wait;
-  op.end = take_event();
-  FSDP_CUDA_CHECK(cudaEventRecord(op.end, native));
+  op.host_start_us = host_now_us();
+  op.end.relay = current_relay();
+  op.end.event = take_event();
+  FSDP_CUDA_CHECK(cudaEventRecord(op.end.event, native));
   // No earlier op on this stream since recording began: a zero-length wait at the event.
-  op.start = last_end_by_stream_[stream] ? last_end_by_stream_[stream] : op.end;
+  op.start = last_end_by_stream_[stream].event ? last_end_by_stream_[stream] : op.end;
   op.waited_for =
       event_id < static_cast<int>(label_by_event_.size()) ? label_by_event_[event_id] : nullptr;
   last_end_by_stream_[stream] = op.end;
@@ -119,6 +139,20 @@ void TimelineRecorder::record_memory(double time_us, int64_t bytes) {
 }
 
 Timeline TimelineRecorder::take(std::vector<std::string> stream_names) {
+  // The relays' host times, each from the one before (Note [CUDA timeline clock]).
+  std::vector<double> relay_us(relays_.size());
+  for (size_t k = 0; k < relays_.size(); ++k) {
+    float ms = 0;
+    FSDP_CUDA_CHECK(cudaEventElapsedTime(&ms, k ? relays_[k - 1] : anchor_event_, relays_[k]));
+    relay_us[k] = (k ? relay_us[k - 1] : anchor_host_us_) + 1000.0 * ms;
+  }
+  auto host_time_of = [&](const Mark& mark) {
+    float ms = 0;
+    const cudaEvent_t from = mark.relay < 0 ? anchor_event_ : relays_[mark.relay];
+    FSDP_CUDA_CHECK(cudaEventElapsedTime(&ms, from, mark.event));
+    return (mark.relay < 0 ? anchor_host_us_ : relay_us[mark.relay]) + 1000.0 * ms;
+  };
+
   Timeline out;
   out.stream_names = std::move(stream_names);
   out.ops.reserve(ops_.size());
@@ -132,14 +166,12 @@ Timeline TimelineRecorder::take(std::vector<std::string> stream_names) {
       t.start_us = op.host_start_us;
       t.end_us = op.host_end_us;
     } else {
-      if (!op.start || !op.end) continue;
-      float from_anchor_ms = 0, duration_ms = 0;
-      FSDP_CUDA_CHECK(cudaEventElapsedTime(&from_anchor_ms, anchor_event_, op.start));
-      FSDP_CUDA_CHECK(cudaEventElapsedTime(&duration_ms, op.start, op.end));
-      t.start_us = anchor_host_us_ + 1000.0 * from_anchor_ms;
-      // A wait that was already satisfied can end "before" the previous op's end event
-      // by event jitter; clamp so spans are never negative.
-      t.end_us = t.start_us + 1000.0 * (duration_ms > 0 ? duration_ms : 0.0f);
+      if (!op.start.event || !op.end.event) continue;
+      t.start_us = host_time_of(op.start);
+      if (op.kind == OpKind::Wait) t.start_us = std::max(t.start_us, op.host_start_us);
+      // Event timestamps jitter by ~0.5 us (a wait already satisfied can "end" before the
+      // previous op's end event): clamp so that no span is negative.
+      t.end_us = std::max(t.start_us, host_time_of(op.end));
     }
     out.ops.push_back(std::move(t));
   }
@@ -148,10 +180,11 @@ Timeline TimelineRecorder::take(std::vector<std::string> stream_names) {
     out.memory.swap(memory_);
   }
   ops_.clear();
+  relays_.clear();
   free_events_.insert(free_events_.end(), used_events_.begin(), used_events_.end());
   used_events_.clear();
   // The recycled events may be re-recorded: forget every reference to them.
-  std::fill(last_end_by_stream_.begin(), last_end_by_stream_.end(), nullptr);
+  std::fill(last_end_by_stream_.begin(), last_end_by_stream_.end(), Mark{});
   if (enabled_) anchor();
   return out;
 }

@@ -4,10 +4,12 @@
 // Note [CUDA timeline clock]
 // When recording starts, an anchor event is recorded on an idle private stream and waited for;
 // the host steady_clock reading around that wait (the midpoint) is the anchor's host time.
-// An op's start is anchor_host + elapsed(anchor, start event), its end is start +
-// elapsed(start, end), so durations keep full event resolution (~0.5 us). cudaEventElapsedTime
-// returns float milliseconds: the start offset keeps ~1 us resolution for ~16 s after the
-// anchor, and take() re-anchors, so take the timeline at least that often (per traced step).
+// cudaEventElapsedTime returns float milliseconds, whose resolution decays with the interval
+// (~1 us at 16 s, ~60 us at 1000 s), so long recordings are not measured from the anchor:
+// every ~200 ms of host time (checked when an op is recorded) a relay event goes on the same
+// idle stream, and relay k's time is relay k-1's plus the (short) interval between them. An
+// op's start and end are measured from the last relay recorded before them, a short interval
+// again. Durations thus keep event resolution (~0.5 us) however long the recording.
 // Host times are steady_clock (CLOCK_MONOTONIC) microseconds, the same clock in every
 // process of the machine, so the ranks' timelines line up.
 #pragma once
@@ -41,8 +43,10 @@ class TimelineRecorder {
 
   // For Wait ops: which op the waited event followed (the last op on its stream at record).
   void note_event_recorded(int event_id, int stream);
-  // The wait span runs from the end of the previous op on `stream` to an event recorded
-  // right after cudaStreamWaitEvent, i.e. until the waited-for work is done.
+  // The wait span runs from the end of the previous op on `stream` (or from this call, if
+  // that is later: the stream cannot have been blocked before the wait was issued, which is
+  // also where the CPU backend starts its waits) to an event recorded right after
+  // cudaStreamWaitEvent, i.e. until the waited-for work is done.
   void record_wait(int stream, cudaStream_t native, int event_id, const char* label);
 
   void record_host_span(const char* label, double start_us, double end_us);
@@ -52,27 +56,35 @@ class TimelineRecorder {
   Timeline take(std::vector<std::string> stream_names);
 
  private:
+  // An event and the relay it is measured from (-1: the anchor).
+  struct Mark {
+    cudaEvent_t event = nullptr;
+    int relay = -1;
+  };
   struct PendingOp {
     const char* label = nullptr;
     const char* waited_for = nullptr;
     int stream = -1;
     OpKind kind = OpKind::Kernel;
-    cudaEvent_t start = nullptr, end = nullptr;  // null start: a host span
-    double host_start_us = 0, host_end_us = 0;
+    Mark start, end;                            // unused for host spans
+    double host_start_us = 0, host_end_us = 0;  // host spans; for waits, the issue time
   };
   cudaEvent_t take_event();
   void anchor();
+  int current_relay();  // records a new relay when the last one is old
   void grow_stream_tables(int stream);
 
   bool enabled_ = false;
   cudaStream_t anchor_stream_ = nullptr;
   cudaEvent_t anchor_event_ = nullptr;
   double anchor_host_us_ = 0;
+  std::vector<cudaEvent_t> relays_;  // on anchor_stream_, in recording order
+  double last_relay_host_us_ = 0;
 
   std::vector<cudaEvent_t> free_events_;  // timing-enabled, reused after take()
   std::vector<cudaEvent_t> used_events_;
   std::vector<PendingOp> ops_;
-  std::vector<cudaEvent_t> last_end_by_stream_;
+  std::vector<Mark> last_end_by_stream_;
   std::vector<const char*> last_label_by_stream_;
   std::vector<const char*> label_by_event_;
 

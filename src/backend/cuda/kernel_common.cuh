@@ -43,8 +43,12 @@ bool aligned_for_packs(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(bf16 x) {
+  return __bfloat162float(x);
+}
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
@@ -181,7 +185,11 @@ __device__ float block_reduce(float v) {
   __syncthreads();
   return total;
 }
-__device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
-__device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
+__device__ __forceinline__ float block_sum(float v) {
+  return block_reduce<false>(v);
+}
+__device__ __forceinline__ float block_max(float v) {
+  return block_reduce<true>(v);
+}
 
 }  // namespace fsdp::cuda::kernels

@@ -6,6 +6,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/kernel_common.cuh"
+#include "fsdp/synthetic.h"
 
 namespace fsdp::cuda::kernels {
 namespace {
@@ -142,7 +143,33 @@ __global__ void spin_kernel(uint64_t nanoseconds) {
   } while (now - start < nanoseconds);
 }
 
+// Element (r, c) is synthetic_uniform(row seed of first_row + r, c): a pure function of its
+// coordinates (double math, as on the host), so every thread computes its own.
+template <typename T>
+__global__ void synthetic_batch_kernel(T* dst, int64_t rows, int64_t cols, uint64_t seed,
+                                       int64_t step, int64_t first_row, float bound) {
+  const int64_t n = rows * cols;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    const int64_t r = i / cols, c = i - r * cols;
+    const uint64_t row_seed = synthetic_row_seed(seed, step, first_row + r);
+    dst[i] = from_float<T>(synthetic_uniform(row_seed, static_cast<uint64_t>(c), bound));
+  }
+}
+
 }  // namespace
+
+void synthetic_batch(cudaStream_t stream, void* dst, DType t, int64_t rows, int64_t cols,
+                     uint64_t seed, int64_t step, int64_t first_row, float bound) {
+  if (rows <= 0 || cols <= 0) return;
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    synthetic_batch_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(
+        static_cast<T*>(dst), rows, cols, seed, step, first_row, bound);
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
 
 void fill(cudaStream_t stream, void* dst, DType t, int64_t n, float value) {
   dispatch_dtype(t, [&](auto tag) {
@@ -195,8 +222,8 @@ void activation_forward(cudaStream_t stream, Activation f, const void* x, void* 
   FSDP_CUDA_CHECK_LAUNCH();
 }
 
-void activation_backward(cudaStream_t stream, Activation f, const void* x, const void* dy,
-                         void* dx, DType t, int64_t n) {
+void activation_backward(cudaStream_t stream, Activation f, const void* x, const void* dy, void* dx,
+                         DType t, int64_t n) {
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     const ActivationBackwardBody<T> body{static_cast<const T*>(x), static_cast<const T*>(dy),
@@ -211,8 +238,7 @@ void activation_backward(cudaStream_t stream, Activation f, const void* x, const
 void add(cudaStream_t stream, void* out, const void* a, const void* b, DType t, int64_t n) {
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    const AddBody<T> body{static_cast<T*>(out), static_cast<const T*>(a),
-                          static_cast<const T*>(b)};
+    const AddBody<T> body{static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b)};
     const bool vectorized =
         aligned_for_packs(body.out) && aligned_for_packs(body.a) && aligned_for_packs(body.b);
     launch_elementwise(stream, n, vectorized, body);

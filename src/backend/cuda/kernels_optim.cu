@@ -68,8 +68,8 @@ void adamw(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* de
   launch_multi_tensor(stream, host_descs, device_descs, count, total_tiles, AdamWBody{params});
 }
 
-void sgd(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
-         int count, int64_t total_tiles, float lr, float momentum, float weight_decay) {
+void sgd(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs, int count,
+         int64_t total_tiles, float lr, float momentum, float weight_decay) {
   launch_multi_tensor(stream, host_descs, device_descs, count, total_tiles,
                       SgdBody{lr, momentum, weight_decay});
 }

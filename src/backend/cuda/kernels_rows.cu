@@ -19,7 +19,8 @@ __global__ void softmax_rows_kernel(const T* x, float* probs, int64_t rows, int6
     const T* xr = x + r * cols;
     float* pr = probs + r * cols;
     float row_max = -INFINITY;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) row_max = fmaxf(row_max, to_float(xr[c]));
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+      row_max = fmaxf(row_max, to_float(xr[c]));
     row_max = block_max(row_max);
     float sum = 0.0f;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
@@ -59,8 +60,8 @@ __global__ void scale_rows_kernel(T* out, const T* in, const float* w, int64_t w
 }
 
 template <typename T>
-__global__ void row_dot_kernel(const T* a, const T* b, float* out, int64_t out_stride,
-                               int64_t rows, int64_t cols) {
+__global__ void row_dot_kernel(const T* a, const T* b, float* out, int64_t out_stride, int64_t rows,
+                               int64_t cols) {
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float sum = 0.0f;
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
@@ -106,16 +107,17 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* x = logits + r * classes;
     float row_max = -INFINITY;
-    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) row_max = fmaxf(row_max, to_float(x[c]));
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+      row_max = fmaxf(row_max, to_float(x[c]));
     row_max = block_max(row_max);
     float sum = 0.0f;
-    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) sum += expf(to_float(x[c]) - row_max);
+    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
+      sum += expf(to_float(x[c]) - row_max);
     sum = block_sum(sum);
     const int32_t label = labels[r];
     const bool label_ok = label >= 0 && label < classes;
-    if (threadIdx.x == 0)
-      row_losses[r] = label_ok ? row_max + logf(sum) - to_float(x[label]) : NAN;
-    __syncthreads();  // x[label] is read before dlogits (which may alias logits) is written
+    if (threadIdx.x == 0) row_losses[r] = label_ok ? row_max + logf(sum) - to_float(x[label]) : NAN;
+    __syncthreads();         // x[label] is read before dlogits (which may alias logits) is written
     if (!dlogits) continue;  // loss only
     const float inv_sum = 1.0f / sum;
     for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
@@ -128,8 +130,8 @@ __global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels
 // Scratch for the partials, stream-ordered from the pool: no sync, freed right after pass 2.
 float* scratch_floats(cudaStream_t stream, cudaMemPool_t pool, int64_t count) {
   void* p = nullptr;
-  FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&p, static_cast<size_t>(count) * sizeof(float), pool,
-                                          stream));
+  FSDP_CUDA_CHECK(
+      cudaMallocFromPoolAsync(&p, static_cast<size_t>(count) * sizeof(float), pool, stream));
   return static_cast<float*>(p);
 }
 
@@ -140,14 +142,14 @@ void softmax_rows(cudaStream_t stream, const void* x, DType t, float* probs, int
   if (rows <= 0 || cols <= 0) return;
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    softmax_rows_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(x), probs, rows, cols);
+    softmax_rows_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(static_cast<const T*>(x),
+                                                                        probs, rows, cols);
   });
   FSDP_CUDA_CHECK_LAUNCH();
 }
 
-void softmax_rows_backward(cudaStream_t stream, const float* probs, const float* dprobs,
-                           void* dx, DType t, int64_t rows, int64_t cols) {
+void softmax_rows_backward(cudaStream_t stream, const float* probs, const float* dprobs, void* dx,
+                           DType t, int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
@@ -199,8 +201,8 @@ void mean_square_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const voi
 }
 
 void cross_entropy_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* logits,
-                        DType t, const int32_t* labels, int64_t rows, int64_t classes,
-                        float* loss, void* dlogits) {
+                        DType t, const int32_t* labels, int64_t rows, int64_t classes, float* loss,
+                        void* dlogits) {
   if (rows <= 0) {
     FSDP_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
     return;
@@ -209,12 +211,10 @@ void cross_entropy_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const v
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     cross_entropy_rows_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), labels, rows, classes, static_cast<T*>(dlogits),
-        row_losses);
+        static_cast<const T*>(logits), labels, rows, classes, static_cast<T*>(dlogits), row_losses);
   });
   FSDP_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, kThreads, 0, stream>>>(row_losses, rows, static_cast<float>(rows),
-                                                  loss);
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(row_losses, rows, static_cast<float>(rows), loss);
   FSDP_CUDA_CHECK_LAUNCH();
   FSDP_CUDA_CHECK(cudaFreeAsync(row_losses, stream));
 }

@@ -18,8 +18,12 @@ namespace {
 
 static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId::bytes), "NCCL unique id size changed");
 
-ncclDataType_t nccl_type(DType t) { return t == DType::F32 ? ncclFloat32 : ncclBfloat16; }
-ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::Avg ? ncclAvg : ncclSum; }
+ncclDataType_t nccl_type(DType t) {
+  return t == DType::F32 ? ncclFloat32 : ncclBfloat16;
+}
+ncclRedOp_t nccl_op(ReduceOp op) {
+  return op == ReduceOp::Avg ? ncclAvg : ncclSum;
+}
 
 // `name` must outlive the NCCL call that takes the config (NCCL copies it for its logs).
 ncclConfig_t blocking_config(const char* name) {
@@ -29,6 +33,7 @@ ncclConfig_t blocking_config(const char* name) {
   return config;
 }
 
+// The CudaDevice must outlive its communicators (the engine destroys comms first).
 class NcclComm final : public Comm {
  public:
   NcclComm(CudaDevice& device, ncclComm_t comm, int rank, std::vector<int> world_ranks,
@@ -52,8 +57,8 @@ class NcclComm final : public Comm {
  protected:
   void do_all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) override {
     CudaDevice::OpScope op(device_, s, OpKind::Collective);
-    FSDP_NCCL_CHECK(ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(t), comm_,
-                                  op.stream()));
+    FSDP_NCCL_CHECK(
+        ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(t), comm_, op.stream()));
   }
 
   void do_reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp reduce,
@@ -74,8 +79,8 @@ class NcclComm final : public Comm {
   void do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) override {
     FSDP_CHECK(count >= 0, "broadcast count ", count);
     CudaDevice::OpScope op(device_, s, OpKind::Collective);
-    FSDP_NCCL_CHECK(ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(t), root,
-                                  comm_, op.stream()));
+    FSDP_NCCL_CHECK(ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(t), root, comm_,
+                                  op.stream()));
   }
 
   std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) override {

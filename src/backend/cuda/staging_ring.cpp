@@ -54,8 +54,7 @@ StagingRing::Slot& StagingRing::take_slot(cudaStream_t stream, size_t bytes, boo
 const void* StagingRing::upload(cudaStream_t stream, const void* host_data, size_t bytes) {
   Slot& slot = take_slot(stream, bytes, /*need_device=*/true);
   std::memcpy(slot.host, host_data, bytes);
-  FSDP_CUDA_CHECK(
-      cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream));
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(slot.device, slot.host, bytes, cudaMemcpyHostToDevice, stream));
   pending_ = &slot;
   return slot.device;
 }
