@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "fsdp/error.h"
+#include "tools/report_command.h"
 #include "tools/train_command.h"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,8 @@ int main(int argc, char** argv) {
   fsdp::tools::TrainOptions train;
   CLI::App* train_cmd = app.add_subcommand("train", "train a model with FSDP");
   fsdp::tools::add_train_options(*train_cmd, train);
+  fsdp::tools::ReportOptions report;
+  CLI::App* report_cmd = fsdp::tools::add_report_command(app, report);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -26,6 +29,7 @@ int main(int argc, char** argv) {
   }
   try {
     if (train_cmd->parsed()) return fsdp::tools::run_train(train);
+    if (report_cmd->parsed()) return fsdp::tools::run_report(report);
   } catch (const fsdp::Error& e) {
     std::fprintf(stderr, "fsdp: error: %s\n", e.what());
     return 1;
