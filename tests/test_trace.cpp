@@ -13,15 +13,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/error.h"
 #include "runtime/trace_metrics.h"
 #include "test_util.h"
 
-// The tool sources are not in the fsdp library the tests link, so the ones checked here are
-// compiled into this test directly (their includes of each other are folder-relative for
-// that). If the tools become a library the tests link, drop these three lines.
-#include "../tools/report_command.cpp"
-#include "../tools/svg_timeline.cpp"
-#include "../tools/trace_writer.cpp"
+#include "tools/report_command.h"
+#include "tools/svg_timeline.h"
+#include "tools/train_command.h"
+#include "tools/trace_writer.h"
 
 namespace fsdp::trace_test {
 namespace {

@@ -12,6 +12,7 @@
 #include "fsdp/error.h"
 #include "runtime/launch.h"
 #include "runtime/launch_cuda.h"
+#include "tools/trace_writer.h"
 
 namespace fsdp::tools {
 
@@ -93,6 +94,16 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
     s.rs_inputs_in_flight_max = std::max(
         s.rs_inputs_in_flight_max, r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)]);
     s.host_schedule_us_per_unit = std::max(s.host_schedule_us_per_unit, r.host_schedule_us_per_unit);
+    if (c.timeline && runtime::find_stream(r.timeline, "compute") >= 0) {
+      // The slowest rank paces the step: report the worst.
+      const runtime::TimelineMetrics m = metrics_of_timeline(r.timeline, r.host_schedule_us_per_unit, 0);
+      s.traced = true;
+      s.exposed_comm_ms = std::max(s.exposed_comm_ms, m.exposed_comm_ms);
+      s.rs_recycle_stall_ms = std::max(s.rs_recycle_stall_ms, m.rs_recycle_stall_ms);
+      s.rs_drain_ms = std::max(s.rs_drain_ms, m.rs_drain_ms);
+      s.ag_rs_overlap_ms = std::max(s.ag_rs_overlap_ms, m.ag_rs_overlap_ms);
+      s.streams_used = std::max(s.streams_used, m.streams_used);
+    }
   }
   s.losses = r0.losses;
   s.loss_first = r0.losses.front();
@@ -121,7 +132,12 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c, con
           {"host_schedule_us_per_unit", s.host_schedule_us_per_unit},
           {"loss_first", s.loss_first},
           {"loss_last", s.loss_last},
-          {"losses", s.losses}};
+          {"losses", s.losses},
+          {"exposed_comm_ms", s.traced ? nlohmann::json(s.exposed_comm_ms) : nlohmann::json()},
+          {"rs_recycle_stall_ms", s.traced ? nlohmann::json(s.rs_recycle_stall_ms) : nlohmann::json()},
+          {"rs_drain_ms", s.traced ? nlohmann::json(s.rs_drain_ms) : nlohmann::json()},
+          {"ag_rs_overlap_ms", s.traced ? nlohmann::json(s.ag_rs_overlap_ms) : nlohmann::json()},
+          {"streams_used", s.traced ? nlohmann::json(s.streams_used) : nlohmann::json()}};
 }
 
 int run_train(TrainOptions& o) {
@@ -133,9 +149,13 @@ int run_train(TrainOptions& o) {
     if (o.quiet) return;
     std::lock_guard<std::mutex> lock(print_mutex);
     const int width = 20, done = (r.step + 1) * width / steps;
-    std::fprintf(stdout, "[%.*s%*s] step %d/%d  loss %.6f  step_ms %.2f  tokens/s %.0f\n", done,
+    std::fprintf(stdout, "[%.*s%*s] step %d/%d  loss %.6g  step_ms %.2f  tokens/s %.0f", done,
                  "####################", width - done, "", r.step + 1, steps, r.loss, r.step_ms,
                  r.step_ms > 0 ? o.config.tokens * o.effective_world * 1000.0 / r.step_ms : 0);
+    if (r.exposed_comm_ms >= 0)
+      std::fprintf(stdout, "  exposed_comm_ms %.3f  rs_recycle_stall_ms %.3f", r.exposed_comm_ms,
+                   r.rs_recycle_stall_ms);
+    std::fputc('\n', stdout);
     std::fflush(stdout);
   };
   std::vector<runtime::RankResult> results;
@@ -157,7 +177,7 @@ int run_train(TrainOptions& o) {
   }
   const Summary s = summarize(backend, o.effective_world, o.config, results);
   std::printf("done: %s, %d ranks, step_ms median %.2f, tokens/s %.0f, peak mem %.1f MiB, "
-              "rs inputs in flight max %lld (k=%d), loss %.6f -> %.6f\n",
+              "rs inputs in flight max %lld (k=%d), loss %.6g -> %.6g\n",
               backend.c_str(), o.effective_world, s.step_ms_median, s.tokens_per_s,
               s.peak_mem_bytes / 1048576.0, static_cast<long long>(s.rs_inputs_in_flight_max),
               o.config.rs_max_input_buffers, s.loss_first, s.loss_last);

@@ -30,6 +30,10 @@ struct Summary {
   int64_t peak_mem_bytes = 0;
   int64_t rs_inputs_in_flight_max = 0;
   double host_schedule_us_per_unit = 0;
+  // From the timeline (--trace), max over ranks; `traced` false without one.
+  bool traced = false;
+  double exposed_comm_ms = 0, rs_recycle_stall_ms = 0, rs_drain_ms = 0, ag_rs_overlap_ms = 0;
+  int streams_used = 0;
   float loss_first = 0, loss_last = 0;
   std::vector<float> losses;  // rank 0's, every step
 };

@@ -89,7 +89,7 @@ struct AdamWConfig {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
 };
 
-// ---- Timeline (Note [Timeline] in src/runtime/trace.h) -------------------------------
+// ---- Timeline (Note [Timeline] in src/runtime/trace_metrics.h) -------------------------------
 enum class OpKind : uint8_t { Kernel, Copy, Collective, Wait, Optimizer, Host };
 struct TimelineOp {
   std::string label;         // e.g. "AG layers.3", "fwd layers.3 gemm"
@@ -206,5 +206,14 @@ class Device {
   // Host spans (scheduling work) go on the host track of the same timeline.
   virtual void record_host_span(const char* label, double start_us, double end_us) = 0;
 };
+
+// For destructors: while an error unwinds the stack (a failed rank, an aborted world),
+// synchronize() rethrows it; a destructor must not turn that into std::terminate.
+inline void synchronize_in_destructor(Device& device) noexcept {
+  try {
+    device.synchronize();
+  } catch (...) {
+  }
+}
 
 }  // namespace fsdp

@@ -41,7 +41,7 @@ ParamGroup::ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params,
 }
 
 ParamGroup::~ParamGroup() {
-  device_->synchronize();
+  synchronize_in_destructor(*device_);
   // Frees go on the stream the context would use; any stream is fine after synchronize().
   const Stream s = ctx_ ? ctx_->all_gather_stream : Stream{0};
   if (gathered_) device_->free(gathered_, s);

@@ -24,7 +24,7 @@ Optimizer::Optimizer(Device& device, Stream stream, std::vector<ParamSpan> param
 }
 
 Optimizer::~Optimizer() {
-  device_.synchronize();
+  synchronize_in_destructor(device_);
   for (float* p : state_) device_.free(p, Stream{0});
 }
 

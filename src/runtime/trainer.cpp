@@ -4,6 +4,7 @@
 
 #include "core/fsdp_state.h"
 #include "fsdp/error.h"
+#include "runtime/trace_metrics.h"
 
 namespace fsdp::runtime {
 
@@ -135,6 +136,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
         result.all_gathers_backward_first_step = issued(CollectiveKind::AllGather) - ag1;
         result.reduce_scatters_first_step = issued(CollectiveKind::ReduceScatter) - rs1;
       }
+      device.set_label("loss all-reduce");
       world->all_reduce(loss, loss_avg, 1, DType::F32, ReduceOp::Avg, compute);
       float value = 0;
       device.copy_to_host(compute, &value, loss_avg, sizeof(float));
@@ -150,12 +152,23 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       ++host_steps;
     }
     StepReport report{step, loss_sum / config.micro_batches, ms};
+    if (config.timeline && step >= config.warmup) {
+      // Taken every step: the step's own metrics for the per-step line, and the CUDA
+      // recorder's event pool stays small.
+      Timeline part = device.take_timeline();
+      const TimelineMetrics m = compute_metrics(part, compute.id, 1, 0);
+      report.exposed_comm_ms = m.exposed_comm_ms;
+      report.rs_recycle_stall_ms = m.rs_recycle_stall_ms;
+      if (result.timeline.stream_names.empty()) result.timeline.stream_names = part.stream_names;
+      for (auto& op : part.ops) result.timeline.ops.push_back(std::move(op));
+      for (auto& sample : part.memory) result.timeline.memory.push_back(sample);
+    }
     result.losses.push_back(report.loss);
     result.step_ms.push_back(ms);
     if (on_step) on_step(report);
   }
   result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;
-  if (config.timeline) result.timeline = device.take_timeline();
+  if (config.timeline) device.enable_timeline(false);
   result.memory = device.memory_stats();
   if (config.collect_params) result.params = gather_full_params(root, compute);
   device.free(loss, compute);

@@ -39,6 +39,9 @@ struct StepReport {
   int step = 0;
   float loss = 0;
   double step_ms = 0;
+  // From this step's timeline, when tracing (config.timeline); -1 otherwise.
+  double exposed_comm_ms = -1;
+  double rs_recycle_stall_ms = -1;
 };
 
 struct RankResult {

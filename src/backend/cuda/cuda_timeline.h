@@ -1,4 +1,4 @@
-// The CUDA side of Note [Timeline] (src/runtime/trace.h): GPU op times measured with events,
+// The CUDA side of Note [Timeline] (src/runtime/trace_metrics.h): GPU op times measured with events,
 // put on the host clock.
 //
 // Note [CUDA timeline clock]
