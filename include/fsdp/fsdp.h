@@ -123,7 +123,10 @@ struct ShardedGroupView {
   int64_t numel = 0;
 };
 std::vector<ShardedGroupView> sharded_groups(FsdpModule& root);
-void zero_sharded_grads(FsdpModule& root, Stream compute);
+// Note [Lazy zero grad]: marks every grad shard zero without touching memory. The first
+// reduce-scatter after it writes the shard directly (no fill, no accumulation pass); the
+// root's finalize fills the groups that got none. So read grad shards after a backward.
+void zero_sharded_grads(FsdpModule& root);
 
 // Gathers the full fp32 value of every param (for checks and checkpoints); collective.
 std::vector<std::vector<float>> gather_full_params(FsdpModule& root, Stream compute);

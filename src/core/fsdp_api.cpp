@@ -130,10 +130,11 @@ std::vector<ShardedGroupView> sharded_groups(FsdpModule& root) {
   return out;
 }
 
-void zero_sharded_grads(FsdpModule& root, Stream compute) {
-  Device& d = root.state().mesh.device();
-  for (const ShardedGroupView& g : sharded_groups(root))
-    d.fill(compute, g.grad, DType::F32, g.numel, 0.0f);
+void zero_sharded_grads(FsdpModule& root) {
+  root.module().visit([](Module& m) {
+    if (FsdpState* s = core::state_of(m))
+      for (auto& g : s->groups) g->mark_grad_shard_zero();
+  });
 }
 
 std::vector<std::vector<float>> gather_full_params(FsdpModule& root, Stream compute) {

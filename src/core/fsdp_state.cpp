@@ -201,6 +201,8 @@ void FsdpState::finalize_backward(RunContext& run) {
   if (!is_last_backward) return;
   // Every RS finished and accumulated before the optimizer reads the grad shards.
   ctx->ring.drain(mesh.device(), run.compute, ctx->events);
+  for (FsdpState* s : all_states)
+    for (auto& g : s->groups) g->materialize_zero_grad(run.compute);
   FSDP_CHECK(ctx->ring.size() == 0, "RS ring not empty after finalize");
   ctx->log("finalize", unit_label, "finalize");
   ctx->post_forward_order.clear();

@@ -35,7 +35,6 @@ ParamGroup::ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params,
   shard_param_ = static_cast<float*>(device_->alloc(bytes, init_stream, MemTag::ShardedState));
   shard_grad_ = static_cast<float*>(device_->alloc(bytes, init_stream, MemTag::ShardedState));
   device_->copy_from_host(init_stream, shard_param_, shard.data(), bytes);
-  device_->fill(init_stream, shard_grad_, DType::F32, layout_.shard_numel, 0.0f);
   grads_.resize(params_.size());
   all_gather_done_ = device_->create_event();
 }
@@ -123,6 +122,12 @@ void ParamGroup::reshard(Stream compute) {
   copied_out_.clear();
   for (Param* p : params_) p->value = Tensor{};
   state_ = Sharded;
+}
+
+void ParamGroup::materialize_zero_grad(Stream compute) {
+  if (!grad_shard_zero_) return;
+  device_->fill(compute, shard_grad_, DType::F32, layout_.shard_numel, 0.0f);
+  grad_shard_zero_ = false;
 }
 
 void ParamGroup::on_grad(RunContext& ctx, int param_index, Tensor grad) {
@@ -227,14 +232,25 @@ void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>&
   device_->wait_event(rs_stream, copied);
   ctx_->events.release(copied);
 
-  void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream,
-                                MemTag::RsOutput);
-  device_->set_label(label_rs_);
-  ctx_->reduce_scatter_comm(*mesh_).reduce_scatter(rs_in, rs_out, n, rt, ReduceOp::Avg,
-                                                   rs_stream);
-  device_->set_label(label_rs_accumulate_);
-  device_->accumulate(rs_stream, shard_grad_, rs_out, rt, n, 1.0f);
-  device_->free(rs_out, rs_stream);
+  Comm& comm = ctx_->reduce_scatter_comm(*mesh_);
+  if (grad_shard_zero_ && rt == DType::F32) {
+    // Note [Lazy zero grad]: the first reduce-scatter after zero_grad writes the grad shard
+    // itself: no zero fill, no RS output buffer, no accumulation pass.
+    device_->set_label(label_rs_);
+    comm.reduce_scatter(rs_in, shard_grad_, n, rt, ReduceOp::Avg, rs_stream);
+  } else {
+    void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream,
+                                  MemTag::RsOutput);
+    device_->set_label(label_rs_);
+    comm.reduce_scatter(rs_in, rs_out, n, rt, ReduceOp::Avg, rs_stream);
+    device_->set_label(label_rs_accumulate_);
+    if (grad_shard_zero_)
+      device_->cast(rs_stream, shard_grad_, DType::F32, rs_out, rt, n);
+    else
+      device_->accumulate(rs_stream, shard_grad_, rs_out, rt, n, 1.0f);
+    device_->free(rs_out, rs_stream);
+  }
+  grad_shard_zero_ = false;
   Event done = ctx_->events.acquire();
   device_->record_event(done, rs_stream);
   ctx_->ring.push({rs_in, done, index_});

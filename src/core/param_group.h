@@ -44,6 +44,12 @@ class ParamGroup {
   bool fired_this_backward() const { return fired_; }
   void reset_backward() { fired_ = false; }
 
+  // zero_grad without touching memory: the next reduce-scatter writes the grad shard
+  // directly instead of accumulating into it (Note [Lazy zero grad]).
+  void mark_grad_shard_zero() { grad_shard_zero_ = true; }
+  // For groups that got no reduce-scatter since the last mark: make the zeros real.
+  void materialize_zero_grad(Stream compute);
+
   Mesh& mesh() const { return *mesh_; }
   int index() const { return index_; }
   const GroupLayout& layout() const { return layout_; }
@@ -68,6 +74,7 @@ class ParamGroup {
   GroupLayout layout_;
   float* shard_param_ = nullptr;  // fp32 master shard, flat
   float* shard_grad_ = nullptr;   // fp32 grad shard, flat
+  bool grad_shard_zero_ = true;  // logically zero; the memory may hold old values
 
   UnshardState state_ = Sharded;
   void* gathered_ = nullptr;  // [world][shard_numel] in the param dtype

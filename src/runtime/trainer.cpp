@@ -144,7 +144,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       loss_sum += value;
     }
     optimizer.step(compute);
-    optimizer.zero_grad(compute);
+    zero_sharded_grads(root);
     device.synchronize();
     const double ms = now_ms() - t0;
     if (step >= config.warmup) {
