@@ -40,6 +40,21 @@ TEST(PeakMemory, MlpMeetsTheFormulaTermByTerm) {
     }
 }
 
+TEST(PeakMemory, OptimizerInBackwardKeepsNoGradShards) {
+  runtime::TrainConfig c;
+  c.model.kind = "mlp";
+  c.model.layers = 5;
+  c.model.dim = 64;
+  c.tokens = 8;
+  c.steps = 2;
+  c.optimizer_in_backward = true;
+  const int64_t shard = 32 * 64;  // world 2
+  for (const auto& r : run_fsdp(2, c)) {
+    EXPECT_EQ(tag_peak(r, MemTag::ShardedState), 3 * 4 * shard * 5);  // params, exp_avg, exp_avg_sq
+    EXPECT_EQ(tag_peak(r, MemTag::RsOutput), shard * 4);  // one transient grad shard at a time
+  }
+}
+
 TEST(PeakMemory, MoeStaysWithinTheBound) {
   for (int k : {1, 2}) {
     runtime::TrainConfig c;

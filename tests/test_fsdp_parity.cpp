@@ -64,6 +64,19 @@ TEST(ParityOptions, SgdReshardOffSeparateGroupAndMicroBatches) {
   EXPECT_LE(relative_error(results[0].params, ref.params), 1e-6);
 }
 
+TEST(ParityOptions, OptimizerInBackwardMatchesTheStepAfterBackward) {
+  for (const char* kind : {"mlp", "moe"})
+    for (const char* opt : {"adamw", "sgd"}) {
+      runtime::TrainConfig c = parity_config(kind);
+      c.optimizer.kind = opt;
+      const auto ref = run_reference(c, 3);
+      c.optimizer_in_backward = true;
+      c.rs_max_input_buffers = 2;
+      const auto results = run_fsdp(3, c);
+      EXPECT_LE(relative_error(results[0].params, ref.params), 1e-6) << kind << " " << opt;
+    }
+}
+
 TEST(ParityOptions, Bf16ComputeTracksTheFp32Reference) {
   runtime::TrainConfig c = parity_config("mlp");
   const auto ref = run_reference(c, 2);

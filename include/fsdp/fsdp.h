@@ -57,6 +57,14 @@ struct FullyShardOptions {
   std::function<Mesh*(const Module& owner, const Param& param)> shard_placement_fn;
 };
 
+// Note [Optimizer in backward]
+// The optimizer step of one param group's shard, run right after the group's reduce-scatter
+// on the RS stream: the optimizer's memory traffic runs under the rest of backward, and the
+// fp32 grad shard lives only between the two (it is never kept). Each reduce-scatter of a
+// group is one optimizer step for it.
+using ShardStepFn = std::function<void(Stream rs_stream, int group_ordinal, float* param,
+                                       const float* grad, int64_t numel)>;
+
 // Test hook: how the RS ring reclaims buffers. Only tests use Fsdp2_12LastGroupDrains, which
 // reproduces FSDP2 2.12's hook-order-dependent drain (docs/schedule.md) so the bound test
 // can be seen to fail.
@@ -95,6 +103,10 @@ class FsdpModule {
   void reshard();
 
   // ---- observability, mostly for tests
+  // Root only, before the first forward: see Note [Optimizer in backward]. The ordinal of a
+  // group is its index in sharded_groups(root).
+  void set_optimizer_in_backward(ShardStepFn step);
+
   void set_event_log(std::vector<ScheduleEvent>* log);  // root only; nullptr stops logging
   void set_rs_reclaim_policy_for_testing(RsReclaimPolicy policy);  // root only
   int reduce_scatter_max_input_buffers() const;  // the root's resolved k
@@ -122,7 +134,9 @@ struct ShardedGroupView {
   float* grad = nullptr;
   int64_t numel = 0;
 };
-std::vector<ShardedGroupView> sharded_groups(FsdpModule& root);
+// With with_grads, the persistent fp32 grad shards are made (they are not, under an
+// optimizer in backward); grad is nullptr otherwise.
+std::vector<ShardedGroupView> sharded_groups(FsdpModule& root, bool with_grads = true);
 // Note [Lazy zero grad]: marks every grad shard zero without touching memory. The first
 // reduce-scatter after it writes the shard directly (no fill, no accumulation pass); the
 // root's finalize fills the groups that got none. So read grad shards after a backward.

@@ -28,6 +28,10 @@ class CommContext {
   bool separate_reduce_scatter_group = false;
   std::vector<FsdpState*> post_forward_order;  // this iteration, for backward prefetch
   std::vector<ScheduleEvent>* event_log = nullptr;
+  ShardStepFn optimizer_in_backward;  // Note [Optimizer in backward]; empty when off
+  // Whether work (accumulation, cast, optimizer) follows the newest ring entry's event on the
+  // RS stream; finalize then joins the RS stream itself, not only the ring.
+  bool rs_work_after_ring = false;
 
   // The communicator RS uses for `mesh`: the mesh's own, or (separate group on) one split
   // off per distinct rank set. Creating one is collective over the mesh; lazy init makes

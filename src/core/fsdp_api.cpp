@@ -107,6 +107,11 @@ void FsdpModule::unshard() {
 }
 void FsdpModule::reshard() { state_->reshard(state_->compute, "explicit"); }
 
+void FsdpModule::set_optimizer_in_backward(ShardStepFn step) {
+  FSDP_CHECK(!state_->ctx, "set_optimizer_in_backward must be called before the first forward");
+  state_->optimizer_in_backward = std::move(step);
+}
+
 void FsdpModule::set_event_log(std::vector<ScheduleEvent>* log) {
   state_->event_log = log;
   if (state_->ctx) state_->ctx->event_log = log;
@@ -119,14 +124,17 @@ int FsdpModule::reduce_scatter_max_input_buffers() const {
   return state_->ctx ? state_->ctx->ring.capacity() : state_->reduce_scatter_max_input_buffers;
 }
 
-std::vector<ShardedGroupView> sharded_groups(FsdpModule& root) {
+std::vector<ShardedGroupView> sharded_groups(FsdpModule& root, bool with_grads) {
   std::vector<ShardedGroupView> out;
+  Stream init = root.state().mesh.init_stream();
   root.module().visit([&](Module& m) {
     if (FsdpState* s = core::state_of(m))
       for (auto& g : s->groups)
         out.push_back({g->label().empty() ? s->module.fqn() : g->label(), g->shard_param(),
-                       g->shard_grad(), g->layout().shard_numel});
+                       with_grads ? g->ensure_grad_shard(init) : nullptr,
+                       g->layout().shard_numel});
   });
+  root.state().mesh.device().synchronize_stream(init);
   return out;
 }
 

@@ -91,6 +91,7 @@ void FsdpState::lazy_init(RunContext& run) {
   ctx = owned_ctx_.get();
   collect_states(module, all_states);
   int k = 1;
+  int ordinal = 0;
   for (FsdpState* s : all_states) {
     FSDP_CHECK(s == this || !s->is_root, "module '", s->module.fqn(),
                "' ran forward on its own before its root; run the root's forward first");
@@ -103,12 +104,13 @@ void FsdpState::lazy_init(RunContext& run) {
     for (auto& g : s->groups) {
       std::string label = s->unit_label;
       if (s->groups.size() > 1) label += "[" + g->mesh().name() + "]";
-      g->lazy_init(*ctx, label);
+      g->lazy_init(*ctx, label, ordinal++);
     }
   }
   ctx->ring.set_capacity(k);
   ctx->ring.set_policy(rs_policy);
   ctx->event_log = event_log;
+  ctx->optimizer_in_backward = optimizer_in_backward;
   if (ctx->separate_reduce_scatter_group)
     for (FsdpState* s : all_states)
       for (auto& g : s->groups) ctx->create_separate_comm(g->mesh());
@@ -201,6 +203,15 @@ void FsdpState::finalize_backward(RunContext& run) {
   if (!is_last_backward) return;
   // Every RS finished and accumulated before the optimizer reads the grad shards.
   ctx->ring.drain(mesh.device(), run.compute, ctx->events);
+  // ...and what followed them on the RS stream (accumulation, optimizer in backward).
+  if (ctx->rs_work_after_ring) {
+    Device& d = mesh.device();
+    const Event rs_done = ctx->events.acquire();
+    d.record_event(rs_done, ctx->reduce_scatter_stream);
+    d.wait_event(run.compute, rs_done);
+    ctx->events.release(rs_done);
+    ctx->rs_work_after_ring = false;
+  }
   for (FsdpState* s : all_states)
     for (auto& g : s->groups) g->materialize_zero_grad(run.compute);
   FSDP_CHECK(ctx->ring.size() == 0, "RS ring not empty after finalize");

@@ -47,6 +47,7 @@ class FsdpState : public ModuleHooks {
   std::vector<FsdpState*> forward_prefetch, backward_prefetch;
   RsReclaimPolicy rs_policy = RsReclaimPolicy::BoundedRing;
   std::vector<ScheduleEvent>* event_log = nullptr;
+  ShardStepFn optimizer_in_backward;  // root only
 
   // Set at lazy init.
   bool is_root = false;

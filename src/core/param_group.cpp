@@ -33,7 +33,6 @@ ParamGroup::ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params,
   const std::vector<float> shard = shard_of(layout_, mesh.rank(), values);
   const size_t bytes = static_cast<size_t>(layout_.shard_numel) * sizeof(float);
   shard_param_ = static_cast<float*>(device_->alloc(bytes, init_stream, MemTag::ShardedState));
-  shard_grad_ = static_cast<float*>(device_->alloc(bytes, init_stream, MemTag::ShardedState));
   device_->copy_from_host(init_stream, shard_param_, shard.data(), bytes);
   grads_.resize(params_.size());
   all_gather_done_ = device_->create_event();
@@ -48,13 +47,24 @@ ParamGroup::~ParamGroup() {
   if (unsharded_accum_) device_->free(unsharded_accum_, s);
   grads_.clear();
   device_->free(shard_param_, s);
-  device_->free(shard_grad_, s);
+  if (shard_grad_) device_->free(shard_grad_, s);
   device_->destroy_event(all_gather_done_);
 }
 
-void ParamGroup::lazy_init(CommContext& ctx, const std::string& label) {
+float* ParamGroup::ensure_grad_shard(Stream s) {
+  if (!shard_grad_) {
+    shard_grad_ = static_cast<float*>(device_->alloc(
+        static_cast<size_t>(layout_.shard_numel) * sizeof(float), s, MemTag::ShardedState));
+    grad_shard_zero_ = true;
+  }
+  return shard_grad_;
+}
+
+void ParamGroup::lazy_init(CommContext& ctx, const std::string& label, int ordinal) {
   ctx_ = &ctx;
   label_ = label;
+  ordinal_ = ordinal;
+  label_optimizer_ = ctx.intern("optimizer " + label);
   label_ag_copy_in_ = ctx.intern("AG copy-in " + label);
   label_ag_ = ctx.intern("AG " + label);
   label_copy_out_ = ctx.intern("AG copy-out " + label);
@@ -125,7 +135,8 @@ void ParamGroup::reshard(Stream compute) {
 }
 
 void ParamGroup::materialize_zero_grad(Stream compute) {
-  if (!grad_shard_zero_) return;
+  if (!grad_shard_zero_ || ctx_->optimizer_in_backward) return;
+  ensure_grad_shard(compute);
   device_->fill(compute, shard_grad_, DType::F32, layout_.shard_numel, 0.0f);
   grad_shard_zero_ = false;
 }
@@ -232,29 +243,64 @@ void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>&
   device_->wait_event(rs_stream, copied);
   ctx_->events.release(copied);
 
+  reduce_into_grad(rs_in, rs_stream);
+  ctx_->log("reduce_scatter", label_, "post_backward");
+}
+
+void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
+  const DType rt = owner_->mp.reduce_dtype;
+  const int64_t n = layout_.shard_numel;
   Comm& comm = ctx_->reduce_scatter_comm(*mesh_);
-  if (grad_shard_zero_ && rt == DType::F32) {
-    // Note [Lazy zero grad]: the first reduce-scatter after zero_grad writes the grad shard
-    // itself: no zero fill, no RS output buffer, no accumulation pass.
+  // The ring's event follows the collective alone: reclaiming rs_in needs nothing more.
+  auto push_ring_entry = [&] {
+    Event done = ctx_->events.acquire();
+    device_->record_event(done, rs_stream);
+    ctx_->ring.push({rs_in, done, index_});
+    ctx_->rs_work_after_ring = false;
+  };
+  auto reduce_to = [&](void* out, DType out_t) {  // out gets the averaged grad shard
     device_->set_label(label_rs_);
-    comm.reduce_scatter(rs_in, shard_grad_, n, rt, ReduceOp::Avg, rs_stream);
+    if (rt == out_t) {
+      comm.reduce_scatter(rs_in, out, n, rt, ReduceOp::Avg, rs_stream);
+      push_ring_entry();
+      return;
+    }
+    void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream, MemTag::RsOutput);
+    comm.reduce_scatter(rs_in, rs_out, n, rt, ReduceOp::Avg, rs_stream);
+    push_ring_entry();
+    device_->set_label(label_rs_accumulate_);
+    device_->cast(rs_stream, out, out_t, rs_out, rt, n);
+    device_->free(rs_out, rs_stream);
+    ctx_->rs_work_after_ring = true;
+  };
+
+  if (ctx_->optimizer_in_backward) {
+    // Note [Optimizer in backward]: a transient grad, consumed at once on the same stream.
+    float* grad = static_cast<float*>(
+        device_->alloc(static_cast<size_t>(n) * sizeof(float), rs_stream, MemTag::RsOutput));
+    reduce_to(grad, DType::F32);
+    device_->set_label(label_optimizer_);
+    ctx_->optimizer_in_backward(rs_stream, ordinal_, shard_param_, grad, n);
+    device_->free(grad, rs_stream);
+    ctx_->rs_work_after_ring = true;
+    return;
+  }
+  ensure_grad_shard(rs_stream);
+  if (grad_shard_zero_) {
+    // Note [Lazy zero grad]: the first reduce-scatter after zero_grad writes the grad shard
+    // itself: no zero fill, no accumulation pass (and, in fp32, no RS output buffer).
+    reduce_to(shard_grad_, DType::F32);
   } else {
-    void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream,
-                                  MemTag::RsOutput);
+    void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream, MemTag::RsOutput);
     device_->set_label(label_rs_);
     comm.reduce_scatter(rs_in, rs_out, n, rt, ReduceOp::Avg, rs_stream);
+    push_ring_entry();
     device_->set_label(label_rs_accumulate_);
-    if (grad_shard_zero_)
-      device_->cast(rs_stream, shard_grad_, DType::F32, rs_out, rt, n);
-    else
-      device_->accumulate(rs_stream, shard_grad_, rs_out, rt, n, 1.0f);
+    device_->accumulate(rs_stream, shard_grad_, rs_out, rt, n, 1.0f);
     device_->free(rs_out, rs_stream);
+    ctx_->rs_work_after_ring = true;
   }
   grad_shard_zero_ = false;
-  Event done = ctx_->events.acquire();
-  device_->record_event(done, rs_stream);
-  ctx_->ring.push({rs_in, done, index_});
-  ctx_->log("reduce_scatter", label_, "post_backward");
 }
 
 }  // namespace fsdp::core

@@ -22,7 +22,7 @@ class ParamGroup {
   ParamGroup& operator=(const ParamGroup&) = delete;
 
   // Labels are made once the root's context exists (lazy init).
-  void lazy_init(CommContext& ctx, const std::string& label);
+  void lazy_init(CommContext& ctx, const std::string& label, int ordinal);
 
   // Issues the all-gather on the AG stream (copy-in cast + collective); no-op when the
   // params are unsharded or already being gathered.
@@ -57,11 +57,16 @@ class ParamGroup {
   const std::string& label() const { return label_; }
   float* shard_param() const { return shard_param_; }
   float* shard_grad() const { return shard_grad_; }
+  // The persistent grad shard, made on first use (never under an optimizer in backward).
+  float* ensure_grad_shard(Stream s);
 
  private:
   enum UnshardState { Sharded, Gathering, Unsharded };
   void reduce_scatter(RunContext& ctx, const std::vector<const void*>& srcs,
                       const std::vector<DType>& types);
+  // The collective and what follows it on the RS stream: into the grad shard, or (optimizer
+  // in backward) into a transient grad that the optimizer consumes.
+  void reduce_into_grad(void* rs_in, Stream rs_stream);
   void accumulate_unsharded(RunContext& ctx);
   void release_grads();
 
@@ -88,6 +93,8 @@ class ParamGroup {
   int64_t full_numel_ = 0;
 
   std::string label_;
+  int ordinal_ = -1;  // index among the root's groups (sharded_groups order)
+  const char* label_optimizer_ = "";
   const char* label_ag_copy_in_ = "";
   const char* label_ag_ = "";
   const char* label_copy_out_ = "";

@@ -1,5 +1,8 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
+#include <functional>
+
 #include "fsdp/error.h"
 
 namespace fsdp::optim {
@@ -21,6 +24,7 @@ Optimizer::Optimizer(Device& device, Stream stream, std::vector<ParamSpan> param
     }
     tensors_.push_back(t);
   }
+  steps_.assign(tensors_.size(), 0);
 }
 
 Optimizer::~Optimizer() {
@@ -28,20 +32,37 @@ Optimizer::~Optimizer() {
   for (float* p : state_) device_.free(p, Stream{0});
 }
 
-void Optimizer::step(Stream s) {
-  ++step_;
-  device_.set_label("optimizer");
-  if (config_.kind == "adamw")
-    device_.adamw_step(s, tensors_.data(), static_cast<int>(tensors_.size()), config_.adamw, step_);
+namespace {
+void launch(Device& d, Stream s, const OptimTensor* t, int count, const OptimizerConfig& c,
+            int64_t step) {
+  if (c.kind == "adamw")
+    d.adamw_step(s, t, count, c.adamw, step);
   else
-    device_.sgd_step(s, tensors_.data(), static_cast<int>(tensors_.size()), config_.sgd_lr,
-                     config_.sgd_momentum, config_.sgd_weight_decay);
+    d.sgd_step(s, t, count, c.sgd_lr, c.sgd_momentum, c.sgd_weight_decay);
+}
+}  // namespace
+
+void Optimizer::step(Stream s) {
+  for (int64_t& n : steps_) ++n;
+  FSDP_CHECK(std::adjacent_find(steps_.begin(), steps_.end(), std::not_equal_to<>()) == steps_.end(),
+             "step() after step_one() left the tensors at different step counts");
+  device_.set_label("optimizer");
+  launch(device_, s, tensors_.data(), static_cast<int>(tensors_.size()), config_,
+         steps_.empty() ? 0 : steps_[0]);
+}
+
+void Optimizer::step_one(Stream s, int index, const float* grad) {
+  FSDP_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()), "optimizer tensor ", index,
+             " out of range (", tensors_.size(), " tensors)");
+  OptimTensor t = tensors_[index];
+  t.grad = grad;
+  launch(device_, s, &t, 1, config_, ++steps_[index]);
 }
 
 void Optimizer::zero_grad(Stream s) {
   device_.set_label("zero_grad");
   for (const OptimTensor& t : tensors_)
-    device_.fill(s, const_cast<float*>(t.grad), DType::F32, t.numel, 0.0f);
+    if (t.grad) device_.fill(s, const_cast<float*>(t.grad), DType::F32, t.numel, 0.0f);
 }
 
 int64_t Optimizer::state_bytes() const {

@@ -27,6 +27,8 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
   void step(Stream s);
+  // One tensor's step with the given grad (Note [Optimizer in backward]): its own step count.
+  void step_one(Stream s, int index, const float* grad);
   void zero_grad(Stream s);
   int64_t state_bytes() const;
 
@@ -35,7 +37,7 @@ class Optimizer {
   OptimizerConfig config_;
   std::vector<OptimTensor> tensors_;
   std::vector<float*> state_;
-  int64_t step_ = 0;
+  std::vector<int64_t> steps_;  // per tensor
 };
 
 }  // namespace fsdp::optim

@@ -92,8 +92,14 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   if (config.customize) config.customize(model, root);
 
   std::vector<optim::ParamSpan> spans;
-  for (const ShardedGroupView& g : sharded_groups(root)) spans.push_back({g.param, g.grad, g.numel});
+  for (const ShardedGroupView& g : sharded_groups(root, !config.optimizer_in_backward))
+    spans.push_back({g.param, g.grad, g.numel});
   optim::Optimizer optimizer(device, compute, spans, config.optimizer);
+  if (config.optimizer_in_backward)
+    root.set_optimizer_in_backward(
+        [&optimizer](Stream s, int ordinal, float*, const float* grad, int64_t) {
+          optimizer.step_one(s, ordinal, grad);
+        });
   result.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   float* loss_avg = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
@@ -143,8 +149,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       device.synchronize_stream(compute);
       loss_sum += value;
     }
-    optimizer.step(compute);
-    zero_sharded_grads(root);
+    if (!config.optimizer_in_backward) {
+      optimizer.step(compute);
+      zero_sharded_grads(root);
+    }
     device.synchronize();
     const double ms = now_ms() - t0;
     if (step >= config.warmup) {

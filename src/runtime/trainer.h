@@ -27,6 +27,9 @@ struct TrainConfig {
   bool separate_rs_group = false;
   bool experts_on_own_mesh = true;  // moe: expert params shard over a second mesh
   optim::OptimizerConfig optimizer;
+  // Each group's optimizer step runs right after its reduce-scatter (Note [Optimizer in
+  // backward]); off: one multi-tensor step after backward, with persistent grad shards.
+  bool optimizer_in_backward = false;
   bool timeline = false;
   bool collect_params = false;      // gather full fp32 params after the last step
   RsReclaimPolicy rs_policy = RsReclaimPolicy::BoundedRing;
