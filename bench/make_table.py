@@ -36,10 +36,11 @@ def our_config(j):
     model = j.get("model", "mlp")
     layers = j.get("layers", "")
     t = j.get("tokens_per_rank")
+    suffix = "" if as_bool(j.get("optimizer_in_backward", True)) else " oib0"
     if int(j.get("world_size", 0)) == 1:
-        return f"{model}{layers} t{t} 1gpu"
+        return f"{model}{layers} t{t} 1gpu{suffix}"
     return (f"{model}{layers} t{t} reshard{int(as_bool(j.get('reshard_after_forward')))}"
-            f" k{j.get('rs_max_input_buffers')} sep{int(as_bool(j.get('separate_rs_group')))}")
+            f" k{j.get('rs_max_input_buffers')} sep{int(as_bool(j.get('separate_rs_group')))}{suffix}")
 
 
 def row_from_ours(j):
@@ -58,6 +59,7 @@ def row_from_ours(j):
     row["rs_max_input_buffers"] = as_int(j.get("rs_max_input_buffers"))
     row["separate_rs_group"] = as_bool(j.get("separate_rs_group"))
     row["reshard_after_forward"] = as_bool(j.get("reshard_after_forward"))
+    row["optimizer_in_backward"] = as_bool(j.get("optimizer_in_backward", False))
     return row
 
 

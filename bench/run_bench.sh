@@ -143,19 +143,20 @@ run_row() {
   return 0
 }
 
-# ours N TOKENS RESHARD K SEP
+# ours N TOKENS RESHARD K SEP [OPTIMIZER_IN_BACKWARD=1]
 ours() {
-  local n=$1 t=$2 r=$3 k=$4 s=$5 name config
+  local n=$1 t=$2 r=$3 k=$4 s=$5 oib=${6:-1} name config suffix=""
+  if (( oib == 0 )); then suffix=" oib0"; fi
   if (( n == 1 )); then
-    name="fsdp_n1_t${t}"; config="mlp${LAYERS} t${t} 1gpu"
+    name="fsdp_n1_t${t}_oib${oib}"; config="mlp${LAYERS} t${t} 1gpu${suffix}"
   else
-    name="fsdp_n${n}_t${t}_r${r}_k${k}_s${s}"; config="mlp${LAYERS} t${t} reshard${r} k${k} sep${s}"
+    name="fsdp_n${n}_t${t}_r${r}_k${k}_s${s}_oib${oib}"; config="mlp${LAYERS} t${t} reshard${r} k${k} sep${s}${suffix}"
   fi
   run_row "$name" "$config" fsdp "$n" "$t" "$r" "$k" "$s" "$OURS_EXPECT" "$OURS_TIMEOUT" -- \
     "$FSDP_BIN" train --backend cuda --nproc "$n" --model mlp --layers "$LAYERS" --dim "$DIM" \
     --tokens "$t" --param-dtype bf16 --steps "$STEPS" --warmup "$WARMUP" \
     --reshard-after-forward "$r" --rs-max-input-buffers "$k" --separate-rs-group "$s" \
-    --quiet --json "$OUTDIR/$name.json"
+    --optimizer-in-backward "$oib" --quiet --json "$OUTDIR/$name.json"
 }
 
 # torch_fsdp N TOKENS RESHARD
@@ -190,6 +191,9 @@ if (( N >= 2 )); then
   torch_local 8192
   ours "$N" 8192 0 1 0
   torch_fsdp "$N" 8192 0
+  # The optimizer after backward (as FSDP2 does) instead of in it.
+  ours "$N" 8192 1 1 0 0
+  ours 1 8192 1 1 0 0
   # Our reduce-scatter knobs at 8192.
   ours "$N" 8192 1 2 0
   ours "$N" 8192 1 1 1

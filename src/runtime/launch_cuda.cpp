@@ -19,6 +19,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -31,9 +32,27 @@ namespace fsdp::runtime {
 
 namespace {
 
+nlohmann::json timeline_to_json(const Timeline& t) {
+  nlohmann::json ops = nlohmann::json::array(), memory = nlohmann::json::array();
+  for (const TimelineOp& op : t.ops)
+    ops.push_back({op.label, op.stream, static_cast<int>(op.kind), op.start_us, op.end_us, op.waited_for});
+  for (const MemSample& m : t.memory) memory.push_back({m.time_us, m.bytes});
+  return {{"streams", t.stream_names}, {"ops", ops}, {"memory", memory}};
+}
+
+Timeline timeline_from_json(const nlohmann::json& j) {
+  Timeline t;
+  t.stream_names = j["streams"].get<std::vector<std::string>>();
+  for (const auto& o : j["ops"])
+    t.ops.push_back({o[0], o[1], static_cast<OpKind>(o[2].get<int>()), o[3], o[4], o[5]});
+  for (const auto& m : j["memory"]) t.memory.push_back({m[0], m[1]});
+  return t;
+}
+
 nlohmann::json to_json(const RankResult& r) {
   const MemStats& m = r.memory;
   return {{"rank", r.rank},
+          {"timeline", timeline_to_json(r.timeline)},
           {"losses", r.losses},
           {"step_ms", r.step_ms},
           {"host_us", r.host_schedule_us_per_unit},
@@ -51,6 +70,7 @@ RankResult from_json(const nlohmann::json& j) {
   r.memory.peak_bytes = j["peak"];
   r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)] = j["rs_live"];
   r.param_count = j["params"];
+  r.timeline = timeline_from_json(j["timeline"]);
   return r;
 }
 
@@ -166,34 +186,31 @@ std::vector<RankResult> run_cuda_training(int nproc, const TrainConfig& config,
   FSDP_CHECK(world <= gpus, "--nproc ", world, " but only ", gpus, " GPUs are visible");
   world_out = world;
   const cuda::UniqueId id = cuda::make_unique_id();
+  // Each child writes its result (timeline included, so it can be large) to a file here.
+  char dir_template[] = "/tmp/fsdp-ranks-XXXXXX";
+  FSDP_CHECK(::mkdtemp(dir_template), "cannot make a temporary directory: ", std::strerror(errno));
+  const std::string dir = dir_template;
+  auto result_path = [&](int rank) { return dir + "/rank" + std::to_string(rank) + ".json"; };
   std::vector<pid_t> pids;
-  std::vector<int> pipes;
   std::fflush(stdout);
   for (int rank = 0; rank < world; ++rank) {
-    int fds[2];
-    FSDP_CHECK(::pipe(fds) == 0, "pipe failed");
     pid_t pid = ::fork();
     FSDP_CHECK(pid >= 0, "fork failed");
     if (pid == 0) {
-      ::close(fds[0]);
       int code = 0;
       try {
         RankResult r = train_one_rank(rank, world, rank, id, config, on_step);
-        write_all(fds[1], to_json(r).dump());
+        std::ofstream(result_path(rank)) << to_json(r).dump();
       } catch (const std::exception& e) {
         std::fprintf(stderr, "fsdp: error: %s\n", e.what());
         code = 1;
       }
-      ::close(fds[1]);
       std::fflush(stdout);
       std::_Exit(code);  // a child must not run the parent's atexit handlers
     }
-    ::close(fds[1]);
     pids.push_back(pid);
-    pipes.push_back(fds[0]);
   }
   // Wait for every child; if one fails, the others would wait in NCCL forever: stop them.
-  // (Results are small, so they sit in the pipes' buffers until read.)
   bool failed = false;
   for (int done = 0; done < world; ++done) {
     int status = 0;
@@ -208,11 +225,12 @@ std::vector<RankResult> run_cuda_training(int nproc, const TrainConfig& config,
   }
   std::vector<RankResult> results(world);
   for (int rank = 0; rank < world; ++rank) {
-    std::string text = read_all(pipes[rank]);
-    ::close(pipes[rank]);
-    if (text.empty()) failed = true;
-    else if (!failed) results[rank] = from_json(nlohmann::json::parse(text));
+    std::ifstream in(result_path(rank));
+    if (!in.good()) failed = true;
+    else if (!failed) results[rank] = from_json(nlohmann::json::parse(in));
+    ::unlink(result_path(rank).c_str());
   }
+  ::rmdir(dir.c_str());
   FSDP_CHECK(!failed, "one or more GPU ranks failed (their errors are above)");
   return results;
 }
