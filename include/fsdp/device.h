@@ -166,6 +166,9 @@ class Device {
   virtual void gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                     float alpha, const void* a, const void* b, DType ab_t, float beta, void* c,
                     DType c_t) = 0;
+  // C = relu(op(A) op(B)), fused into the GEMM's epilogue where the backend can.
+  virtual void gemm_relu(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                         const void* a, const void* b, DType ab_t, void* c, DType c_t) = 0;
   virtual void activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
                                   int64_t n) = 0;
   virtual void activation_backward(Stream s, Activation f, const void* x, const void* dy,

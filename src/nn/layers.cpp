@@ -41,6 +41,15 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
   FSDP_CHECK(x.cols == in_, "Linear ", fqn(), " expects ", in_, " features, got ", x.cols);
   Device& d = *ctx.device;
   Tensor y = new_act(ctx, x.rows, out_);
+  if (fused_relu) {
+    FSDP_CHECK(!bias(), "Linear ", fqn(), ": fused_relu needs a Linear without bias");
+    d.set_label(op_label("fwd", "gemm+relu"));
+    d.gemm_relu(ctx.compute, false, true, x.rows, out_, in_, x.data, weight().value.data,
+                ctx.act_dtype, y.data, y.dtype);
+    saved_x_ = x;
+    saved_y_ = y;
+    return y;
+  }
   d.set_label(op_label("fwd", "gemm"));
   d.gemm(ctx.compute, false, true, x.rows, out_, in_, 1.0f, x.data, weight().value.data,
          ctx.act_dtype, 0.0f, y.data, y.dtype);
@@ -71,8 +80,16 @@ void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy) {
   }
 }
 
-Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy) {
+Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out) {
   Device& d = *ctx.device;
+  Tensor dy = dy_out;
+  if (fused_relu) {  // through the ReLU first: d(pre-activation) = dy where y > 0
+    dy = new_act(ctx, dy_out.rows, dy_out.cols);
+    d.set_label(op_label("bwd", "relu"));
+    d.activation_backward(ctx.compute, Activation::ReLU, saved_y_.data, dy_out.data, dy.data,
+                          dy.dtype, dy.numel());
+    saved_y_ = Tensor{};
+  }
   Tensor dx = new_act(ctx, dy.rows, in_);
   d.set_label(op_label("bwd", "gemm dX"));
   d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,

@@ -21,6 +21,9 @@ class Linear : public Module {
   Param* bias() const { return params().size() > 1 ? params()[1].get() : nullptr; }
   // Zero-bubble style: compute the weight grad later, in flush_deferred_grads().
   bool defer_weight_grad = false;
+  // y = relu(x W^T) with the ReLU in the GEMM's epilogue (Device::gemm_relu): one pass over
+  // the output instead of three. No bias.
+  bool fused_relu = false;
   void flush_deferred_grads(RunContext& ctx);
 
  protected:
@@ -31,6 +34,7 @@ class Linear : public Module {
   void weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy);
   int64_t in_, out_;
   Tensor saved_x_;
+  Tensor saved_y_;  // fused_relu: the output, whose sign is the ReLU's mask
   Tensor deferred_x_, deferred_dy_;
 };
 

@@ -14,11 +14,10 @@ Model::Model(const ModelConfig& c) : Module("Model"), config_(c) {
   for (int i = 0; i < c.layers; ++i) {
     const uint64_t seed = c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull;
     std::unique_ptr<Module> block;
-    if (c.kind == "mlp") {
-      auto seq = std::make_unique<Sequential>();
-      seq->append(std::make_unique<Linear>(c.dim, c.dim, false, seed));
-      seq->append(std::make_unique<Act>(Activation::ReLU));
-      block = std::move(seq);
+    if (c.kind == "mlp") {  // Linear(D, D, bias=False) + ReLU, the ReLU fused into the GEMM
+      auto linear = std::make_unique<Linear>(c.dim, c.dim, false, seed);
+      linear->fused_relu = true;
+      block = std::move(linear);
     } else {
       block = std::make_unique<MoeBlock>(c.dim, c.hidden ? c.hidden : c.dim, c.experts,
                                          c.grad_order, seed);

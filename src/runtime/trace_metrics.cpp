@@ -54,8 +54,10 @@ double intersection_length(const std::vector<Interval>& a, const std::vector<Int
   return sum;
 }
 
+// A step ends with the optimizer on the compute stream, or, when the optimizer runs inside
+// backward (on the RS stream), with the trainer's "step end" marker on compute.
 bool is_optimizer(const TimelineOp& op) {
-  return op.kind == OpKind::Optimizer || op.label == "optimizer";
+  return op.kind == OpKind::Optimizer || op.label == "optimizer" || op.label == kStepEndLabel;
 }
 
 // The compute stream's ops in the order they ran. Ops of one stream never overlap, so start

@@ -95,6 +95,9 @@ struct TimelineMetrics {
   std::vector<Stall> top_stalls;  // the longest compute-stream waits, longest first
 };
 
+// The label of the op the trainer puts on the compute stream at the end of every step.
+constexpr const char* kStepEndLabel = "step end";
+
 bool starts_with(std::string_view s, std::string_view prefix);
 // "AG X" / "RS X" collectives, not their copies or the RS accumulate.
 bool is_all_gather_collective(const TimelineOp& op);

@@ -153,6 +153,9 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       optimizer.step(compute);
       zero_sharded_grads(root);
     }
+    // Clears the loss for the next step; on a timeline it marks where this step ends.
+    device.set_label(kStepEndLabel);
+    device.fill(compute, loss, DType::F32, 1, 0.0f);
     device.synchronize();
     const double ms = now_ms() - t0;
     if (step >= config.warmup) {

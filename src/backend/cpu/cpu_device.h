@@ -61,6 +61,8 @@ class CpuDevice final : public Device {
                 float weight_decay) override;
   void gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t) override;
+  void gemm_relu(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                 const void* a, const void* b, DType ab_t, void* c, DType c_t) override;
   void activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
                           int64_t n) override;
   void activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx, DType t,

@@ -156,6 +156,18 @@ void CpuDevice::gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n,
           [=] { kernels::gemm(trans_a, trans_b, m, n, k, alpha, a, b, ab_t, beta, c, c_t); });
 }
 
+void CpuDevice::gemm_relu(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                          int64_t k, const void* a, const void* b, DType ab_t, void* c, DType c_t) {
+  FSDP_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm with negative dims ", m, "x", n, "x", k);
+  check_buffer(a, m * k, "A", "gemm_relu");
+  check_buffer(b, k * n, "B", "gemm_relu");
+  check_buffer(c, m * n, "C", "gemm_relu");
+  enqueue(s, OpKind::Kernel, [=] {
+    kernels::gemm(trans_a, trans_b, m, n, k, 1.0f, a, b, ab_t, 0.0f, c, c_t);
+    kernels::activation_forward(Activation::ReLU, c, c, c_t, m * n);
+  });
+}
+
 void CpuDevice::activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
                                    int64_t n) {
   check_buffer(x, n, "x", "activation_forward");

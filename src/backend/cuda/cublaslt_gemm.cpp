@@ -86,6 +86,7 @@ LtGemm::Plan LtGemm::make_plan(const Key& key) {
     const cublasOperation_t lt_trans_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, lt_trans_a);
     set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, lt_trans_b);
+    if (key.relu) set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU);
 
     // Layouts describe the matrices as stored (column-major view, before the transposes).
     const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
@@ -128,9 +129,9 @@ const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
 
 void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                  float alpha, const void* a, const void* b, DType ab_t, float beta, void* c,
-                 DType c_t) {
-  const Key key{
-      m, n, k, trans_a, trans_b, ab_t, c_t, alignment_of(a), alignment_of(b), alignment_of(c)};
+                 DType c_t, bool relu) {
+  const Key key{m,       n,      k,   trans_a,         trans_b,         ab_t,
+                c_t,     alignment_of(a), alignment_of(b), alignment_of(c), relu};
   const Plan& plan = plan_for(key);
   void* workspace = workspace_for(stream);
   FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, b, plan.lt_a, a, plan.lt_b, &beta, c,

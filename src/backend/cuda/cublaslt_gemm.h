@@ -34,7 +34,8 @@ class LtGemm {
 
   // Device::gemm's contract (include/fsdp/device.h); m, n, k > 0.
   void run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-           float alpha, const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t);
+           float alpha, const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t,
+           bool relu = false);  // relu: the CUBLASLT_EPILOGUE_RELU epilogue
 
   size_t cached_plans() const { return plans_.size(); }
 
@@ -44,6 +45,7 @@ class LtGemm {
     bool trans_a, trans_b;
     DType ab_t, c_t;
     uint16_t align_a, align_b, align_c;  // bytes, power of two up to 256
+    bool relu;
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {

@@ -194,6 +194,14 @@ void CudaDevice::gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n
   gemm_->run(op.stream(), trans_a, trans_b, m, n, k, alpha, a, b, ab_t, beta, c, c_t);
 }
 
+void CudaDevice::gemm_relu(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                           const void* a, const void* b, DType ab_t, void* c, DType c_t) {
+  OpScope op(*this, s, OpKind::Kernel);
+  FSDP_CHECK(m > 0 && n > 0 && k > 0, "gemm_relu shape ", m, "x", n, "x", k);
+  gemm_->run(op.stream(), trans_a, trans_b, m, n, k, 1.0f, a, b, ab_t, 0.0f, c, c_t,
+             /*relu=*/true);
+}
+
 void CudaDevice::activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
                                     int64_t n) {
   OpScope op(*this, s, OpKind::Kernel);
