@@ -19,7 +19,7 @@ size_t rounded_size(size_t bytes) {
 }  // namespace
 
 CheckedAllocator::~CheckedAllocator() {
-  for (auto& [ptr, live] : live_) std::free(ptr);
+  for (void* ptr : ledger_.live_pointers()) std::free(ptr);
   for (auto& q : quarantine_) std::free(q.ptr);
 }
 
@@ -30,30 +30,12 @@ void* CheckedAllocator::allocate(size_t bytes, MemTag tag) {
   FSDP_CHECK(ptr != nullptr, "out of host memory allocating ", bytes, " bytes (tag ",
              mem_tag_name(tag), ")");
   if (checked_) std::memset(ptr, kPoisonByte, bytes);
-  const auto signed_bytes = static_cast<int64_t>(bytes);
-  std::lock_guard<std::mutex> lock(mutex_);
-  live_.emplace(ptr, Live{bytes, tag});
-  stats_.current_bytes += signed_bytes;
-  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
-  stats_.tag_bytes[t] += signed_bytes;
-  stats_.tag_peak_bytes[t] = std::max(stats_.tag_peak_bytes[t], stats_.tag_bytes[t]);
-  stats_.tag_live[t] += 1;
-  stats_.tag_peak_live[t] = std::max(stats_.tag_peak_live[t], stats_.tag_live[t]);
+  ledger_.add(ptr, bytes, tag);
   return ptr;
 }
 
 size_t CheckedAllocator::forget(void* ptr) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = live_.find(ptr);
-  FSDP_CHECK(it != live_.end(), "free of ", ptr,
-             ", which is not a live allocation of this device (double free, or foreign memory)");
-  const Live live = it->second;
-  live_.erase(it);
-  const int t = static_cast<int>(live.tag);
-  stats_.current_bytes -= static_cast<int64_t>(live.bytes);
-  stats_.tag_bytes[t] -= static_cast<int64_t>(live.bytes);
-  stats_.tag_live[t] -= 1;
-  return live.bytes;
+  return ledger_.remove(ptr, "this device").bytes;
 }
 
 void CheckedAllocator::release(void* ptr, size_t bytes) {
@@ -76,23 +58,10 @@ void CheckedAllocator::release(void* ptr, size_t bytes) {
   for (auto& q : expired) std::free(q.ptr);
 }
 
-MemStats CheckedAllocator::stats() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_;
-}
+MemStats CheckedAllocator::stats() const { return ledger_.stats(); }
 
-void CheckedAllocator::reset_peak() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  stats_.peak_bytes = stats_.current_bytes;
-  for (int t = 0; t < kMemTagCount; ++t) {
-    stats_.tag_peak_bytes[t] = stats_.tag_bytes[t];
-    stats_.tag_peak_live[t] = stats_.tag_live[t];
-  }
-}
+void CheckedAllocator::reset_peak() { ledger_.reset_peak(); }
 
-int64_t CheckedAllocator::current_bytes() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return stats_.current_bytes;
-}
+int64_t CheckedAllocator::current_bytes() const { return ledger_.current_bytes(); }
 
 }  // namespace fsdp::cpu

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/allocation_ledger.h"
 #include "fsdp/device.h"
 
 namespace fsdp::cpu {
@@ -40,10 +41,6 @@ class CheckedAllocator {
   int64_t current_bytes() const;
 
  private:
-  struct Live {
-    size_t bytes;
-    MemTag tag;
-  };
   struct Quarantined {
     void* ptr;
     size_t bytes;
@@ -51,8 +48,7 @@ class CheckedAllocator {
 
   const bool checked_;
   mutable std::mutex mutex_;
-  std::unordered_map<void*, Live> live_;
-  MemStats stats_;
+  core::AllocationLedger ledger_;
   std::deque<Quarantined> quarantine_;
   size_t quarantine_bytes_ = 0;
 };

@@ -172,20 +172,7 @@ void* CudaDevice::alloc(size_t bytes, Stream s, MemTag tag) {
               " with ", stats.current_bytes, " bytes live (pool holds ", pool_used_bytes(), ")");
   }
   FSDP_CUDA_CHECK(status);
-  int64_t current = 0;
-  {
-    std::lock_guard<std::mutex> lock(memory_mutex_);
-    allocations_.emplace(ptr, Allocation{bytes, tag});
-    const int t = static_cast<int>(tag);
-    const auto n = static_cast<int64_t>(bytes);
-    stats_.current_bytes += n;
-    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.current_bytes);
-    stats_.tag_bytes[t] += n;
-    stats_.tag_peak_bytes[t] = std::max(stats_.tag_peak_bytes[t], stats_.tag_bytes[t]);
-    stats_.tag_live[t] += 1;
-    stats_.tag_peak_live[t] = std::max(stats_.tag_peak_live[t], stats_.tag_live[t]);
-    current = stats_.current_bytes;
-  }
+  const int64_t current = ledger_.add(ptr, bytes, tag);
   if (timeline_.enabled()) [[unlikely]]
     timeline_.record_memory(now_us(), current);
   return ptr;
@@ -195,39 +182,17 @@ void CudaDevice::free(void* ptr, Stream s) {
   if (!ptr) return;
   make_current();
   const cudaStream_t stream = native(s);
-  int64_t current = 0;
-  {
-    std::lock_guard<std::mutex> lock(memory_mutex_);
-    auto it = allocations_.find(ptr);
-    FSDP_CHECK(it != allocations_.end(), "free of ", ptr, " which ", name(),
-               " did not allocate (or already freed)");
-    const int t = static_cast<int>(it->second.tag);
-    const auto n = static_cast<int64_t>(it->second.bytes);
-    stats_.current_bytes -= n;
-    stats_.tag_bytes[t] -= n;
-    stats_.tag_live[t] -= 1;
-    current = stats_.current_bytes;
-    allocations_.erase(it);
-  }
+  ledger_.remove(ptr, name());
+  const int64_t current = ledger_.current_bytes();
   FSDP_CUDA_CHECK(cudaFreeAsync(ptr, stream));
   if (timeline_.enabled()) [[unlikely]]
     timeline_.record_memory(now_us(), current);
 }
 
-MemStats CudaDevice::memory_stats() const {
-  std::lock_guard<std::mutex> lock(memory_mutex_);
-  return stats_;
-}
+MemStats CudaDevice::memory_stats() const { return ledger_.stats(); }
 
 void CudaDevice::reset_peak_memory() {
-  {
-    std::lock_guard<std::mutex> lock(memory_mutex_);
-    stats_.peak_bytes = stats_.current_bytes;
-    for (int t = 0; t < kMemTagCount; ++t) {
-      stats_.tag_peak_bytes[t] = stats_.tag_bytes[t];
-      stats_.tag_peak_live[t] = stats_.tag_live[t];
-    }
-  }
+  ledger_.reset_peak();
   make_current();
   uint64_t zero = 0;  // the only value CUDA accepts: resets the high-water mark to current
   FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero));

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cuda/cublaslt_gemm.h"
+#include "core/allocation_ledger.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_timeline.h"
 #include "backend/cuda/staging_ring.h"
@@ -133,10 +134,6 @@ class CudaDevice final : public Device {
     cudaStream_t native = nullptr;
     std::string name;
   };
-  struct Allocation {
-    size_t bytes = 0;
-    MemTag tag = MemTag::Other;
-  };
   cudaEvent_t native_event(Event e) const;
   // Runs launch(device_descs): nullptr when the descriptors fit in the kernel parameters,
   // else a device copy staged on `stream` for the launch.
@@ -152,9 +149,7 @@ class CudaDevice final : public Device {
   // event is a no-op and, as on the CPU backend, no Wait on the timeline.
   std::vector<uint8_t> event_recorded_;
 
-  mutable std::mutex memory_mutex_;
-  std::unordered_map<void*, Allocation> allocations_;
-  MemStats stats_;
+  core::AllocationLedger ledger_;
 
   std::unique_ptr<LtGemm> gemm_;
   std::unique_ptr<StagingRing> staging_;

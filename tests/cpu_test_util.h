@@ -1,0 +1,36 @@
+// Helpers shared by the CPU backend tests (test_cpu_backend.cpp, test_cpu_kernels.cpp):
+// moving values between host vectors and device buffers in either dtype.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "fsdp/dtype.h"
+
+namespace fsdp::cpu::cpu_test {
+
+using Floats = std::vector<float>;
+
+inline float round_to(DType t, float v) {
+  return t == DType::F32 ? v : bf16_to_float(float_to_bf16(v));
+}
+
+inline void* upload(Device& d, Stream s, const Floats& v, DType t, MemTag tag = MemTag::Other) {
+  std::vector<char> host(v.size() * dtype_size(t));
+  for (size_t i = 0; i < v.size(); ++i) store_from_float(host.data(), t, i, v[i]);
+  void* p = d.alloc(host.size(), s, tag);
+  d.copy_from_host(s, p, host.data(), host.size());
+  return p;
+}
+
+inline Floats download(Device& d, Stream s, const void* p, int64_t n, DType t) {
+  std::vector<char> host(static_cast<size_t>(n) * dtype_size(t));
+  d.copy_to_host(s, host.data(), p, host.size());
+  d.synchronize_stream(s);
+  Floats out(static_cast<size_t>(n));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_float(host.data(), t, i);
+  return out;
+}
+
+}  // namespace fsdp::cpu::cpu_test
