@@ -254,50 +254,23 @@ void CpuComm::launch(Stream s, const CollectiveCall& call) {
 }
 
 void CpuComm::do_all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) {
-  CollectiveCall call;
-  call.op = CollectiveOp::AllGather;
-  call.count = count;
-  call.dtype = t;
-  call.send = send;
-  call.recv = recv;
-  launch(s, call);
+  launch(s, {CollectiveOp::AllGather, count, t, ReduceOp::Sum, 0, send, recv});
 }
 
 void CpuComm::do_reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
                                 Stream s) {
-  CollectiveCall call;
-  call.op = CollectiveOp::ReduceScatter;
-  call.count = count;
-  call.dtype = t;
-  call.reduce = op;
-  call.send = send;
-  call.recv = recv;
-  launch(s, call);
+  launch(s, {CollectiveOp::ReduceScatter, count, t, op, 0, send, recv});
 }
 
 void CpuComm::do_all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
                             Stream s) {
   FSDP_CHECK(count >= 0, "all_reduce count ", count);
-  CollectiveCall call;
-  call.op = CollectiveOp::AllReduce;
-  call.count = count;
-  call.dtype = t;
-  call.reduce = op;
-  call.send = send;
-  call.recv = recv;
-  launch(s, call);
+  launch(s, {CollectiveOp::AllReduce, count, t, op, 0, send, recv});
 }
 
 void CpuComm::do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) {
   FSDP_CHECK(count >= 0, "broadcast count ", count);
-  CollectiveCall call;
-  call.op = CollectiveOp::Broadcast;
-  call.count = count;
-  call.dtype = t;
-  call.root = root;
-  call.send = buf;
-  call.recv = buf;
-  launch(s, call);
+  launch(s, {CollectiveOp::Broadcast, count, t, ReduceOp::Sum, root, buf, buf});
 }
 
 std::unique_ptr<Comm> CpuComm::do_split(int color, int key, const std::string& name) {
