@@ -20,7 +20,10 @@
 namespace fsdp::cpu {
 namespace {
 
-using namespace cpu_test;
+using cpu_test::download;
+using cpu_test::Floats;
+using cpu_test::round_to;
+using cpu_test::upload;
 
 // Runs fn(rank) on one thread per rank; a failing rank aborts the world so that the others
 // end too, and its exception is rethrown here.

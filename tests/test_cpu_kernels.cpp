@@ -16,7 +16,10 @@
 namespace fsdp::cpu {
 namespace {
 
-using namespace cpu_test;
+using cpu_test::download;
+using cpu_test::Floats;
+using cpu_test::round_to;
+using cpu_test::upload;
 
 // ---- kernels, against straightforward references
 

@@ -82,7 +82,7 @@ class CudaBackendTest : public ::testing::Test {
 
 // |got - want| <= rel |want| + abs for every element; reports the first few misses.
 inline void expect_close(const std::vector<float>& got, const std::vector<double>& want, double rel,
-                  double abs, const std::string& what) {
+                         double abs, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   int misses = 0;
   for (size_t i = 0; i < got.size(); ++i) {

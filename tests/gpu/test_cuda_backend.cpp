@@ -17,7 +17,8 @@
 namespace fsdp {
 namespace {
 
-using namespace cuda_test;
+using cuda_test::CudaBackendTest;
+using cuda_test::kNaN;
 
 TEST_F(CudaBackendTest, CopyFromHostDoesNotNeedTheHostBufferAfterReturn) {
   for (size_t n : {size_t{1000}, size_t{1} << 20}) {  // staged, and the large (synced) path

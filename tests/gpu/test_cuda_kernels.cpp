@@ -19,7 +19,11 @@
 namespace fsdp {
 namespace {
 
-using namespace cuda_test;
+using cuda_test::CudaBackendTest;
+using cuda_test::expect_close;
+using cuda_test::kTypes;
+using cuda_test::round_to;
+using cuda_test::to_double;
 
 TEST_F(CudaBackendTest, GemmMatchesHostForEveryTransposeAndType) {
   const int64_t m = 37, n = 61, k = 83;
