@@ -66,3 +66,31 @@ TEST(Overlap, SharedCommunicatorNeverOverlapsRsAndAg) {
 
 }  // namespace
 }  // namespace fsdp::testing
+
+namespace fsdp::testing {
+namespace {
+
+// The data needs no gradient, so the first block's backward issues no dX GEMM.
+TEST(Schedule, FirstBlockSkipsTheInputGradient) {
+  runtime::TrainConfig c;
+  c.model.kind = "mlp";
+  c.model.layers = 3;
+  c.model.dim = 16;
+  c.tokens = 4;
+  c.steps = 2;
+  c.warmup = 1;
+  c.timeline = true;
+  const auto ranks = run_fsdp(2, c);
+  const Timeline& t = ranks[0].timeline;
+  auto count = [&](const std::string& label) {
+    int n = 0;
+    for (const TimelineOp& op : t.ops) n += op.label == label && op.kind != OpKind::Wait;
+    return n;
+  };
+  EXPECT_EQ(count("bwd layers.0 gemm dX"), 0);
+  EXPECT_EQ(count("bwd layers.1 gemm dX"), 1);
+  EXPECT_EQ(count("bwd layers.0 gemm dW"), 1);
+}
+
+}  // namespace
+}  // namespace fsdp::testing

@@ -75,7 +75,9 @@ class Module {
   Module& operator=(const Module&) = delete;
 
   Tensor forward(RunContext& ctx, const Tensor& x);
-  Tensor backward(RunContext& ctx, const Tensor& dy);
+  // input_grad false: the caller will not use d(loss)/d(input) (the model's first block), so
+  // the module may skip computing it and return an undefined Tensor.
+  Tensor backward(RunContext& ctx, const Tensor& dy, bool input_grad = true);
 
   const std::string& type() const { return type_; }
   // Fully qualified name from the root: "" for the root, "layers.3", "layers.3.experts.1".
@@ -95,7 +97,7 @@ class Module {
 
  protected:
   virtual Tensor forward_impl(RunContext& ctx, const Tensor& x) = 0;
-  virtual Tensor backward_impl(RunContext& ctx, const Tensor& dy) = 0;
+  virtual Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) = 0;
 
   Param& add_param(std::string name, std::vector<int64_t> shape, std::vector<float> init);
   template <typename M>

@@ -80,7 +80,7 @@ void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy) {
   }
 }
 
-Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out) {
+Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out, bool input_grad) {
   Device& d = *ctx.device;
   Tensor dy = dy_out;
   if (fused_relu) {  // through the ReLU first: d(pre-activation) = dy where y > 0
@@ -90,10 +90,13 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out) {
                           dy.dtype, dy.numel());
     saved_y_ = Tensor{};
   }
-  Tensor dx = new_act(ctx, dy.rows, in_);
-  d.set_label(op_label("bwd", "gemm dX"));
-  d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,
-         ctx.act_dtype, 0.0f, dx.data, dx.dtype);
+  Tensor dx;
+  if (input_grad) {  // the first block's dX would be a whole GEMM for nothing
+    dx = new_act(ctx, dy.rows, in_);
+    d.set_label(op_label("bwd", "gemm dX"));
+    d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,
+           ctx.act_dtype, 0.0f, dx.data, dx.dtype);
+  }
   if (defer_weight_grad) {
     deferred_x_ = std::move(saved_x_);
     deferred_dy_ = dy;
@@ -122,7 +125,7 @@ Tensor Act::forward_impl(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-Tensor Act::backward_impl(RunContext& ctx, const Tensor& dy) {
+Tensor Act::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Tensor dx = new_act(ctx, dy.rows, dy.cols);
   ctx.device->set_label(op_label("bwd", type().c_str()));
   ctx.device->activation_backward(ctx.compute, f_, saved_x_.data, dy.data, dx.data, dy.dtype,
@@ -138,9 +141,10 @@ Tensor Sequential::forward_impl(RunContext& ctx, const Tensor& x) {
   return h;
 }
 
-Tensor Sequential::backward_impl(RunContext& ctx, const Tensor& dy) {
+Tensor Sequential::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) {
   Tensor g = dy;
-  for (auto it = children().rbegin(); it != children().rend(); ++it) g = (*it)->backward(ctx, g);
+  for (auto it = children().rbegin(); it != children().rend(); ++it)
+    g = (*it)->backward(ctx, g, input_grad || std::next(it) != children().rend());
   return g;
 }
 
@@ -161,7 +165,7 @@ Tensor ResidualMlp::forward_impl(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-Tensor ResidualMlp::backward_impl(RunContext& ctx, const Tensor& dy) {
+Tensor ResidualMlp::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Tensor g = dy;
   for (auto it = children().rbegin(); it != children().rend(); ++it) g = (*it)->backward(ctx, g);
   Tensor dx = new_act(ctx, dy.rows, dy.cols);

@@ -28,7 +28,7 @@ class Linear : public Module {
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-  Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
   void weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy);
@@ -44,7 +44,7 @@ class Act : public Module {
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-  Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
   Activation f_;
@@ -61,7 +61,7 @@ class Sequential : public Module {
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-  Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 };
 
 // y = x + fc2(act(fc1(x)))
@@ -71,7 +71,7 @@ class ResidualMlp : public Module {
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-  Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 };
 
 // The order in which the MoE block hands its param groups' grads to FSDP.
@@ -88,7 +88,7 @@ class MoeBlock : public Module {
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-  Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
   int experts_;

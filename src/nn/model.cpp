@@ -41,10 +41,12 @@ Tensor Model::forward_impl(RunContext& ctx, const Tensor& x) {
   return h;
 }
 
-Tensor Model::backward_impl(RunContext& ctx, const Tensor& dy) {
+Tensor Model::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) {
   Tensor g = dy;
   if (head_) g = head_->backward(ctx, g);
-  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) g = (*it)->backward(ctx, g);
+  // The first block computes d(loss)/d(input) only if the caller wants it.
+  for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it)
+    g = (*it)->backward(ctx, g, input_grad || std::next(it) != blocks_.rend());
   // Weight grads that blocks deferred (MoeGradOrder::ExpertsDeferred) are computed last.
   visit([&](Module& m) {
     if (auto* lin = dynamic_cast<Linear*>(&m)) lin->flush_deferred_grads(ctx);

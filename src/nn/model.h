@@ -33,7 +33,7 @@ class Model : public Module {
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
-  Tensor backward_impl(RunContext& ctx, const Tensor& dy) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
   ModelConfig config_;

@@ -33,9 +33,9 @@ Tensor Module::forward(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-Tensor Module::backward(RunContext& ctx, const Tensor& dy) {
+Tensor Module::backward(RunContext& ctx, const Tensor& dy, bool input_grad) {
   if (hooks) hooks->pre_backward(ctx);
-  Tensor dx = backward_impl(ctx, dy);
+  Tensor dx = backward_impl(ctx, dy, input_grad);
   if (hooks) hooks->post_backward(ctx);
   return dx;
 }

@@ -54,7 +54,7 @@ Tensor MoeBlock::forward_impl(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-Tensor MoeBlock::backward_impl(RunContext& ctx, const Tensor& dy) {
+Tensor MoeBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Device& d = *ctx.device;
   const int64_t rows = dy.rows, cols = dy.cols;
   Tensor dx = empty_tensor(d, ctx.compute, ctx.act_dtype, rows, cols, MemTag::Activation);

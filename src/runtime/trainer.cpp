@@ -135,7 +135,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
       y = Tensor{};
       const double h1 = device.now_us();
-      model.backward(ctx, dy);
+      model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient
       host_us += device.now_us() - h1;
       if (step == 0 && mb == 0) {
         result.all_gathers_forward_first_step = ag1 - ag0;
@@ -219,7 +219,7 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
       // Each rank's loss is a mean over its own rows, and FSDP averages the ranks: the same
       // as the mean over all rows.
-      model.backward(ctx, dy);
+      model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient
       float value = 0;
       device.copy_to_host(compute, &value, loss, sizeof(float));
       device.synchronize_stream(compute);
