@@ -59,6 +59,7 @@ TEST(ParityOptions, SgdReshardOffSeparateGroupAndMicroBatches) {
   c.separate_rs_group = true;
   c.rs_max_input_buffers = 2;
   c.micro_batches = 2;  // no-sync accumulation on the first micro-batch
+  c.prefetch_next_step = true;
   const auto ref = run_reference(c, 3);
   const auto results = run_fsdp(3, c);
   EXPECT_LE(relative_error(results[0].params, ref.params), 1e-6);
@@ -71,6 +72,7 @@ TEST(ParityOptions, OptimizerInBackwardMatchesTheStepAfterBackward) {
       c.optimizer.kind = opt;
       const auto ref = run_reference(c, 3);
       c.optimizer_in_backward = true;
+      c.prefetch_next_step = true;  // the next step's first all-gather follows the optimizer
       c.rs_max_input_buffers = 2;
       const auto results = run_fsdp(3, c);
       EXPECT_LE(relative_error(results[0].params, ref.params), 1e-6) << kind << " " << opt;

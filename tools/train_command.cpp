@@ -40,6 +40,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--lr", o.lr, "learning rate");
   app.add_option("--optimizer-in-backward", o.config.optimizer_in_backward,
                  "0 | 1: step each group's shard right after its reduce-scatter");
+  app.add_option("--prefetch-next-step", o.config.prefetch_next_step,
+                 "0 | 1: start the next step's first all-gather before the step ends");
   app.add_option("--chaos", o.chaos_seed, "CPU backend: inject random delays with this seed");
   app.add_option("--json", o.json_path, "write a summary object to this file");
   app.add_option("--trace", o.trace_path, "write a Chrome trace of the timed steps");
@@ -125,6 +127,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c, con
           {"param_dtype", dtype_name(c.param_dtype)},
           {"reshard_after_forward", c.reshard_after_forward},
           {"optimizer_in_backward", c.optimizer_in_backward},
+          {"prefetch_next_step", c.prefetch_next_step},
           {"step_ms_median", s.step_ms_median},
           {"tokens_per_s", s.tokens_per_s},
           {"tflops_per_gpu", s.tflops_per_gpu},

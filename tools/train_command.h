@@ -12,7 +12,10 @@ namespace fsdp::tools {
 
 struct TrainOptions {
   // The command's default is the fastest schedule: the optimizer inside backward.
-  TrainOptions() { config.optimizer_in_backward = true; }
+  TrainOptions() {
+    config.optimizer_in_backward = true;
+    config.prefetch_next_step = true;
+  }
   std::string backend = "auto";
   int world_size = 2;
   int nproc = 0;  // 0: every visible GPU

@@ -99,7 +99,11 @@ class FsdpModule {
   void set_modules_to_forward_prefetch(const std::vector<FsdpModule*>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FsdpModule*>& modules);
   // Explicit unshard/reshard (not recursive), as FSDP2's FSDPModule.unshard()/reshard().
-  void unshard();
+  // The all-gather follows all work issued so far on the compute stream. With async_op the
+  // compute stream does not wait for it here (the module's pre-forward does): a training loop
+  // prefetches the first unit of the next step this way, so its all-gather runs while the
+  // host is between steps.
+  void unshard(bool async_op = false);
   void reshard();
 
   // ---- observability, mostly for tests

@@ -99,11 +99,16 @@ void FsdpModule::set_modules_to_backward_prefetch(const std::vector<FsdpModule*>
   state_->backward_prefetch_set = true;
 }
 
-void FsdpModule::unshard() {
+void FsdpModule::unshard(bool async_op) {
   FsdpState& s = *state_;
-  s.comm_context();  // raises a clear error before the first forward
+  core::CommContext& ctx = s.comm_context();  // raises a clear error before the first forward
+  // Like the root's pre-forward: the shards may have just been written by the optimizer.
+  const Event issued = ctx.events.acquire();
+  ctx.device.record_event(issued, s.compute);
+  ctx.device.wait_event(ctx.all_gather_stream, issued);
+  ctx.events.release(issued);
   s.unshard("explicit");
-  s.wait_for_unshard(s.compute);
+  if (!async_op) s.wait_for_unshard(s.compute);
 }
 void FsdpModule::reshard() { state_->reshard(state_->compute, "explicit"); }
 

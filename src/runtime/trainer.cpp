@@ -156,7 +156,13 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     // Clears the loss for the next step; on a timeline it marks where this step ends.
     device.set_label(kStepEndLabel);
     device.fill(compute, loss, DType::F32, 1, 0.0f);
-    device.synchronize();
+    if (config.prefetch_next_step && step + 1 < config.steps) {
+      fsdp_module_of(*model.blocks().front())->unshard(/*async_op=*/true);
+      // Compute has joined the RS stream (finalize); the all-gather runs on past the step.
+      device.synchronize_stream(compute);
+    } else {
+      device.synchronize();
+    }
     const double ms = now_ms() - t0;
     if (step >= config.warmup) {
       host_us_total += host_us;

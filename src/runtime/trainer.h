@@ -30,6 +30,9 @@ struct TrainConfig {
   // Each group's optimizer step runs right after its reduce-scatter (Note [Optimizer in
   // backward]); off: one multi-tensor step after backward, with persistent grad shards.
   bool optimizer_in_backward = false;
+  // Between steps, start the first unit's all-gather for the next step (FsdpModule::unshard
+  // with async_op) so it runs while the host finishes the step.
+  bool prefetch_next_step = false;
   bool timeline = false;
   bool collect_params = false;      // gather full fp32 params after the last step
   RsReclaimPolicy rs_policy = RsReclaimPolicy::BoundedRing;
