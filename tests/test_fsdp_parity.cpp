@@ -13,7 +13,7 @@ runtime::TrainConfig parity_config(const std::string& kind) {
   c.model.dim = 17;       // odd: 17 rows never divide evenly, so padding is exercised
   c.model.hidden = 257;   // expert weights are 257x17 and 17x257
   c.model.experts = 3;
-  c.model.classes = kind == "moe" ? 5 : 0;
+  c.model.classes = kind == "mlp" ? 0 : 5;
   c.tokens = 6;
   c.steps = 4;
   c.collect_params = true;
@@ -47,7 +47,9 @@ INSTANTIATE_TEST_SUITE_P(Worlds, Parity,
                                            ParityCase{"mlp", 3}, ParityCase{"mlp", 4},
                                            ParityCase{"mlp", 8}, ParityCase{"moe", 1},
                                            ParityCase{"moe", 2}, ParityCase{"moe", 3},
-                                           ParityCase{"moe", 4}, ParityCase{"moe", 8}),
+                                           ParityCase{"moe", 4}, ParityCase{"moe", 8},
+                                           ParityCase{"resmlp", 1}, ParityCase{"resmlp", 3},
+                                           ParityCase{"resmlp", 8}),
                          [](const auto& info) {
                            return info.param.kind + "_world" + std::to_string(info.param.world);
                          });

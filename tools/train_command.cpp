@@ -21,7 +21,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--world-size", o.world_size, "ranks (CPU backend: threads)");
   app.add_option("--nproc", o.nproc, "processes, one per GPU (CUDA backend; default: all GPUs)");
-  app.add_option("--model", o.config.model.kind, "mlp | moe")->check(CLI::IsMember({"mlp", "moe"}));
+  app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe")
+      ->check(CLI::IsMember({"mlp", "resmlp", "moe"}));
   app.add_option("--layers", o.config.model.layers, "blocks");
   app.add_option("--dim", o.config.model.dim, "model width");
   app.add_option("--hidden", o.config.model.hidden, "expert hidden size (default: dim)");
@@ -66,7 +67,7 @@ void validate(TrainOptions& o) {
   FSDP_CHECK(o.config.tokens >= 1, "--tokens must be >= 1, got ", o.config.tokens);
   o.config.param_dtype = parse_dtype(o.param_dtype);
   if (o.lr > 0) o.config.optimizer.adamw.lr = o.config.optimizer.sgd_lr = static_cast<float>(o.lr);
-  if (o.config.model.kind == "moe" && o.config.model.classes == 0) o.config.model.classes = 16;
+  if (o.config.model.kind != "mlp" && o.config.model.classes == 0) o.config.model.classes = 16;
   o.config.timeline = !o.trace_path.empty();
 }
 

@@ -11,7 +11,8 @@
 namespace fsdp::nn {
 
 struct ModelConfig {
-  std::string kind = "mlp";  // mlp: L x (Linear(D,D) + ReLU); moe: L x MoeBlock + head
+  // mlp: L x (Linear(D,D) + ReLU); resmlp: L x ResidualMlp(GELU) + head; moe: L x MoeBlock + head
+  std::string kind = "mlp";
   int layers = 4;
   int64_t dim = 64;
   int64_t hidden = 0;   // expert hidden size (0: dim)
