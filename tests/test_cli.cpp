@@ -9,22 +9,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "command_util.h"
+
 namespace {
 
-struct CommandResult {
-  int code;
-  std::string output;
-};
-
-CommandResult run_fsdp_command(const std::string& args) {
-  const std::string cmd = std::string(FSDP_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using fsdp::testing::CommandResult;
+using fsdp::testing::run_fsdp_command;
 
 TEST(Cli, MoeOnFourRanksBoundsTheRingAndLearns) {
   const std::string json = ::testing::TempDir() + "cli_summary.json";

@@ -15,6 +15,7 @@
 
 #include "fsdp/error.h"
 #include "runtime/trace_metrics.h"
+#include "command_util.h"
 #include "test_util.h"
 
 #include "tools/report_command.h"
@@ -334,13 +335,8 @@ TEST(TraceReport, TableNamesEveryMetricAndTheStallsCauses) {
 // ---- the command and the real trainer
 
 std::pair<int, std::string> run_command(const std::string& args) {
-  const std::string cmd = std::string(FSDP_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  const testing::CommandResult r = testing::run_fsdp_command(args);
+  return {r.code, r.output};
 }
 
 TEST(TraceReport, CommandPrintsTheTableAndWritesTheSvg) {
