@@ -32,6 +32,28 @@ bool shard_geometry_packs(const ShardSlice& slice, int64_t shard_numel) {
   return slice.rows_per_rank * slice.cols % 8 == 0 && slice.offset % 8 == 0 && shard_numel % 8 == 0;
 }
 
+// The descriptor of one parameter for the fused copy kernels. `unsharded` is the param (AG
+// copy-out: written) or its grad (RS copy-in: read, of type `unsharded_t`); `flat` is the
+// [world][shard_numel] buffer. The copy-in also covers the padding rows (written as zeros).
+kernels::ShardCopyDesc describe_slice(const ShardSlice& slice, int index, int world,
+                                      int64_t shard_numel, const void* unsharded,
+                                      DType unsharded_t, const void* flat, bool copy_in) {
+  check_slice(slice, index, world, shard_numel);
+  kernels::ShardCopyDesc d;
+  if (copy_in)
+    d.unsharded_src = unsharded;
+  else
+    d.unsharded_dst = const_cast<void*>(unsharded);
+  d.src_type = unsharded_t;
+  d.chunk_numel = slice.rows_per_rank * slice.cols;
+  d.valid_numel = slice.rows * slice.cols;
+  d.work_numel = copy_in ? world * d.chunk_numel : d.valid_numel;
+  d.offset = slice.offset;
+  d.vectorized =
+      shard_geometry_packs(slice, shard_numel) && pack_aligned(flat) && pack_aligned(unsharded);
+  return d;
+}
+
 }  // namespace
 
 template <typename Desc, typename Launch>
@@ -74,20 +96,9 @@ void CudaDevice::all_gather_copy_out(Stream s, const void* gathered, DType t, in
   OpScope op(*this, s, OpKind::Copy);
   FSDP_CHECK(world >= 1 && count >= 0 && shard_numel >= 0, "world ", world, " count ", count,
              " shard_numel ", shard_numel);
-  shard_descs_.assign(count, kernels::ShardCopyDesc{});
-  for (int i = 0; i < count; ++i) {
-    const ShardSlice& slice = slices[i];
-    check_slice(slice, i, world, shard_numel);
-    kernels::ShardCopyDesc& d = shard_descs_[i];
-    d.unsharded_dst = dsts[i];
-    d.work_numel = slice.rows * slice.cols;
-    d.valid_numel = d.work_numel;
-    d.chunk_numel = slice.rows_per_rank * slice.cols;
-    d.offset = slice.offset;
-    d.src_type = t;
-    d.vectorized =
-        shard_geometry_packs(slice, shard_numel) && pack_aligned(gathered) && pack_aligned(dsts[i]);
-  }
+  shard_descs_.resize(count);
+  for (int i = 0; i < count; ++i)
+    shard_descs_[i] = describe_slice(slices[i], i, world, shard_numel, dsts[i], t, gathered, false);
   const int64_t tiles = kernels::assign_tiles(shard_descs_.data(), count);
   with_device_descs(op.stream(), shard_descs_, [&](const kernels::ShardCopyDesc* device_descs) {
     kernels::all_gather_copy_out(op.stream(), gathered, t, shard_numel, shard_descs_.data(),
@@ -102,20 +113,10 @@ void CudaDevice::reduce_scatter_copy_in(Stream s, void* rs_in, DType rs_t, int64
   OpScope op(*this, s, OpKind::Copy);
   FSDP_CHECK(world >= 1 && count >= 0 && shard_numel >= 0, "world ", world, " count ", count,
              " shard_numel ", shard_numel);
-  shard_descs_.assign(count, kernels::ShardCopyDesc{});
-  for (int i = 0; i < count; ++i) {
-    const ShardSlice& slice = slices[i];
-    check_slice(slice, i, world, shard_numel);
-    kernels::ShardCopyDesc& d = shard_descs_[i];
-    d.unsharded_src = srcs[i];
-    d.src_type = src_types[i];
-    d.chunk_numel = slice.rows_per_rank * slice.cols;
-    d.work_numel = world * d.chunk_numel;  // padding rows included: they are written as zeros
-    d.valid_numel = slice.rows * slice.cols;
-    d.offset = slice.offset;
-    d.vectorized =
-        shard_geometry_packs(slice, shard_numel) && pack_aligned(rs_in) && pack_aligned(srcs[i]);
-  }
+  shard_descs_.resize(count);
+  for (int i = 0; i < count; ++i)
+    shard_descs_[i] =
+        describe_slice(slices[i], i, world, shard_numel, srcs[i], src_types[i], rs_in, true);
   const int64_t tiles = kernels::assign_tiles(shard_descs_.data(), count);
   with_device_descs(op.stream(), shard_descs_, [&](const kernels::ShardCopyDesc* device_descs) {
     kernels::reduce_scatter_copy_in(op.stream(), rs_in, rs_t, shard_numel, shard_descs_.data(),
