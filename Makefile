@@ -30,6 +30,10 @@ run: build
 	  --json $(BUILD)/run.json
 
 test: build
+	@if [ -x $(BUILD)/fsdp_gpu_tests ]; then \
+	  $(BUILD)/fsdp_gpu_tests --gtest_list_tests >/dev/null 2>&1; \
+	  if [ $$? -eq 77 ]; then echo "GPU tests SKIPPED: no CUDA GPU on this machine (scripts/gpu_check.sh runs them on one)"; fi; \
+	fi
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
 
 format:
