@@ -148,6 +148,29 @@ Tensor Sequential::backward_impl(RunContext& ctx, const Tensor& dy, bool input_g
   return g;
 }
 
+// ---- SpinBlock
+SpinBlock::SpinBlock(int64_t dim, double forward_us, double backward_us)
+    : Module("SpinBlock"), forward_us_(forward_us), backward_us_(backward_us) {
+  FSDP_CHECK(forward_us >= 0 && backward_us >= 0, "spin durations must be >= 0");
+  add_param("weight", {dim, dim}, std::vector<float>(static_cast<size_t>(dim * dim), 0.0f));
+}
+
+Tensor SpinBlock::forward_impl(RunContext& ctx, const Tensor& x) {
+  ctx.device->set_label(op_label("fwd", "spin"));
+  ctx.device->spin(ctx.compute, forward_us_);
+  return x;
+}
+
+Tensor SpinBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
+  Param& w = *params()[0];
+  ctx.device->set_label(op_label("bwd", "spin"));
+  ctx.device->spin(ctx.compute, backward_us_);
+  Tensor g = empty_tensor(*ctx.device, ctx.compute, ctx.act_dtype, w.rows(), w.cols(), MemTag::Grad);
+  ctx.device->fill(ctx.compute, g.data, g.dtype, g.numel(), 0.0f);
+  w.set_grad(ctx, std::move(g));
+  return dy;
+}
+
 // ---- ResidualMlp
 ResidualMlp::ResidualMlp(int64_t dim, int64_t hidden, Activation f, uint64_t seed)
     : Module("ResidualMlp") {

@@ -74,6 +74,22 @@ class ResidualMlp : public Module {
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 };
 
+// A block of known duration, for studying the schedule: a [dim, dim] weight that FSDP shards
+// and gathers like any other, forward = Device::spin(forward_us) (output = input), backward =
+// spin(backward_us) with a zero weight grad. Compute time is then exact, so exposed
+// communication and stalls can be computed by hand (tests/test_trace_forced.cpp).
+class SpinBlock : public Module {
+ public:
+  SpinBlock(int64_t dim, double forward_us, double backward_us);
+
+ protected:
+  Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+
+ private:
+  double forward_us_, backward_us_;
+};
+
 // The order in which the MoE block hands its param groups' grads to FSDP.
 enum class MoeGradOrder { DenseFirst, ExpertsFirst, Interleaved, ExpertsDeferred };
 MoeGradOrder parse_moe_grad_order(const std::string& name);

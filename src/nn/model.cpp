@@ -10,8 +10,8 @@ namespace fsdp::nn {
 Model::Model(const ModelConfig& c) : Module("Model"), config_(c) {
   FSDP_CHECK(c.layers >= 1, "--layers must be >= 1, got ", c.layers);
   FSDP_CHECK(c.dim >= 1, "--dim must be >= 1, got ", c.dim);
-  FSDP_CHECK(c.kind == "mlp" || c.kind == "resmlp" || c.kind == "moe", "unknown model '", c.kind,
-             "' (expected mlp, resmlp or moe)");
+  FSDP_CHECK(c.kind == "mlp" || c.kind == "resmlp" || c.kind == "moe" || c.kind == "spin",
+             "unknown model '", c.kind, "' (expected mlp, resmlp, moe or spin)");
   for (int i = 0; i < c.layers; ++i) {
     const uint64_t seed = c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull;
     std::unique_ptr<Module> block;
@@ -19,6 +19,8 @@ Model::Model(const ModelConfig& c) : Module("Model"), config_(c) {
       auto linear = std::make_unique<Linear>(c.dim, c.dim, false, seed);
       linear->fused_relu = true;
       block = std::move(linear);
+    } else if (c.kind == "spin") {
+      block = std::make_unique<SpinBlock>(c.dim, c.spin_forward_us, c.spin_backward_us);
     } else if (c.kind == "resmlp") {
       block = std::make_unique<ResidualMlp>(c.dim, c.hidden ? c.hidden : 4 * c.dim,
                                             Activation::GELU, seed);

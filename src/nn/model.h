@@ -11,7 +11,8 @@
 namespace fsdp::nn {
 
 struct ModelConfig {
-  // mlp: L x (Linear(D,D) + ReLU); resmlp: L x ResidualMlp(GELU) + head; moe: L x MoeBlock + head
+  // mlp: L x (Linear(D,D) + ReLU); resmlp: L x ResidualMlp(GELU) + head; moe: L x MoeBlock + head;
+  // spin: L x SpinBlock (forced durations, for schedule studies)
   std::string kind = "mlp";
   int layers = 4;
   int64_t dim = 64;
@@ -19,6 +20,7 @@ struct ModelConfig {
   int experts = 4;
   int64_t classes = 0;  // >0: a head Linear(D, classes) on the root and cross-entropy loss
   MoeGradOrder grad_order = MoeGradOrder::DenseFirst;
+  double spin_forward_us = 1000, spin_backward_us = 1000;  // kind "spin": SpinBlock durations
   uint64_t seed = 1;
 };
 

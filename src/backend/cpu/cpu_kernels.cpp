@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstring>
 
@@ -296,11 +297,12 @@ void cross_entropy_loss(const void* logits, DType t, const int32_t* labels, int6
 }
 
 void spin(double microseconds) {
-  // Busy, not sleeping: the point is a stream that is occupied for a known time.
+  // The stream is occupied for a known time. Its thread sleeps rather than burns a core:
+  // ranks are threads on few cores, and a burning rank would delay the others' streams and
+  // so the very timings the forced-duration tests compute by hand.
   const auto until =
       std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(microseconds);
-  while (std::chrono::steady_clock::now() < until) {
-  }
+  std::this_thread::sleep_until(until);
 }
 
 }  // namespace fsdp::cpu::kernels
