@@ -75,8 +75,9 @@ void FsdpModule::set_reduce_scatter_max_input_buffers(int k, bool recurse) {
 }
 
 void FsdpModule::set_separate_reduce_scatter_group(bool enable, bool recurse) {
-  for_each_state(*state_, recurse, [&](FsdpState& s) { s.separate_reduce_scatter_group = enable; });
+  // Its communicators are made at lazy init, collectively, in the same order on every rank.
   FSDP_CHECK(!state_->ctx, "set_separate_reduce_scatter_group must be called before the first forward");
+  for_each_state(*state_, recurse, [&](FsdpState& s) { s.separate_reduce_scatter_group = enable; });
 }
 
 namespace {
