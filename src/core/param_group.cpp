@@ -189,7 +189,6 @@ void ParamGroup::post_backward(RunContext& ctx) {
   } else if (any_grad) {
     std::vector<const void*> srcs(params_.size());
     std::vector<DType> types(params_.size());
-    std::vector<Tensor> zeros;  // params that got no grad reduce zeros, so ranks match
     if (unsharded_accum_) {
       accumulate_unsharded(ctx);
       int64_t offset = 0;
@@ -200,19 +199,16 @@ void ParamGroup::post_backward(RunContext& ctx) {
       }
     } else {
       for (size_t i = 0; i < params_.size(); ++i) {
-        if (!grads_[i].defined()) {
-          zeros.push_back(empty_tensor(*device_, ctx.compute, owner_->mp.param_dtype,
-                                       params_[i]->rows(), params_[i]->cols(), MemTag::Grad));
-          device_->fill(ctx.compute, zeros.back().data, zeros.back().dtype, params_[i]->numel(), 0);
-          grads_[i] = zeros.back();
+        if (!grads_[i].defined()) {  // an unused param reduces zeros, so every rank matches
+          grads_[i] = empty_tensor(*device_, ctx.compute, owner_->mp.param_dtype,
+                                   params_[i]->rows(), params_[i]->cols(), MemTag::Grad);
+          device_->fill(ctx.compute, grads_[i].data, grads_[i].dtype, params_[i]->numel(), 0);
         }
         srcs[i] = grads_[i].data;
         types[i] = grads_[i].dtype;
       }
     }
     reduce_scatter(ctx, srcs, types);
-    release_grads();
-    zeros.clear();
     if (unsharded_accum_) {
       device_->free(unsharded_accum_, ctx.compute);  // the copy-in read it on compute
       unsharded_accum_ = nullptr;
