@@ -7,8 +7,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "backend/cuda/cuda_backend.h"
-#include "fsdp/error.h"
+#include "bench_util.h"
 
 int main(int argc, char** argv) {
   using namespace fsdp;
@@ -16,13 +15,7 @@ int main(int argc, char** argv) {
   const int64_t dim = argc > 2 ? std::atoll(argv[2]) : 4096;
   const int layers = argc > 3 ? std::atoi(argv[3]) : 16;
   const int reps = argc > 4 ? std::atoi(argv[4]) : 20;
-  try {
-    if (cuda::device_count() == 0) {
-      std::printf("SKIPPED: no CUDA GPU\n");
-      return 77;
-    }
-    auto device = cuda::make_device(0);
-    Device& d = *device;
+  return bench::run_on_gpu("gemm_floor", [&](Device& d) {
     const Stream s = d.create_stream("compute", StreamPriority::Normal);
     const DType t = DType::BF16;
     auto buffer = [&](int64_t n) {
@@ -60,9 +53,5 @@ int main(int argc, char** argv) {
                 "\"tflops\": %.1f}\n",
                 static_cast<long long>(tokens), static_cast<long long>(dim), layers, median,
                 flops / (median * 1e-3) / 1e12);
-    return 0;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "gemm_floor: error: %s\n", e.what());
-    return 1;
-  }
+  });
 }

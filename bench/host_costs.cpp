@@ -8,8 +8,7 @@
 #include <functional>
 #include <vector>
 
-#include "backend/cuda/cuda_backend.h"
-#include "fsdp/error.h"
+#include "bench_util.h"
 
 namespace {
 double time_us(int reps, const std::function<void()>& call) {
@@ -22,13 +21,7 @@ double time_us(int reps, const std::function<void()>& call) {
 int main(int argc, char** argv) {
   using namespace fsdp;
   const int reps = argc > 1 ? std::atoi(argv[1]) : 2000;
-  try {
-    if (cuda::device_count() == 0) {
-      std::printf("SKIPPED: no CUDA GPU\n");
-      return 77;
-    }
-    auto device = cuda::make_device(0);
-    Device& d = *device;
+  return bench::run_on_gpu("host_costs", [&](Device& d) {
     auto comm = cuda::make_world_comm(d, cuda::make_unique_id(), 0, 1);
     const Stream s = d.create_stream("compute", StreamPriority::Normal);
     const Stream s2 = d.create_stream("side", StreamPriority::High);
@@ -62,9 +55,5 @@ int main(int argc, char** argv) {
     for (void* p : {a, b, c}) d.free(p, s);
     d.synchronize();
     d.destroy_event(e);
-    return 0;
-  } catch (const Error& err) {
-    std::fprintf(stderr, "host_costs: error: %s\n", err.what());
-    return 1;
-  }
+  });
 }

@@ -10,15 +10,21 @@ int64_t tag_peak(const runtime::RankResult& r, MemTag t) {
   return r.memory.tag_peak_bytes[static_cast<int>(t)];
 }
 
+// mlp, 5 blocks of a 64 x 64 weight, 8 tokens, 2 steps.
+runtime::TrainConfig mlp_config() {
+  runtime::TrainConfig c;
+  c.model.kind = "mlp";
+  c.model.layers = 5;
+  c.model.dim = 64;
+  c.tokens = 8;
+  c.steps = 2;
+  return c;
+}
+
 TEST(PeakMemory, MlpMeetsTheFormulaTermByTerm) {
   for (int world : {1, 2, 4})
     for (int k : {1, 2, 3}) {
-      runtime::TrainConfig c;
-      c.model.kind = "mlp";
-      c.model.layers = 5;
-      c.model.dim = 64;
-      c.tokens = 8;
-      c.steps = 2;
+      runtime::TrainConfig c = mlp_config();
       c.rs_max_input_buffers = k;
       const int64_t D = 64, L = 5;
       const int64_t shard = (D + world - 1) / world * D;
@@ -41,12 +47,7 @@ TEST(PeakMemory, MlpMeetsTheFormulaTermByTerm) {
 }
 
 TEST(PeakMemory, OptimizerInBackwardKeepsNoGradShards) {
-  runtime::TrainConfig c;
-  c.model.kind = "mlp";
-  c.model.layers = 5;
-  c.model.dim = 64;
-  c.tokens = 8;
-  c.steps = 2;
+  runtime::TrainConfig c = mlp_config();
   c.optimizer_in_backward = true;
   const int64_t shard = 32 * 64;  // world 2
   for (const auto& r : run_fsdp(2, c)) {
