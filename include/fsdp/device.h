@@ -197,6 +197,53 @@ class Device {
   // first_row + r of the global batch of `step`, Uniform(-bound, bound), in dtype t.
   virtual void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols,
                                uint64_t seed, int64_t step, int64_t first_row, float bound) = 0;
+  // ---- transformer ops (Note [Transformer ops]). Row-major; activations are [tokens, width]
+  // in dtype t with a row stride `ld` in elements (so q, k and v can be column slices of one
+  // fused QKV GEMM output); math in fp32. The defaults raise "not implemented on this backend".
+  //
+  // out[r,:] = table[ids[r], :]; table is [vocab, dim].
+  virtual void embedding_forward(Stream s, const void* table, DType t, const int32_t* ids,
+                                 int64_t rows, int64_t dim, void* out);
+  // dtable[v,:] = sum of dy[r,:] over the rows r with ids[r] == v (overwrites all of dtable,
+  // rows never seen become 0); summed in fp32 in row order, so the result is deterministic.
+  virtual void embedding_backward(Stream s, const void* dy, DType t, const int32_t* ids,
+                                  int64_t rows, int64_t dim, int64_t vocab, void* dtable);
+  // y = x * rstd * w, rstd[r] = 1 / sqrt(mean_c x[r,c]^2 + eps); w is [cols]; rstd is kept
+  // (fp32, [rows]) for the backward.
+  virtual void rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
+                                int64_t cols, float eps, void* y, float* rstd);
+  // Overwrites dx [rows, cols] and dw [cols] (dtype t; dw summed over rows in fp32).
+  virtual void rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd,
+                                 const void* dy, DType t, int64_t rows, int64_t cols, void* dx,
+                                 void* dw);
+  // Rotary position embedding in place on x [rows, heads * head_dim] (row stride ld), with
+  // Hugging Face Llama's "rotate half" pairing: element i < head_dim/2 pairs with
+  // i + head_dim/2, angle = pos * theta^(-2i/head_dim), pos = r % seq_len. inverse rotates by
+  // -angle (the backward).
+  virtual void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
+                    int64_t head_dim, int64_t seq_len, float theta, bool inverse);
+  // Causal scaled-dot-product attention, scale 1/sqrt(head_dim), grouped-query: query head h
+  // reads kv head h / (heads / kv_heads). Token r = b * seq + i. q and out are
+  // [batch*seq, heads*head_dim], k and v [batch*seq, kv_heads*head_dim], each with its row
+  // stride. lse [batch, heads, seq] (fp32) = log-sum-exp of the scaled scores, for backward.
+  virtual void attention_forward(Stream s, const void* q, int64_t ldq, const void* k,
+                                 int64_t ldk, const void* v, int64_t ldv, DType t, int64_t batch,
+                                 int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                 void* out, int64_t ldo, float* lse);
+  // Overwrites dq, dk, dv (strides as q, k, v); dk and dv sum over the query heads sharing them.
+  virtual void attention_backward(Stream s, const void* q, int64_t ldq, const void* k,
+                                  int64_t ldk, const void* v, int64_t ldv, const void* out,
+                                  int64_t ldo, const void* dout, int64_t lddo, const float* lse,
+                                  DType t, int64_t batch, int64_t seq, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim, void* dq, void* dk,
+                                  void* dv);
+  // SwiGLU on h = [rows, 2*ffn] (gate columns, then up columns): out = silu(gate) * up.
+  virtual void swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
+                              void* out);
+  // Overwrites dh [rows, 2*ffn] from h and dout [rows, ffn].
+  virtual void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
+                               int64_t ffn, void* dh);
+
   // Busy work of a known length; tests use it to force op durations.
   virtual void spin(Stream s, double microseconds) = 0;
 

@@ -8,9 +8,10 @@
 
 namespace fsdp {
 
-enum class DType : uint8_t { F32, BF16 };
+// I32 holds token ids and labels; no arithmetic op takes it.
+enum class DType : uint8_t { F32, BF16, I32 };
 
-constexpr size_t dtype_size(DType t) { return t == DType::F32 ? 4 : 2; }
+constexpr size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
 const char* dtype_name(DType t);
 DType parse_dtype(const std::string& name);  // "fp32" | "bf16"; throws Error otherwise
 

@@ -24,7 +24,9 @@ void raise(const char* file, int line, const std::string& message) {
 }
 }  // namespace detail
 
-const char* dtype_name(DType t) { return t == DType::F32 ? "fp32" : "bf16"; }
+const char* dtype_name(DType t) {
+  return t == DType::F32 ? "fp32" : t == DType::BF16 ? "bf16" : "int32";
+}
 
 DType parse_dtype(const std::string& name) {
   if (name == "fp32" || name == "f32" || name == "float32") return DType::F32;
@@ -66,6 +68,50 @@ void Comm::broadcast(void* buf, int64_t count, DType t, int root, Stream s) {
   ++issued_[static_cast<int>(CollectiveKind::Broadcast)];
   do_broadcast(buf, count, t, root, s);
 }
+// Note [Transformer ops]
+// The transformer's ops (include/fsdp/device.h) have these defaults so a backend can add them
+// one at a time; both backends override every one of them, and the tests compare the two.
+namespace {
+[[noreturn]] void not_on_backend(const Device& d, const char* op) {
+  FSDP_FAIL(op, " is not implemented on device ", d.name());
+}
+}  // namespace
+void Device::embedding_forward(Stream, const void*, DType, const int32_t*, int64_t, int64_t, void*) {
+  not_on_backend(*this, "embedding_forward");
+}
+void Device::embedding_backward(Stream, const void*, DType, const int32_t*, int64_t, int64_t,
+                                int64_t, void*) {
+  not_on_backend(*this, "embedding_backward");
+}
+void Device::rms_norm_forward(Stream, const void*, const void*, DType, int64_t, int64_t, float,
+                              void*, float*) {
+  not_on_backend(*this, "rms_norm_forward");
+}
+void Device::rms_norm_backward(Stream, const void*, const void*, const float*, const void*, DType,
+                               int64_t, int64_t, void*, void*) {
+  not_on_backend(*this, "rms_norm_backward");
+}
+void Device::rope(Stream, void*, int64_t, DType, int64_t, int64_t, int64_t, int64_t, float, bool) {
+  not_on_backend(*this, "rope");
+}
+void Device::attention_forward(Stream, const void*, int64_t, const void*, int64_t, const void*,
+                               int64_t, DType, int64_t, int64_t, int64_t, int64_t, int64_t, void*,
+                               int64_t, float*) {
+  not_on_backend(*this, "attention_forward");
+}
+void Device::attention_backward(Stream, const void*, int64_t, const void*, int64_t, const void*,
+                                int64_t, const void*, int64_t, const void*, int64_t, const float*,
+                                DType, int64_t, int64_t, int64_t, int64_t, int64_t, void*, void*,
+                                void*) {
+  not_on_backend(*this, "attention_backward");
+}
+void Device::swiglu_forward(Stream, const void*, DType, int64_t, int64_t, void*) {
+  not_on_backend(*this, "swiglu_forward");
+}
+void Device::swiglu_backward(Stream, const void*, const void*, DType, int64_t, int64_t, void*) {
+  not_on_backend(*this, "swiglu_backward");
+}
+
 std::unique_ptr<Comm> Comm::split(int color, int key, const std::string& name) {
   return do_split(color, key, name);
 }
