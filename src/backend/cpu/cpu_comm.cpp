@@ -157,9 +157,10 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
   ++rv->arrived;
   shared.cv.notify_all();
   // Giving up, still under the lock that saw arrived < size: no member has started reading.
-  auto abandon = [&] {
+  auto abandon = [&](std::string reason) {
     rv->abandoned = true;
     rv->abandoned_by = member;
+    rv->abandon_reason = std::move(reason);
     shared.finished[member] = seq + 1;
     shared.cv.notify_all();
   };
@@ -168,12 +169,12 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
     all_arrived = shared.cv.wait(
         lock, &cancel, [&] { return rv->arrived == size || rv->abandoned; }, deadline);
   } catch (...) {
-    abandon();
+    abandon("it was aborted or failed");
     throw;
   }
   if (!all_arrived) {
     const std::string message = timeout_message(shared, member, seq, call);
-    abandon();
+    abandon(message);
     FSDP_FAIL(message);
   }
   if (rv->abandoned) {
@@ -181,7 +182,7 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
     shared.cv.notify_all();
     FSDP_FAIL(op_name(call.op), " #", seq, " on communicator '", shared.name,
               "' abandoned: member ", rv->abandoned_by, " (rank ",
-              shared.world_ranks[rv->abandoned_by], ") gave up waiting (aborted, failed or timed out)");
+              shared.world_ranks[rv->abandoned_by], ") gave up waiting: ", rv->abandon_reason);
   }
   const std::string mismatch = describe_mismatch(shared, seq, rv->calls);
   if (!mismatch.empty()) {

@@ -43,6 +43,7 @@ struct Rendezvous {
   // its buffers any more, so the others give up too instead of exchanging.
   bool abandoned = false;
   int abandoned_by = -1;
+  std::string abandon_reason;  // why it gave up: the timeout's message, or "aborted or failed"
   // Split: the new communicators' shared halves, made by the first member of each color.
   std::map<int, std::shared_ptr<CommShared>> split_children;
 };

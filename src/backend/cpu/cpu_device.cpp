@@ -46,7 +46,7 @@ CpuDevice::CpuDevice(std::shared_ptr<WorldState> world, int rank)
     : world_(std::move(world)),
       rank_(rank),
       cancellation_(*world_, shutting_down_, error_),
-      allocator_(world_->options.checked) {
+      allocator_(world_->options.checked, world_->options.quarantine_bytes) {
   kernels::configure_blas_once();
   if (world_->clock) {
     const ClockParticipant* other = this_thread_participant();
@@ -110,6 +110,10 @@ void CpuDevice::synchronize_stream(Stream s) {
 void CpuDevice::synchronize() {
   const int n = num_streams_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) streams_[i]->wait_idle();
+  // Blocks still in quarantine are checked here too, so that a write after free is caught
+  // in a run too short to cycle the quarantine.
+  const std::string written = allocator_.check_quarantine();
+  if (!written.empty()) error_.set(detail::concat("[rank ", rank_, " ", name(), "] ", written));
   error_.rethrow_if_set();
 }
 
@@ -219,11 +223,11 @@ void* CpuDevice::alloc(size_t bytes, Stream s, MemTag tag) {
 void CpuDevice::free(void* ptr, Stream s) {
   if (ptr == nullptr) return;
   StreamWorker& w = worker(s);
-  const size_t bytes = allocator_.forget(ptr);
+  const core::AllocationLedger::Entry entry = allocator_.forget(ptr);
   sample_memory();
   Task task;
   task.bookkeeping = true;
-  task.run = [this, ptr, bytes] { allocator_.release(ptr, bytes); };
+  task.run = [this, ptr, entry] { allocator_.release(ptr, entry); };
   w.enqueue(std::move(task));
 }
 
