@@ -3,7 +3,6 @@
 
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -120,8 +119,11 @@ class CpuDevice final : public Device {
   CheckedAllocator allocator_;
   std::atomic<const char*> label_{nullptr};
 
+  // The thread that made the device drives it; see Note [Virtual clock].
+  ClockParticipant host_participant_;
+
   std::mutex event_mutex_;
-  std::condition_variable event_cv_;
+  ClockedCondition event_cv_;
   std::vector<EventSlot> events_;
   std::vector<int> free_event_ids_;
 
