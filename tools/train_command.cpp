@@ -21,13 +21,19 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--world-size", o.world_size, "ranks (CPU backend: threads)");
   app.add_option("--nproc", o.nproc, "processes, one per GPU (CUDA backend; default: all GPUs)");
-  app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe")
-      ->check(CLI::IsMember({"mlp", "resmlp", "moe"}));
+  app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer")
+      ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer"}));
   app.add_option("--layers", o.config.model.layers, "blocks");
   app.add_option("--dim", o.config.model.dim, "model width");
   app.add_option("--hidden", o.config.model.hidden, "expert hidden size (default: dim)");
   app.add_option("--experts", o.config.model.experts, "experts per MoE block");
   app.add_option("--classes", o.config.model.classes, "moe: classes of the head (default 16)");
+  app.add_option("--heads", o.config.model.heads, "transformer: attention heads");
+  app.add_option("--kv-heads", o.config.model.kv_heads, "transformer: kv heads (default: heads)");
+  app.add_option("--ffn-dim", o.config.model.ffn_dim,
+                 "transformer: SwiGLU width (default: 8*dim/3 rounded up to 64)");
+  app.add_option("--seq-len", o.config.model.seq_len, "transformer: tokens per sequence");
+  app.add_option("--vocab", o.config.model.vocab, "transformer: vocabulary size");
   app.add_option("--tokens", o.config.tokens, "tokens per rank per step");
   app.add_option("--steps", o.config.steps, "training steps");
   app.add_option("--warmup", o.config.warmup, "steps left out of the timing statistics");
@@ -67,7 +73,12 @@ void validate(TrainOptions& o) {
   FSDP_CHECK(o.config.tokens >= 1, "--tokens must be >= 1, got ", o.config.tokens);
   o.config.param_dtype = parse_dtype(o.param_dtype);
   if (o.lr > 0) o.config.optimizer.adamw.lr = o.config.optimizer.sgd_lr = static_cast<float>(o.lr);
-  if (o.config.model.kind != "mlp" && o.config.model.classes == 0) o.config.model.classes = 16;
+  if (o.config.model.kind == "transformer") {
+    nn::transformer_config(o.config.model);  // one-line errors for bad sizes, before any rank
+    FSDP_CHECK(o.config.tokens % o.config.model.seq_len == 0, "--tokens (", o.config.tokens,
+               ") must be a multiple of --seq-len (", o.config.model.seq_len, ")");
+  } else if (o.config.model.kind != "mlp" && o.config.model.classes == 0)
+    o.config.model.classes = 16;
   o.config.timeline = !o.trace_path.empty();
 }
 

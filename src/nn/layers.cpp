@@ -1,6 +1,7 @@
 #include "nn/layers.h"
 
 #include <cmath>
+#include <utility>
 
 #include "fsdp/error.h"
 #include "fsdp/synthetic.h"
@@ -35,6 +36,12 @@ Linear::Linear(int64_t in, int64_t out, bool bias, uint64_t seed)
   const float bound = 1.0f / std::sqrt(static_cast<float>(in));
   add_param("weight", {out, in}, uniform_init(seed, out * in, bound));
   if (bias) add_param("bias", {out}, uniform_init(seed ^ 0xb1a5ull, out, bound));
+}
+
+Linear::Linear(int64_t in, int64_t out, std::vector<float> weight_init)
+    : Module("Linear"), in_(in), out_(out) {
+  FSDP_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
+  add_param("weight", {out, in}, std::move(weight_init));
 }
 
 Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {

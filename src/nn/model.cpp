@@ -10,8 +10,13 @@ namespace fsdp::nn {
 Model::Model(const ModelConfig& c) : Module("Model"), config_(c) {
   FSDP_CHECK(c.layers >= 1, "--layers must be >= 1, got ", c.layers);
   FSDP_CHECK(c.dim >= 1, "--dim must be >= 1, got ", c.dim);
-  FSDP_CHECK(c.kind == "mlp" || c.kind == "resmlp" || c.kind == "moe" || c.kind == "spin",
-             "unknown model '", c.kind, "' (expected mlp, resmlp, moe or spin)");
+  FSDP_CHECK(c.kind == "mlp" || c.kind == "resmlp" || c.kind == "moe" || c.kind == "spin" ||
+                 c.kind == "transformer",
+             "unknown model '", c.kind, "' (expected mlp, resmlp, moe, spin or transformer)");
+  if (c.kind == "transformer") {
+    build_transformer();
+    return;
+  }
   for (int i = 0; i < c.layers; ++i) {
     const uint64_t seed = c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull;
     std::unique_ptr<Module> block;
@@ -42,7 +47,9 @@ int64_t Model::param_count() {
 
 Tensor Model::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor h = x;
+  if (embedding_) h = embedding_->forward(ctx, h);
   for (Module* b : blocks_) h = b->forward(ctx, h);
+  if (final_norm_) h = final_norm_->forward(ctx, h);
   if (head_) h = head_->forward(ctx, h);
   return h;
 }
@@ -50,9 +57,12 @@ Tensor Model::forward_impl(RunContext& ctx, const Tensor& x) {
 Tensor Model::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) {
   Tensor g = dy;
   if (head_) g = head_->backward(ctx, g);
-  // The first block computes d(loss)/d(input) only if the caller wants it.
+  if (final_norm_) g = final_norm_->backward(ctx, g);
+  // The first block computes d(loss)/d(input) only if the caller (or the embedding) wants it.
+  const bool first_input_grad = input_grad || embedding_ != nullptr;
   for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it)
-    g = (*it)->backward(ctx, g, input_grad || std::next(it) != blocks_.rend());
+    g = (*it)->backward(ctx, g, first_input_grad || std::next(it) != blocks_.rend());
+  if (embedding_) g = embedding_->backward(ctx, g, false);  // token ids: no gradient
   // Weight grads that blocks deferred (MoeGradOrder::ExpertsDeferred) are computed last.
   visit([&](Module& m) {
     if (auto* lin = dynamic_cast<Linear*>(&m)) lin->flush_deferred_grads(ctx);

@@ -24,6 +24,15 @@ struct DeviceBatch {
 DeviceBatch make_device_batch(Device& d, Stream s, const nn::ModelConfig& model, uint64_t seed,
                               int step, int64_t first_row, int64_t rows, DType t) {
   DeviceBatch out;
+  if (model.kind == "transformer") {  // int32 token ids and next-token labels
+    const nn::TokenBatch tokens = nn::make_token_batch(model, seed, step, first_row, rows);
+    out.x = empty_tensor(d, s, DType::I32, rows, 1, MemTag::Activation);
+    out.labels = empty_tensor(d, s, DType::I32, rows, 1, MemTag::Activation);
+    d.set_label("data");
+    d.copy_from_host(s, out.x.data, tokens.ids.data(), out.x.bytes());
+    d.copy_from_host(s, out.labels.data, tokens.labels.data(), out.labels.bytes());
+    return out;
+  }
   out.x = empty_tensor(d, s, t, rows, model.dim, MemTag::Activation);
   d.set_label("data");
   d.synthetic_batch(s, out.x.data, t, rows, model.dim, seed, step, first_row, nn::kDataBound);
