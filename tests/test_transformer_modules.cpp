@@ -36,8 +36,10 @@ double rel_error(const Floats& a, const Floats& b) {
   return std::sqrt(d / std::max(n, 1e-30));
 }
 
-// fp32 forward, eps 1e-2 on O(0.1..1) values: see test_transformer_ops.cpp.
-constexpr double kFiniteDifferenceTol = 3e-3;
+// fp32 forward, eps 1e-2 on O(0.1..1) values. The measured errors are below 5e-4 for single
+// modules and up to 2e-3 for the whole model's second layer, whose gradients are small beside
+// the fp32 forward's rounding noise / (2 eps); a wrong backward gives 2e-2 or more.
+constexpr double kFiniteDifferenceTol = 5e-3;
 constexpr float kEps = 1e-2f;
 
 // The small shapes of the finite-difference checks: 2 sequences of 4 tokens, 4 query heads
