@@ -61,6 +61,21 @@ TEST(TransformerParityOptions, MicroBatchesReshardOffAndOptimizerInBackward) {
   EXPECT_LE(relative_error(run_fsdp(2, c)[0].params, ref1.params), 1e-6);
 }
 
+// Random delays before every stream op and collective phase: a missing cross-stream wait in
+// the transformer's use of saved activations and gathered params would show up as NaN
+// (checked mode poisons freed memory) or as a different result.
+TEST(TransformerParityOptions, ChaosSchedulesGiveTheSameParams) {
+  const runtime::TrainConfig c = transformer_parity_config();
+  const auto calm = run_fsdp(2, c);
+  for (uint64_t seed : {1, 2, 3}) {
+    cpu::CpuOptions chaos;
+    chaos.chaos = true;
+    chaos.chaos_seed = seed;
+    chaos.chaos_max_us = 100;
+    EXPECT_EQ(run_fsdp(2, c, chaos)[0].params, calm[0].params) << "seed " << seed;
+  }
+}
+
 TEST(TransformerParityOptions, Bf16ComputeTracksTheFp32Reference) {
   runtime::TrainConfig c = transformer_parity_config();
   const auto ref = run_reference(c, 2);
