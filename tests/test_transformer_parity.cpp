@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 
+#include <nlohmann/json.hpp>
+
+#include "command_util.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
@@ -101,6 +105,20 @@ TEST(TransformerTraining, StartsAtLnVocabAndLearnsTheSyntheticRule) {
   // 3 of 4 next tokens follow a fixed rule of the previous one: a bigram the model learns.
   // (Its best loss is about 0.25 ln 61 + H(3/4) = 1.6.)
   EXPECT_LT(loss.back(), 3.0f) << "first " << loss.front();
+}
+
+TEST(TransformerCli, TrainsOnTwoRanksAndTheLossFalls) {
+  const std::string json = ::testing::TempDir() + "transformer_summary.json";
+  const CommandResult r = run_fsdp_command(
+      "train --backend cpu --world-size 2 --model transformer --layers 2 --dim 32 --heads 4 "
+      "--kv-heads 2 --ffn-dim 40 --seq-len 8 --vocab 61 --tokens 16 --steps 40 --lr 1e-2 "
+      "--quiet --json " + json);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(json);
+  const nlohmann::json s = nlohmann::json::parse(in);
+  EXPECT_EQ(s["model"], "transformer");
+  EXPECT_NEAR(s["loss_first"].get<double>(), std::log(61.0), 0.1);
+  EXPECT_LT(s["loss_last"].get<double>(), 3.0);
 }
 
 }  // namespace
