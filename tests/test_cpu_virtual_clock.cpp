@@ -124,6 +124,24 @@ TEST(CpuVirtualClock, CollectivesKeepRanksInStepAndTakeTheLinkTime) {
   }
 }
 
+// A host that polls an event steps through simulated time: each "not yet" moves it to the
+// next wake-up (300 us: b's spin; then 1000 us: a's), the same on every run.
+TEST(CpuVirtualClock, PollingAnEventStepsThroughSimulatedTime) {
+  CpuWorld world(1, virtual_time());
+  auto dev = world.make_device(0);
+  Stream a = dev->create_stream("a", StreamPriority::Normal);
+  Stream b = dev->create_stream("b", StreamPriority::Normal);
+  dev->spin(a, 1000);
+  Event e = dev->create_event();
+  dev->record_event(e, a);
+  dev->spin(b, 300);
+  std::vector<double> seen;
+  while (!dev->query_event(e)) seen.push_back(dev->now_us());
+  EXPECT_EQ(seen, (std::vector<double>{300, 1000}));
+  EXPECT_EQ(dev->now_us(), 1000.0);
+  dev->destroy_event(e);
+}
+
 TEST(CpuVirtualClock, OneDevicePerHostThread) {
   CpuWorld world(2, virtual_time());
   auto dev0 = world.make_device(0);
