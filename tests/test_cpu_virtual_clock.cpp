@@ -142,6 +142,26 @@ TEST(CpuVirtualClock, PollingAnEventStepsThroughSimulatedTime) {
   dev->destroy_event(e);
 }
 
+// Simulated time starts once every rank's device exists; a rank that never makes one is a
+// failure after the collective timeout (a bound, not a timing assertion), not a hang.
+TEST(CpuVirtualClock, ARankThatNeverComesFailsTimedOpsInsteadOfHanging) {
+  CpuOptions o = virtual_time();
+  o.collective_timeout_s = 0.2;
+  CpuWorld world(2, o);
+  auto dev = world.make_device(0);
+  Stream s = dev->create_stream("s", StreamPriority::Normal);
+  dev->spin(s, 10);
+  try {
+    dev->synchronize();
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("simulated time cannot start: 1 rank(s) of the world "
+                                         "have not made their device"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(CpuVirtualClock, OneDevicePerHostThread) {
   CpuWorld world(2, virtual_time());
   auto dev0 = world.make_device(0);

@@ -54,7 +54,8 @@ void set_this_thread_participant(ClockParticipant* p) {
 
 // ---- VirtualClock
 
-VirtualClock::VirtualClock(int hosts) : hosts_missing_(hosts) {}
+VirtualClock::VirtualClock(int hosts, double start_timeout_s)
+    : hosts_missing_(hosts), start_timeout_s_(start_timeout_s) {}
 
 double VirtualClock::now_us() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -104,15 +105,21 @@ void VirtualClock::sleep_for(ClockParticipant& p, double us, const Cancellation*
   p.wake_at_us = now_us_ + us;
   --running_;
   advance_if_idle();
+  const auto since = std::chrono::steady_clock::now();
   while (p.state != ClockParticipant::State::Running) {
-    if (cancel) {
-      try {
-        cancel->throw_if_cancelled();
-      } catch (...) {
-        p.state = ClockParticipant::State::Running;
-        ++running_;
-        throw;
-      }
+    try {
+      if (cancel) cancel->throw_if_cancelled();
+      // Time cannot start before every rank's device exists: a bound on that wait, so a
+      // world with a rank that never comes fails instead of hanging.
+      const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - since;
+      if (hosts_missing_ > 0 && start_timeout_s_ > 0 && waited.count() > start_timeout_s_)
+        FSDP_FAIL("virtual clock: simulated time cannot start: ", hosts_missing_,
+                  " rank(s) of the world have not made their device after ", start_timeout_s_,
+                  " s");
+    } catch (...) {
+      p.state = ClockParticipant::State::Running;
+      ++running_;
+      throw;
     }
     sleepers_cv_.wait_for(lock, kCancelPollInterval);
   }

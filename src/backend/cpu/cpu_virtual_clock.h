@@ -27,8 +27,9 @@ struct ClockParticipant {
 class VirtualClock {
  public:
   // Simulated time stays at 0 until `hosts` device hosts have joined (every rank's device
-  // exists), so ranks that start late in wall time still start together.
-  explicit VirtualClock(int hosts);
+  // exists), so ranks that start late in wall time still start together. A timed op that
+  // waits longer than `start_timeout_s` of wall time (0: forever) for that fails instead.
+  VirtualClock(int hosts, double start_timeout_s);
 
   double now_us() const;
 
@@ -62,6 +63,7 @@ class VirtualClock {
   int running_ = 0;
   int settling_ = 0;  // hosts waiting in settle(): time waits for them to ask
   int hosts_missing_;
+  const double start_timeout_s_;
   std::vector<ClockParticipant*> participants_;
 };
 
