@@ -220,7 +220,7 @@ def read_safetensors(path):
         begin, end = info["data_offsets"]
         shape = info["shape"]
         numel = math.prod(shape)
-        if not (0 <= begin <= end <= len(data) - base) or end - begin != numel * dtype.itemsize:
+        if not (0 <= begin <= end <= len(data) - base) or end - begin != numel * torch.empty((), dtype=dtype).element_size():
             sys.exit(f"{path}: tensor {name}: offsets {begin}..{end} do not fit shape {shape} {info['dtype']}")
         if numel == 0:
             out[name] = torch.empty(shape, dtype=dtype)
