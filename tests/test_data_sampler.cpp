@@ -4,9 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
-#include <set>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "fsdp/data.h"
 #include "fsdp/error.h"
@@ -165,6 +169,33 @@ TEST(DataSampler, ValidationBatchesAreTheFirstWindowsInOrder) {
       }
     }
   EXPECT_EQ(fsdp::data::ValidationBatches(file, {2, 16, 2}, 3).count(), 3);
+}
+
+// bench/llm_data.py (the sampler bench/torch_llama.py uses) gives the same windows as this
+// one, over several epochs, for two seeds and a split over ranks.
+TEST(DataSampler, PythonSamplerOfTheBenchGivesTheSameWindows) {
+  if (std::system("python3 -c 'pass' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 is not installed: bench/llm_data.py is not checked";
+  auto file = make_file("python.bin", 16 * 50 + 5);  // 50 windows of 16
+  for (uint64_t seed : {0ull, 0xFEDCBA9876543210ull}) {
+    const BatchShape shape{3, 16, 2};                // G = 6: 8 steps per epoch
+    BatchSampler s(file, shape, seed);
+    const std::string cmd = "python3 " FSDP_SOURCE_DIR "/bench/llm_data.py windows " +
+                            file->path() + " --vocab 50000 --seq-len 16 --batch 3 --world-size 2"
+                            " --seed " + std::to_string(seed) + " --steps 30 2>&1";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+    ASSERT_EQ(pclose(pipe), 0) << out;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["windows"], s.windows());
+    EXPECT_EQ(j["steps_per_epoch"], s.steps_per_epoch());
+    for (int64_t step = 0; step < 30; ++step)
+      EXPECT_EQ(j["global_windows"][step].get<std::vector<int64_t>>(), s.global_windows(step))
+          << "seed " << seed << " step " << step;
+  }
 }
 
 }  // namespace
