@@ -78,7 +78,8 @@ cudnnBackendDescriptor_t causal_mask(cudnn::GraphBuilder& g, const Shapes& sh,
   return masked;
 }
 
-std::unique_ptr<cudnn::Plan> build_forward(cudnnHandle_t handle, const AttentionArgs& a) {
+std::unique_ptr<cudnn::Plan> build_forward(cudnnHandle_t handle, const AttentionArgs& a,
+                                           cudnnBackendDescriptor_t device_prop = nullptr) {
   const Shapes sh = shapes_of(a);
   const auto bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
   cudnn::GraphBuilder g;
@@ -109,10 +110,11 @@ std::unique_ptr<cudnn::Plan> build_forward(cudnnHandle_t handle, const Attention
   auto p = g.virt(bf16, sh.scores, sh.score_strides);  // the second matmul reads P in bf16
   g.pointwise(CUDNN_POINTWISE_DIV, e, p, row_sum);
   g.matmul(p, v, o);
-  return g.build(handle, describe(a, "forward"));
+  return g.build(handle, describe(a, "forward"), device_prop);
 }
 
-std::unique_ptr<cudnn::Plan> build_backward(cudnnHandle_t handle, const AttentionArgs& a) {
+std::unique_ptr<cudnn::Plan> build_backward(cudnnHandle_t handle, const AttentionArgs& a,
+                                            cudnnBackendDescriptor_t device_prop = nullptr) {
   const Shapes sh = shapes_of(a);
   const auto bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
   const bool grouped = a.heads != a.kv_heads;
@@ -183,7 +185,7 @@ std::unique_ptr<cudnn::Plan> build_backward(cudnnHandle_t handle, const Attentio
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
-  return g.build(handle, describe(a, "backward"));
+  return g.build(handle, describe(a, "backward"), device_prop);
 }
 
 bool aligned16(const void* p) {
