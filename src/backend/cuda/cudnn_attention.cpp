@@ -22,6 +22,8 @@ enum Uid : int64_t {
   kScale, kNegInf, kOne, kDelta, kDqAccum,
 };
 
+constexpr const char* kRemedy = "FSDP_ATTENTION=simt runs attention on the CUDA-core kernel instead";
+
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
@@ -110,7 +112,7 @@ std::unique_ptr<cudnn::Plan> build_forward(cudnnHandle_t handle, const Attention
   auto p = g.virt(bf16, sh.scores, sh.score_strides);  // the second matmul reads P in bf16
   g.pointwise(CUDNN_POINTWISE_DIV, e, p, row_sum);
   g.matmul(p, v, o);
-  return g.build(handle, describe(a, "forward"), device_prop);
+  return g.build(handle, describe(a, "forward"), kRemedy, device_prop);
 }
 
 std::unique_ptr<cudnn::Plan> build_backward(cudnnHandle_t handle, const AttentionArgs& a,
@@ -185,7 +187,7 @@ std::unique_ptr<cudnn::Plan> build_backward(cudnnHandle_t handle, const Attentio
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
-  return g.build(handle, describe(a, "backward"), device_prop);
+  return g.build(handle, describe(a, "backward"), kRemedy, device_prop);
 }
 
 bool aligned16(const void* p) {

@@ -130,6 +130,7 @@ void GraphBuilder::reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t 
 }
 
 std::unique_ptr<Plan> GraphBuilder::build(cudnnHandle_t handle, const std::string& what,
+                                          const std::string& remedy,
                                           cudnnBackendDescriptor_t device_prop) {
   auto graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
@@ -137,9 +138,9 @@ std::unique_ptr<Plan> GraphBuilder::build(cudnnHandle_t handle, const std::strin
   if (handle) graph->set_one(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
   const cudnnStatus_t graph_status = graph->try_finalize();
   FSDP_CHECK(graph_status == CUDNN_STATUS_SUCCESS, "cuDNN rejected the operation graph of ", what,
-             ": ", status_message(graph_status));
+             ": ", status_message(graph_status), "; ", remedy);
   const cudnnBackendDescriptor_t graph_desc = keep(std::move(graph));
-  std::string last_failure = "heuristics returned no engine config";
+  std::string last_failure = "heuristics found no viable engine config";
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph_desc)
@@ -185,7 +186,8 @@ std::unique_ptr<Plan> GraphBuilder::build(cudnnHandle_t handle, const std::strin
       return plan;
     }
   }
-  FSDP_FAIL("cuDNN has no engine for ", what, ": ", last_failure);
+  FSDP_FAIL("cuDNN has no engine for ", what, " (", last_failure,
+            "; CUDNN_LOGLEVEL_DBG=2 shows every engine's reason); ", remedy);
 }
 
 void execute(cudnnHandle_t handle, cudaStream_t stream, const Plan& plan,
