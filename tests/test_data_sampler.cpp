@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -107,6 +108,33 @@ TEST(DataSampler, RankSlicesTileTheGlobalBatchForWorldSizes124) {
       EXPECT_EQ(joined_inputs, whole.inputs) << "world " << world << " step " << step;
       EXPECT_EQ(joined_labels, whole.labels) << "world " << world << " step " << step;
     }
+  }
+}
+
+// Rank threads sharing one sampler, each in another epoch at times, read what a private
+// sampler reads.
+TEST(DataSampler, RankThreadsCanShareOneSampler) {
+  auto file = make_file("threads.bin", 16 * 40 + 1);  // 40 windows; G = 4: 10 steps per epoch
+  const BatchShape shape{1, 16, 4};
+  BatchSampler shared(file, shape, 11);
+  std::vector<std::vector<int32_t>> got(4), want(4);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.emplace_back([&, r] {
+      for (int64_t i = 0; i < 60; ++i) {
+        const int64_t step = (r % 2 == 0) ? i : 59 - i;  // half the ranks walk backwards
+        RankBatch b = fill(shared, step, r);
+        got[r].insert(got[r].end(), b.inputs.begin(), b.inputs.end());
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 4; ++r) {
+    BatchSampler own(file, shape, 11);
+    for (int64_t i = 0; i < 60; ++i) {
+      RankBatch b = fill(own, (r % 2 == 0) ? i : 59 - i, r);
+      want[r].insert(want[r].end(), b.inputs.begin(), b.inputs.end());
+    }
+    EXPECT_EQ(got[r], want[r]) << "rank " << r;
   }
 }
 

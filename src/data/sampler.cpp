@@ -80,9 +80,11 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenFile> file, const BatchSha
               " needs");
 }
 
-const std::vector<uint32_t>& BatchSampler::permutation(int64_t epoch) const {
+std::shared_ptr<const std::vector<uint32_t>> BatchSampler::permutation(int64_t epoch) const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
   if (epoch != cached_epoch_) {
-    cached_permutation_ = epoch_permutation(seed_, epoch, windows_);
+    cached_permutation_ = std::make_shared<const std::vector<uint32_t>>(
+        epoch_permutation(seed_, epoch, windows_));
     cached_epoch_ = epoch;
   }
   return cached_permutation_;
@@ -91,20 +93,20 @@ const std::vector<uint32_t>& BatchSampler::permutation(int64_t epoch) const {
 std::vector<int64_t> BatchSampler::global_windows(int64_t step) const {
   FSDP_CHECK(step >= 0, "step ", step, " is negative");
   const int64_t g = shape_.global_sequences();
-  const std::vector<uint32_t>& perm = permutation(step / steps_per_epoch_);
+  const auto perm = permutation(step / steps_per_epoch_);
   const int64_t first = (step % steps_per_epoch_) * g;
-  return std::vector<int64_t>(perm.begin() + first, perm.begin() + first + g);
+  return std::vector<int64_t>(perm->begin() + first, perm->begin() + first + g);
 }
 
 void BatchSampler::fill(int64_t step, int rank, std::span<int32_t> inputs,
                         std::span<int32_t> labels) const {
   check_slice(shape_, rank, inputs, labels);
   FSDP_CHECK(step >= 0, "step ", step, " is negative");
-  const std::vector<uint32_t>& perm = permutation(step / steps_per_epoch_);
+  const auto perm = permutation(step / steps_per_epoch_);
   const int64_t first =
       (step % steps_per_epoch_) * shape_.global_sequences() + rank * shape_.batch;
   for (int64_t b = 0; b < shape_.batch; ++b)
-    copy_window(*file_, perm[static_cast<size_t>(first + b)], shape_.seq_len,
+    copy_window(*file_, (*perm)[static_cast<size_t>(first + b)], shape_.seq_len,
                 inputs.data() + b * shape_.seq_len, labels.data() + b * shape_.seq_len);
 }
 
