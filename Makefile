@@ -29,7 +29,7 @@ build: setup
 	    $(CMAKE_FLAGS) >$(BUILD)/configure.log 2>&1; \
 	fi || { cat $(BUILD)/configure.log; exit 1; }
 	@grep -h "^CMake Warning" -A2 $(BUILD)/configure.log | grep "fsdp:" || true
-	cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS)
 
 run:
 	@scripts/run.sh --plan

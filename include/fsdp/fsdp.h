@@ -68,7 +68,7 @@ using ShardStepFn = std::function<void(Stream rs_stream, int group_ordinal, floa
                                        const float* grad, int64_t numel)>;
 
 // Test hook: how the RS ring reclaims buffers. Only tests use Fsdp2_12LastGroupDrains, which
-// reproduces FSDP2 2.12's hook-order-dependent drain (docs/schedule.md) so the bound test
+// reproduces FSDP2 2.12's hook-order-dependent drain (docs/design.md) so the bound test
 // can be seen to fail.
 enum class RsReclaimPolicy : uint8_t { BoundedRing, Fsdp2_12LastGroupDrains };
 
