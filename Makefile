@@ -9,6 +9,12 @@ JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 SETUP_FLAGS ?=
 GENERATOR := $(if $(shell command -v ninja 2>/dev/null),Ninja,Unix Makefiles)
+# nvcc where NVIDIA puts it, when it is not on PATH (scripts/setup.sh looks there too).
+ifeq ($(shell command -v nvcc 2>/dev/null),)
+  ifneq ($(wildcard /usr/local/cuda/bin/nvcc),)
+    export CUDACXX ?= /usr/local/cuda/bin/nvcc
+  endif
+endif
 # Where nvidia-smi lists GPUs: set-up also needs nvcc and NCCL, and the build must have CUDA.
 GPU_SETUP := $(shell scripts/run.sh --setup-flags)
 CUDA_CMAKE := $(if $(GPU_SETUP),-DFSDP_CUDA=ON)

@@ -46,5 +46,6 @@ while read -r what; do
   echo "left out: $what"
 done < <(sed -n 's/^left_out //p' "$build/build_summary.txt" 2>/dev/null)
 # Tests that ran but skipped themselves (exit code 77: a GPU test without a GPU, ...).
-grep -E '\(Skipped\)|Not Run \(Skipped\)' "$build/ctest.log" | sed 's/^ *[0-9]* *- */skipped: /' | sort -u
+grep -E '^[[:space:]]*[0-9]+ - .*\(Skipped\)' "$build/ctest.log" |
+  sed -E 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/skipped: \1 (it exited 77: what it needs is not on this machine)/' | sort -u
 [ "$ctest_rc" = 0 ] && [ "$gpu_rc" = 0 ]
