@@ -48,7 +48,7 @@ for arg in "$@"; do
     --dry-run) dry_run=1 ;;
     --cuda) want_cuda=1 ;;
     --run) want_run=1 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "setup: unknown option '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
