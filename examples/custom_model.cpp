@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
   try {
     bool ok = false;
     if (backend == "cuda") {
-      // Each rank is its own process; rank 0's verdict is its exit code.
+      // Each rank is its own process: one whose loss did not go down fails the launch.
       fsdp::run_cuda_ranks(ranks, [](int rank, fsdp::Device& d, std::shared_ptr<fsdp::Comm> w) {
         bool went_down = false;
         train(rank, d, std::move(w), went_down);
