@@ -12,7 +12,7 @@
 // alloc(bytes, s) returns memory usable by work enqueued on s after the call; free(p, s)
 // returns it once the work enqueued on s before the call has run. Freeing on a stream other
 // than the one that last used the memory is only safe after that stream waited on an event
-// recorded after the last use; the engine's schedule guarantees this (docs/schedule.md,
+// recorded after the last use; the engine's schedule guarantees this (docs/design.md,
 // invariant 2). Byte counts (current/peak, per tag) change when alloc/free are *called*,
 // so they are exact and independent of timing.
 #pragma once

@@ -1,10 +1,12 @@
 // The public FSDP API: fully_shard() and the FsdpModule handle, with FSDP2's names.
 //
-//   Mesh world(device, world_comm);
-//   for (auto& block : model.blocks()) fully_shard(*block, world, {.mp_policy = mp});
+//   Mesh world("dp", device, world_comm);  // device, world_comm: from run_cpu_ranks (launch.h)
+//   for (Module* block : model.blocks()) fully_shard(*block, world, {.mp_policy = mp});
 //   FsdpModule& root = fully_shard(model, world, {.mp_policy = mp});
 //   root.set_reduce_scatter_max_input_buffers(2);
-//   Tensor y = model.forward(ctx, x); ... model.backward(ctx, dy); optimizer.step();
+//   Tensor y = model.forward(ctx, x); ... model.backward(ctx, dy); optimizer.step(ctx.compute);
+//   zero_sharded_grads(root);
+// examples/custom_model.cpp and examples/train_loop.cpp are complete programs.
 #pragma once
 
 #include <functional>
@@ -66,7 +68,7 @@ using ShardStepFn = std::function<void(Stream rs_stream, int group_ordinal, floa
                                        const float* grad, int64_t numel)>;
 
 // Test hook: how the RS ring reclaims buffers. Only tests use Fsdp2_12LastGroupDrains, which
-// reproduces FSDP2 2.12's hook-order-dependent drain (docs/schedule.md) so the bound test
+// reproduces FSDP2 2.12's hook-order-dependent drain (docs/design.md) so the bound test
 // can be seen to fail.
 enum class RsReclaimPolicy : uint8_t { BoundedRing, Fsdp2_12LastGroupDrains };
 

@@ -1,7 +1,7 @@
 // The MoE block. Its backward hands grads to FSDP in a chosen order (MoeGradOrder), so tests
 // can fire the dense and expert param groups' post-backward in every order.
 #include "fsdp/error.h"
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::nn {
 

@@ -8,8 +8,8 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/fsdp.h"
-#include "nn/model.h"
-#include "optim/optimizer.h"
+#include "fsdp/nn/model.h"
+#include "fsdp/optim.h"
 
 namespace fsdp::runtime {
 
