@@ -1,12 +1,13 @@
 # make run   installs missing Debian packages, builds, and trains briefly on the best backend.
-# make test  the same set-up, then the whole test suite.
+# make test  the same set-up, then the whole test suite, then the CPU tests under ASan+UBSan.
+# make sanitize  only the sanitizer run (scripts/sanitize.sh; its build lives in build-asan).
 BUILD ?= build
 JOBS ?= $(shell nproc)
 PACKAGES := cmake ninja-build g++ libopenblas-dev libcli11-dev nlohmann-json3-dev \
             libgtest-dev librapidcheck-dev
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build run test clean format
+.PHONY: all deps build run test sanitize clean format
 
 all: build
 
@@ -35,9 +36,13 @@ test: build
 	  if [ $$? -eq 77 ]; then echo "GPU tests SKIPPED: no CUDA GPU on this machine (scripts/gpu_check.sh runs them on one)"; fi; \
 	fi
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	$(MAKE) sanitize
+
+sanitize: deps
+	JOBS=$(JOBS) scripts/sanitize.sh
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan

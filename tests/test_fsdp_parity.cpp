@@ -25,6 +25,8 @@ struct ParityCase {
   int world;
 };
 
+void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.kind << " on " << c.world << " ranks"; }
+
 class Parity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(Parity, MatchesUnshardedReferenceOverAdamWSteps) {

@@ -19,6 +19,8 @@ std::string skip_case_name(const ::testing::TestParamInfo<SkipCase>& info) {
          std::to_string(info.param.skipper) + (info.param.reshard ? "_reshard" : "_noReshard");
 }
 
+void PrintTo(const SkipCase& c, std::ostream* os) { *os << skip_case_name({c, 0}); }
+
 std::vector<SkipCase> skip_cases() {
   std::vector<SkipCase> out;
   for (int world : {2, 3, 4})
