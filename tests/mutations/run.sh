@@ -44,7 +44,7 @@ for patch in "${patches[@]}"; do
     continue
   fi
   caught=$( (cd "$BUILD" && ctest -j "$JOBS" --timeout 120 -E '^(timing_tests|gpu_tests)$' 2>&1) |
-           sed -n 's/^ *[0-9]* - \(.*\) (\(Failed\|Timeout\|SEGFAULT\|Subprocess aborted\|Exception\|.*\))$/\1 [\2]/p')
+           sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\).* (\([A-Za-z ]*\))$/\1 [\2]/p')
   if [ "${MUTATION_SANITIZE:-0}" = 1 ]; then
     if scripts/sanitize.sh 'NoTestMatchesThis' >/tmp/mutation-sanitize.log 2>&1; then
       for t in $(build-asan/fsdp_tests --gtest_list_tests --gtest_filter="$SAN_FILTER" |
