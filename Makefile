@@ -4,6 +4,8 @@
 #            tests and the CUDA-vs-CPU parity checks of scripts/gpu_check.sh.
 # Set-up is scripts/setup.sh: it checks capabilities (tools on PATH, libraries CMake finds)
 # and installs only what is missing, with apt-get where it can.
+# make sanitize  the CPU tests under ASan+UBSan (scripts/sanitize.sh, build in build-asan);
+#            make test runs it too.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -19,7 +21,7 @@ endif
 GPU_SETUP := $(shell scripts/run.sh --setup-flags)
 CUDA_CMAKE := $(if $(GPU_SETUP),-DFSDP_CUDA=ON)
 
-.PHONY: all setup build run test clean format
+.PHONY: all setup build run test sanitize clean format
 
 all: build
 
@@ -45,8 +47,11 @@ run:
 test: build
 	@scripts/run_tests.sh $(BUILD) $(JOBS)
 
+sanitize: setup
+	@JOBS=$(JOBS) scripts/sanitize.sh
+
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan

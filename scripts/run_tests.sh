@@ -20,6 +20,12 @@ exclude=()
   tee "$build/ctest.log"
 ctest_rc=${PIPESTATUS[0]}
 
+# The CPU tests again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan).
+echo
+echo "---- CPU tests under ASan+UBSan (scripts/sanitize.sh, build in build-asan)"
+JOBS=$jobs scripts/sanitize.sh 2>&1 | tee "$build/sanitize.log"
+sanitize_rc=${PIPESTATUS[0]}
+
 gpu_rc=0
 if [ $run_gpu = 1 ]; then
   echo
@@ -32,6 +38,7 @@ echo
 echo "==== make test summary"
 cpu_line=$(grep -E '^[0-9]+% tests passed' "$build/ctest.log" | tail -n1)
 echo "test suite (ctest): $([ "$ctest_rc" = 0 ] && echo PASSED || echo FAILED): ${cpu_line:-no result}"
+echo "CPU tests under ASan+UBSan: $([ "$sanitize_rc" = 0 ] && echo PASSED || echo FAILED): $(grep -E '^sanitize:' "$build/sanitize.log" | tail -n1)"
 if [ $run_gpu = 1 ]; then
   unit=$(grep -E '^\[  (PASSED|FAILED)' "$build/gpu_check/gpu_tests.log" 2>/dev/null | head -n1)
   echo "GPU tests ($gpus GPUs): ${unit:-no result (see $build/gpu_check/gpu_tests.log)}"
@@ -48,4 +55,4 @@ done < <(sed -n 's/^left_out //p' "$build/build_summary.txt" 2>/dev/null)
 # Tests that ran but skipped themselves (exit code 77: a GPU test without a GPU, ...).
 grep -E '^[[:space:]]*[0-9]+ - .*\(Skipped\)' "$build/ctest.log" |
   sed -E 's/^[[:space:]]*[0-9]+ - ([^ ]+) .*/skipped: \1 (it exited 77: what it needs is not on this machine)/' | sort -u
-[ "$ctest_rc" = 0 ] && [ "$gpu_rc" = 0 ]
+[ "$ctest_rc" = 0 ] && [ "$sanitize_rc" = 0 ] && [ "$gpu_rc" = 0 ]

@@ -94,7 +94,8 @@ class FsdpModule {
   void set_requires_gradient_sync(bool sync, bool recurse = true);
   void set_is_last_backward(bool last);  // root only
   // Most RS input buffers alive at once for this root (FSDP2 #186000), k >= 1. Per-module
-  // values resolve to the maximum over the root's modules at lazy init, as in FSDP2.
+  // values resolve to the maximum over the root's modules at lazy init, as in FSDP2; a call
+  // after it (on any module of the tree) re-resolves k for the next reduce-scatter.
   void set_reduce_scatter_max_input_buffers(int k, bool recurse = true);
   // RS on its own communicator (one per distinct rank set), so it overlaps AG (#186335).
   void set_separate_reduce_scatter_group(bool enable, bool recurse = true);
