@@ -35,7 +35,7 @@ TEST(Cli, MoeOnFourRanksBoundsTheRingAndLearns) {
 TEST(Cli, BadInputGivesOneLineAndNonZeroExit) {
   for (const char* args : {"train --backend cpu --rs-max-input-buffers 0",
                            "train --backend cpu --world-size 0", "train --no-such-flag",
-                           "train --backend cpu --model transformer", "frobnicate"}) {
+                           "train --backend cpu --model gpt5", "frobnicate"}) {
     CommandResult r = run_fsdp_command(args);
     EXPECT_NE(r.code, 0) << args;
     EXPECT_NE(r.code, -1) << args << ": crashed";

@@ -1,8 +1,10 @@
 #include "nn/layers.h"
 
 #include <cmath>
+#include <utility>
 
 #include "fsdp/error.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/synthetic.h"
 
 namespace fsdp::nn {
@@ -35,6 +37,12 @@ Linear::Linear(int64_t in, int64_t out, bool bias, uint64_t seed)
   const float bound = 1.0f / std::sqrt(static_cast<float>(in));
   add_param("weight", {out, in}, uniform_init(seed, out * in, bound));
   if (bias) add_param("bias", {out}, uniform_init(seed ^ 0xb1a5ull, out, bound));
+}
+
+Linear::Linear(int64_t in, int64_t out, std::vector<float> weight_init)
+    : Module("Linear"), in_(in), out_(out) {
+  FSDP_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
+  add_param("weight", {out, in}, std::move(weight_init));
 }
 
 Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
@@ -172,8 +180,9 @@ Tensor SpinBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
 }
 
 // ---- ResidualMlp
-ResidualMlp::ResidualMlp(int64_t dim, int64_t hidden, Activation f, uint64_t seed)
+ResidualMlp::ResidualMlp(int64_t dim, int64_t hidden, Activation f, uint64_t seed, bool norm)
     : Module("ResidualMlp") {
+  if (norm) add_child("norm", std::make_unique<RMSNorm>(dim, kNormEps));  // runs first
   add_child("fc1", std::make_unique<Linear>(dim, hidden, true, seed * 3 + 1));
   add_child("act", std::make_unique<Act>(f));
   add_child("fc2", std::make_unique<Linear>(hidden, dim, true, seed * 3 + 2));

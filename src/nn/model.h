@@ -6,13 +6,15 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/nn/transformer.h"
 #include "nn/layers.h"
 
 namespace fsdp::nn {
 
 struct ModelConfig {
   // mlp: L x (Linear(D,D) + ReLU); resmlp: L x ResidualMlp(GELU) + head; moe: L x MoeBlock + head;
-  // spin: L x SpinBlock (forced durations, for schedule studies)
+  // spin: L x SpinBlock (forced durations, for schedule studies); transformer: a Llama-style
+  // decoder (fsdp/nn/transformer.h) on token ids, with an LM head and cross-entropy
   std::string kind = "mlp";
   int layers = 4;
   int64_t dim = 64;
@@ -20,18 +22,41 @@ struct ModelConfig {
   int experts = 4;
   int64_t classes = 0;  // >0: a head Linear(D, classes) on the root and cross-entropy loss
   MoeGradOrder grad_order = MoeGradOrder::DenseFirst;
+  // resmlp and moe: a pre-norm (RMSNorm, eps 1e-5) at the start of each block's branch, so
+  // the residual stream's growth does not reach the branch; the command turns it on.
+  bool norm = false;
   double spin_forward_us = 1000, spin_backward_us = 1000;  // kind "spin": SpinBlock durations
+  // kind "transformer" (dim and layers above; 0 means the default named)
+  int64_t heads = 4;
+  int64_t kv_heads = 0;  // 0: heads (no grouping)
+  int64_t ffn_dim = 0;   // 0: 8 * dim / 3 rounded up to a multiple of 64
+  int64_t seq_len = 32;
+  int64_t vocab = 256;
   uint64_t seed = 1;
 };
 
-// The root module: blocks "layers.i", then an optional "head".
+// Each FSDP unit's param count, without building the model (for the memory estimate made
+// before any allocation): the blocks in order, then the root's own params (head, embedding).
+std::vector<int64_t> unit_param_counts(const ModelConfig& config);
+// Training FLOPs per token for MFU: 6 x the GEMM params (every token visits every expert of
+// the dense MoE); the transformer adds attention (transformer_flops_per_token).
+double flops_per_token(const ModelConfig& config);
+
+// The transformer's sizes from a ModelConfig, defaults resolved and validated.
+TransformerConfig transformer_config(const ModelConfig& config);
+
+// The root module: blocks "layers.i", then an optional "head". The transformer's root is
+// "tok_embeddings", "layers.i", "norm", "output" (its head).
 class Model : public Module {
  public:
   explicit Model(const ModelConfig& config);
   const ModelConfig& config() const { return config_; }
   const std::vector<Module*>& blocks() const { return blocks_; }
-  bool uses_cross_entropy() const { return config_.classes > 0; }
-  int64_t output_dim() const { return config_.classes > 0 ? config_.classes : config_.dim; }
+  bool is_transformer() const { return config_.kind == "transformer"; }
+  bool uses_cross_entropy() const { return config_.classes > 0 || is_transformer(); }
+  int64_t output_dim() const {
+    return is_transformer() ? config_.vocab : config_.classes > 0 ? config_.classes : config_.dim;
+  }
   int64_t param_count();
 
  protected:
@@ -39,8 +64,12 @@ class Model : public Module {
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
+  void build_transformer();  // transformer_model.cpp
+
   ModelConfig config_;
+  Module* embedding_ = nullptr;   // transformer: token ids -> [tokens, dim]
   std::vector<Module*> blocks_;
+  Module* final_norm_ = nullptr;  // transformer
   Module* head_ = nullptr;
 };
 
@@ -54,5 +83,16 @@ constexpr float kDataBound = 1.7320508f;
 // the row's first `classes` features (a target a linear head can learn).
 std::vector<int32_t> make_labels(const ModelConfig& config, uint64_t seed, int step,
                                  int64_t first_row, int64_t tokens);
+
+// The transformer's synthetic tokens for rows [first_row, first_row + tokens) of the global
+// batch of `step` (whole sequences of seq_len): ids, and labels = the next token of each
+// sequence. Sequence g's seq_len + 1 tokens depend only on (seed, step, its first global row);
+// each next token follows a fixed rule from the previous one with probability 3/4 and is
+// random otherwise, so there is something to learn.
+struct TokenBatch {
+  std::vector<int32_t> ids, labels;
+};
+TokenBatch make_token_batch(const ModelConfig& config, uint64_t seed, int step, int64_t first_row,
+                            int64_t tokens);
 
 }  // namespace fsdp::nn

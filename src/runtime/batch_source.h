@@ -38,5 +38,7 @@ using BatchSourceFactory = std::function<std::unique_ptr<BatchSource>(int rank, 
 // The synthetic features of nn/model.h (Uniform rows made on the device, labels from
 // nn::make_labels when the model has classes).
 std::unique_ptr<BatchSource> make_synthetic_features(const nn::ModelConfig& model, uint64_t seed);
+// The transformer's synthetic token sequences (nn::make_token_batch).
+std::unique_ptr<BatchSource> make_synthetic_tokens(const nn::ModelConfig& model, uint64_t seed);
 
 }  // namespace fsdp::runtime

@@ -38,7 +38,9 @@ int64_t count_units(nn::Model& model) {
 }
 
 std::unique_ptr<BatchSource> make_source(const TrainConfig& c, int rank, int world) {
-  return c.batch_source ? c.batch_source(rank, world) : make_synthetic_features(c.model, c.seed);
+  if (c.batch_source) return c.batch_source(rank, world);
+  return c.model.kind == "transformer" ? make_synthetic_tokens(c.model, c.seed)
+                                       : make_synthetic_features(c.model, c.seed);
 }
 
 // Note [Non-finite steps]

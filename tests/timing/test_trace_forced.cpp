@@ -1,6 +1,7 @@
 // Metrics against values computed by hand, on the CPU backend with forced durations: compute
 // is SpinBlocks (known forward/backward times) and communication goes over a simulated link
-// (every all-gather and reduce-scatter of a block takes a known time).
+// (every all-gather and reduce-scatter of a block takes a known time). Time is the virtual
+// clock's (Note [Virtual clock]), so the values are exact on any machine under any load.
 #include <gtest/gtest.h>
 
 #include "runtime/trace_metrics.h"
@@ -11,9 +12,10 @@ namespace {
 
 // 4 blocks with a 64 x 64 fp32 weight on 2 ranks: a rank receives 8 KiB per all-gather or
 // reduce-scatter, which takes kComm at the link speed below.
-// Long enough that thread wake-up latency on a loaded 2-core machine stays within the 10%.
 constexpr double kComm = 10000, kForward = 15000, kBackward = 2500;  // microseconds
 constexpr int kLayers = 4;
+// Simulated times are exact sums of these durations; only the doubles' rounding is left.
+constexpr double kExact = 1e-6;  // ms
 
 runtime::TrainConfig forced(int k, bool reshard_after_forward, bool separate) {
   runtime::TrainConfig c;
@@ -32,60 +34,81 @@ runtime::TrainConfig forced(int k, bool reshard_after_forward, bool separate) {
   return c;
 }
 
-// The mean over the two ranks: the schedule is symmetric, and when one rank's thread is late
-// its stalls shrink by what the other's grow (a collective waits for both).
+// Rank 0's metrics per recorded step; the schedule is symmetric, so rank 1's must be the
+// same to the last bit of simulated time.
 runtime::TimelineMetrics metrics(const runtime::TrainConfig& c) {
   cpu::CpuOptions o;
   o.link_gbps = 8192.0 / kComm / 1e3;  // 8 KiB in kComm microseconds
+  o.virtual_clock = true;
   const auto ranks = run_fsdp(2, c, o);
-  runtime::TimelineMetrics mean;
+  std::vector<runtime::TimelineMetrics> m;
   for (const auto& r : ranks) {
     const Timeline& t = r.timeline;
-    const runtime::TimelineMetrics m =
-        runtime::compute_metrics(t, runtime::find_stream(t, "compute"), c.steps - c.warmup);
-    mean.exposed_comm_ms += m.exposed_comm_ms / ranks.size();
-    mean.exposed_ag_ms += m.exposed_ag_ms / ranks.size();
-    mean.rs_recycle_stall_ms += m.rs_recycle_stall_ms / ranks.size();
-    mean.rs_drain_ms += m.rs_drain_ms / ranks.size();
-    mean.ag_rs_overlap_ms += m.ag_rs_overlap_ms / ranks.size();
+    m.push_back(runtime::compute_metrics(t, runtime::find_stream(t, "compute"), c.steps - c.warmup));
   }
-  return mean;
+  EXPECT_NEAR(m[1].exposed_comm_ms, m[0].exposed_comm_ms, kExact);
+  EXPECT_NEAR(m[1].exposed_ag_ms, m[0].exposed_ag_ms, kExact);
+  EXPECT_NEAR(m[1].rs_recycle_stall_ms, m[0].rs_recycle_stall_ms, kExact);
+  EXPECT_NEAR(m[1].rs_drain_ms, m[0].rs_drain_ms, kExact);
+  EXPECT_NEAR(m[1].ag_rs_overlap_ms, m[0].ag_rs_overlap_ms, kExact);
+  return m[0];
 }
 
-// Per step, k = 1, no backward all-gathers (reshard_after_forward off):
-//  - forward: the first all-gather is exposed (kComm); the next ones run under the 6 ms spins;
-//  - backward: each block's RS (kComm) starts after its copy-in, the next block computes for
-//    kBackward, then its copy-in must reclaim that buffer: a stall of kComm - kBackward for
-//    blocks 2, 1, 0; the finalize drains the last RS: kComm.
+constexpr double ms(double us) { return us / 1e3; }
+
+// Per step, k = 1, no backward all-gathers (reshard_after_forward off), C = kComm,
+// B = kBackward:
+//  - forward: the first all-gather is exposed (C); the next ones run under the forward spins;
+//  - backward: each block's RS (C) starts after its copy-in, the next block computes for B,
+//    then its copy-in must reclaim that buffer: a stall of C - B for blocks 2, 1, 0; the
+//    finalize drains the last RS: C.
 TEST(TraceForced, ExposedCommAndRecycleStallMatchHandComputedValues) {
   const runtime::TimelineMetrics m = metrics(forced(1, false, false));
-  const double ag = kComm / 1e3, recycle = (kLayers - 1) * (kComm - kBackward) / 1e3,
-               drain = kComm / 1e3;
-  EXPECT_NEAR(m.exposed_ag_ms, ag, 0.1 * ag);
-  EXPECT_NEAR(m.rs_recycle_stall_ms, recycle, 0.1 * recycle);
-  EXPECT_NEAR(m.rs_drain_ms, drain, 0.1 * drain);
-  EXPECT_NEAR(m.exposed_comm_ms, ag + recycle + drain, 0.1 * (ag + recycle + drain));
+  const double ag = ms(kComm), recycle = ms((kLayers - 1) * (kComm - kBackward)),
+               drain = ms(kComm);
+  EXPECT_NEAR(m.exposed_ag_ms, ag, kExact);              // 10 ms
+  EXPECT_NEAR(m.rs_recycle_stall_ms, recycle, kExact);   // 22.5 ms
+  EXPECT_NEAR(m.rs_drain_ms, drain, kExact);             // 10 ms
+  EXPECT_NEAR(m.exposed_comm_ms, ag + recycle + drain, kExact);  // 42.5 ms
+  EXPECT_NEAR(m.ag_rs_overlap_ms, 0.0, kExact);          // no backward all-gathers
 }
 
 // k = 2 lets block i's copy-in skip the wait for RS(i+1); the RS stream still runs the
-// reduce-scatters back to back, so the stall moves to the drain. With C = kComm, B = kBackward:
-// block 1 waits for RS(3) (done at C, block 1 arrives at 2B): C - 2B; block 0 waits for RS(2)
-// (done at 2C, arrives at C + B): C - B; the drain waits for RS(1) and RS(0), from 2C to 4C.
+// reduce-scatters back to back, so the stall moves to the drain. Block 1 waits for RS(3)
+// (done at C, block 1 arrives at 2B): C - 2B; block 0 waits for RS(2) (done at 2C, arrives
+// at C + B): C - B; the drain waits for RS(1) and RS(0), from 2C to 4C.
 TEST(TraceForced, TwoBuffersShrinkTheRecycleStall) {
-  const runtime::TimelineMetrics k1 = metrics(forced(1, false, false));
   const runtime::TimelineMetrics k2 = metrics(forced(2, false, false));
-  const double recycle = (2 * kComm - 3 * kBackward) / 1e3, drain = 2 * kComm / 1e3;
-  EXPECT_NEAR(k2.rs_recycle_stall_ms, recycle, 0.1 * recycle);
-  EXPECT_NEAR(k2.rs_drain_ms, drain, 0.1 * drain);
-  EXPECT_LT(k2.rs_recycle_stall_ms, 0.8 * k1.rs_recycle_stall_ms);
+  const double recycle = ms(2 * kComm - 3 * kBackward), drain = ms(2 * kComm);
+  EXPECT_NEAR(k2.rs_recycle_stall_ms, recycle, kExact);  // 12.5 ms, against 22.5 for k = 1
+  EXPECT_NEAR(k2.rs_drain_ms, drain, kExact);            // 20 ms
+  EXPECT_NEAR(k2.exposed_ag_ms, ms(kComm), kExact);      // 10 ms
+  EXPECT_NEAR(k2.exposed_comm_ms, ms(kComm) + recycle + drain, kExact);  // 42.5 ms
 }
 
-// With backward all-gathers (reshard on), AG(i-1) is prefetched before block i's backward and
-// takes kComm, so RS(i) starts while it runs: on its own communicator they overlap; on the
-// shared one, never.
+// With backward all-gathers (reshard on), the host issues the whole step at once, so the AG
+// stream runs its eight all-gathers back to back from the step's start: the forward's four,
+// then the backward's for blocks 3, 2, 1, 0. The backward starts at C + 4F (the first
+// all-gather, then four forward spins) and RS(3) at C + 4F + B.
+//  - On its own communicator, RS(3) overlaps AG(0), which ends at 8C: 8C - (C + 4F + B).
+//    Stalls are as without backward all-gathers, since every backward AG is done in time.
+//  - On the shared one, collectives run in issue order: AG(1) is issued after RS(3), AG(0)
+//    after RS(2), so blocks 1 and 0 each wait a whole C for their all-gather, and nothing
+//    overlaps.
 TEST(TraceForced, SeparateGroupOverlapsAgAndRsSharedNever) {
-  EXPECT_GT(metrics(forced(1, true, true)).ag_rs_overlap_ms, 0.25 * kComm / 1e3);
-  EXPECT_EQ(metrics(forced(1, true, false)).ag_rs_overlap_ms, 0.0);
+  const runtime::TimelineMetrics separate = metrics(forced(1, true, true));
+  const double recycle = ms((kLayers - 1) * (kComm - kBackward)), drain = ms(kComm);
+  EXPECT_NEAR(separate.ag_rs_overlap_ms, ms(7 * kComm - 4 * kForward - kBackward), kExact);  // 7.5
+  EXPECT_NEAR(separate.exposed_ag_ms, ms(kComm), kExact);          // 10 ms
+  EXPECT_NEAR(separate.rs_recycle_stall_ms, recycle, kExact);      // 22.5 ms
+  EXPECT_NEAR(separate.rs_drain_ms, drain, kExact);                // 10 ms
+
+  const runtime::TimelineMetrics shared = metrics(forced(1, true, false));
+  EXPECT_NEAR(shared.ag_rs_overlap_ms, 0.0, kExact);
+  EXPECT_NEAR(shared.exposed_ag_ms, ms(3 * kComm), kExact);        // 30 ms
+  EXPECT_NEAR(shared.rs_recycle_stall_ms, recycle, kExact);        // 22.5 ms
+  EXPECT_NEAR(shared.rs_drain_ms, drain, kExact);                  // 10 ms
+  EXPECT_NEAR(shared.exposed_comm_ms, ms(3 * kComm) + recycle + drain, kExact);  // 62.5 ms
 }
 
 }  // namespace

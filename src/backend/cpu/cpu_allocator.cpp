@@ -1,6 +1,7 @@
 #include "backend/cpu/cpu_allocator.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -34,28 +35,69 @@ void* CheckedAllocator::allocate(size_t bytes, MemTag tag) {
   return ptr;
 }
 
-size_t CheckedAllocator::forget(void* ptr) {
-  return ledger_.remove(ptr, "this device").bytes;
+core::AllocationLedger::Entry CheckedAllocator::forget(void* ptr) {
+  return ledger_.remove(ptr, "this device");
 }
 
-void CheckedAllocator::release(void* ptr, size_t bytes) {
+std::string CheckedAllocator::written_after_free(const Quarantined& q) {
+  const auto* bytes = static_cast<const unsigned char*>(q.ptr);
+  const size_t n = q.entry.bytes;
+  size_t first = n;
+  // Word by word (the block is 64-byte aligned), then the tail.
+  size_t i = 0;
+  for (; i + sizeof(uint64_t) <= n; i += sizeof(uint64_t)) {
+    uint64_t word;
+    std::memcpy(&word, bytes + i, sizeof word);
+    if (word != ~uint64_t{0}) break;
+  }
+  for (; i < n; ++i)
+    if (bytes[i] != kPoisonByte) {
+      first = i;
+      break;
+    }
+  if (first == n) return {};
+  size_t last = n - 1;
+  while (bytes[last] == kPoisonByte) --last;
+  return detail::concat("memory was written after it was freed: the ", mem_tag_name(q.entry.tag),
+                        " allocation of ", n, " bytes, changed in bytes ", first, "..", last,
+                        " (a stream wrote into it after the free, with no event ordering the "
+                        "write before the free's stream)");
+}
+
+void CheckedAllocator::release(void* ptr, core::AllocationLedger::Entry entry) {
   if (!checked_) {
     std::free(ptr);
     return;
   }
-  std::memset(ptr, kPoisonByte, bytes);
+  std::memset(ptr, kPoisonByte, entry.bytes);
   std::deque<Quarantined> expired;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    quarantine_.push_back({ptr, bytes});
-    quarantine_bytes_ += bytes;
-    while (quarantine_bytes_ > kQuarantineBytes && !quarantine_.empty()) {
-      quarantine_bytes_ -= quarantine_.front().bytes;
+    quarantine_.push_back({ptr, entry});
+    quarantine_bytes_ += entry.bytes;
+    while (quarantine_bytes_ > quarantine_limit_ && !quarantine_.empty()) {
+      quarantine_bytes_ -= quarantine_.front().entry.bytes;
       expired.push_back(quarantine_.front());
       quarantine_.pop_front();
     }
   }
-  for (auto& q : expired) std::free(q.ptr);
+  std::string failure;
+  for (auto& q : expired) {
+    if (failure.empty()) failure = written_after_free(q);
+    std::free(q.ptr);
+  }
+  if (!failure.empty()) FSDP_FAIL(failure);
+}
+
+std::string CheckedAllocator::check_quarantine() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& q : quarantine_) {
+    std::string failure = written_after_free(q);
+    if (failure.empty()) continue;
+    std::memset(q.ptr, kPoisonByte, q.entry.bytes);
+    return failure;
+  }
+  return {};
 }
 
 MemStats CheckedAllocator::stats() const { return ledger_.stats(); }

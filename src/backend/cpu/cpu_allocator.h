@@ -1,11 +1,13 @@
 // The CPU backend's allocator: exact per-tag accounting at call time, and in checked mode
-// poisoned, quarantined frees so that use-after-free shows up as NaN.
+// poisoned, quarantined frees so that a read after free shows up as NaN and a write after
+// free as an error.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "core/allocation_ledger.h"
@@ -13,16 +15,16 @@
 
 namespace fsdp::cpu {
 
-// Freed memory stays poisoned and out of circulation until this much is quarantined, so a
-// late reader finds NaN rather than someone else's fresh data.
-constexpr size_t kQuarantineBytes = size_t{256} << 20;
 constexpr size_t kAllocAlignment = 64;
 // 0xFF bytes are a NaN in fp32 (0xFFFFFFFF) and in bf16 (0xFFFF).
 constexpr unsigned char kPoisonByte = 0xFF;
 
 class CheckedAllocator {
  public:
-  explicit CheckedAllocator(bool checked) : checked_(checked) {}
+  // Freed memory stays poisoned and out of circulation until more than `quarantine_bytes` is
+  // quarantined, so a late reader finds NaN rather than someone else's fresh data.
+  CheckedAllocator(bool checked, size_t quarantine_bytes)
+      : checked_(checked), quarantine_limit_(quarantine_bytes) {}
   ~CheckedAllocator();  // returns live and quarantined memory to the system
   CheckedAllocator(const CheckedAllocator&) = delete;
   CheckedAllocator& operator=(const CheckedAllocator&) = delete;
@@ -30,11 +32,16 @@ class CheckedAllocator {
   // Allocates and counts at once. In checked mode the memory starts poisoned too, so a read
   // of memory nobody wrote is as visible as a read after free.
   void* allocate(size_t bytes, MemTag tag);
-  // The call-time half of a free: uncounts the allocation and returns its size. Throws
-  // fsdp::Error for a pointer that is not live (unknown, or freed already).
-  size_t forget(void* ptr);
-  // The stream-ordered half: runs once the free's stream reached the free.
-  void release(void* ptr, size_t bytes);
+  // The call-time half of a free: uncounts the allocation and returns its size and tag.
+  // Throws fsdp::Error for a pointer that is not live (unknown, or freed already).
+  core::AllocationLedger::Entry forget(void* ptr);
+  // The stream-ordered half: runs once the free's stream reached the free. In checked mode it
+  // poisons and quarantines the block; blocks leaving quarantine are checked for writes after
+  // their free, which raise fsdp::Error naming the allocation.
+  void release(void* ptr, core::AllocationLedger::Entry entry);
+  // Checks every quarantined block for writes after its free; the message of the first one
+  // found, or "" (such a block is poisoned again, so it is reported once).
+  std::string check_quarantine();
 
   MemStats stats() const;
   void reset_peak();
@@ -43,10 +50,12 @@ class CheckedAllocator {
  private:
   struct Quarantined {
     void* ptr;
-    size_t bytes;
+    core::AllocationLedger::Entry entry;
   };
+  static std::string written_after_free(const Quarantined& q);  // "" when the poison is intact
 
   const bool checked_;
+  const size_t quarantine_limit_;
   mutable std::mutex mutex_;
   core::AllocationLedger ledger_;
   std::deque<Quarantined> quarantine_;

@@ -2,6 +2,7 @@
 // See Note [CPU backend] in cpu_device.cpp.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -11,10 +12,18 @@
 
 namespace fsdp::cpu {
 
+// The collective timeout when CpuOptions does not set one: 60 s, or the value of the
+// environment variable FSDP_CPU_COLLECTIVE_TIMEOUT_S (seconds) when that is set; ctest sets
+// 20 for the tests.
+double default_collective_timeout_s();
+
 struct CpuOptions {
   // Checked mode: freed memory is filled with NaN and quarantined (not reused for a while),
-  // so a read after an early free shows up as NaN in the results.
+  // so a read after an early free shows up as NaN in the results, and a write into it is
+  // reported when it leaves quarantine or at the next device-wide synchronize.
   bool checked = true;
+  // How many freed bytes checked mode keeps in quarantine before it gives the oldest back.
+  size_t quarantine_bytes = size_t{256} << 20;
   // Chaos mode: random delays (0..chaos_max_us) before stream ops and collective phases.
   bool chaos = false;
   uint64_t chaos_seed = 0;
@@ -22,6 +31,13 @@ struct CpuOptions {
   // A simulated link: each collective takes at least (bytes this rank receives) / link_gbps
   // (GB/s), so tests can make communication slow relative to compute. 0: as fast as memcpy.
   double link_gbps = 0;
+  // Simulated time: spins, the link and chaos delays advance a virtual clock instead of
+  // sleeping, and the timeline reports it. See Note [Virtual clock] in cpu_virtual_clock.cpp.
+  bool virtual_clock = false;
+  // A collective (or split) that waits longer than this, in wall-clock seconds, for its peers
+  // fails with an error naming the communicator, its sequence number and the ranks that did
+  // not arrive, instead of hanging. 0: wait forever.
+  double collective_timeout_s = default_collective_timeout_s();
 };
 
 // State shared by the rank threads of one launch: the in-process "network".

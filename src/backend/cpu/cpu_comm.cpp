@@ -18,10 +18,16 @@
 //    all members have read it; results that could land on a buffer a peer reads (all_reduce
 //    in place) are built in a private fp32 buffer and written only after it.
 //  - Giving up. Only the waits before the exchange can be cancelled (abort, or a failure on
-//    the member's device). A member that gives up marks the rendezvous abandoned while it
+//    the member's device) or time out (CpuOptions::collective_timeout_s, wall time: so no
+//    test hangs on a cross-communicator deadlock or a rank that never issues a collective;
+//    the error names the communicator, the sequence number and the ranks that have not
+//    arrived). A member that gives up marks the rendezvous abandoned while it
 //    still holds the lock that saw it incomplete, so the others fail too rather than read
 //    buffers that may be freed next; the departure wait is not cancellable, and needs not
 //    be, since every member that got past arrival reaches departure without blocking.
+//  - Time. A collective's timeline interval runs from its turn on the communicator to its
+//    departure. With the simulated link, the members leave link time after the last arrival
+//    (simulated under Note [Virtual clock]).
 //  - Reductions add in member order 0..n-1 in fp32 and round to the dtype once, so every rank
 //    gets bit-identical results, whatever the timing (chaos mode checks this).
 //  - split() is collective over the parent and uses the same rendezvous, on the host thread
@@ -32,7 +38,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
+#include <optional>
 #include <exception>
 #include <functional>
 #include <utility>
@@ -96,14 +102,48 @@ std::string describe_mismatch(const CommShared& shared, int64_t seq,
   return {};
 }
 
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out += (i == 0 ? "" : (i + 1 == ranks.size() ? " and " : ", ")) + std::to_string(ranks[i]);
+  return out;
+}
+
+// The error of a collective that waited past the communicator's timeout. `blocking` is the
+// collective this rank is stuck on: seq itself, or an earlier one on this rank that has not
+// finished. Caller holds shared.mutex.
+std::string timeout_message(const CommShared& shared, int member, int64_t seq,
+                            const CollectiveCall& call) {
+  const int64_t blocking = shared.finished[member];
+  const auto it = shared.open.find(blocking);
+  std::vector<int> missing;
+  for (int m = 0; m < shared.size(); ++m)
+    if (it == shared.open.end() || !it->second->present[m]) missing.push_back(shared.world_ranks[m]);
+  std::string out = detail::concat(op_name(call.op), " #", seq, " on communicator '", shared.name,
+                                   "' timed out after ", shared.timeout_s, " s: ");
+  if (blocking != seq)
+    out += detail::concat("this rank's collective #", blocking, " on it has not finished, and ");
+  out += detail::concat(missing.size() == 1 ? "rank " : "ranks ", rank_list(missing),
+                        missing.size() == 1 ? " has" : " have", " not arrived at #", blocking,
+                        " (ranks issuing collectives in different orders, or a rank that "
+                        "never issues it)");
+  return out;
+}
+
 // The rendezvous protocol of Note [CPU collectives]. `exchange` runs once all members have
 // arrived and may read their buffers; `finish` runs after all have departed.
 void run_collective(CommShared& shared, int member, int64_t seq, const CollectiveCall& call,
                     const Cancellation& cancel, const std::function<void(Rendezvous&)>& exchange,
                     const std::function<void()>& finish) {
   const int size = shared.size();
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+  if (shared.timeout_s > 0)
+    deadline = std::chrono::steady_clock::now() +
+               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                   std::chrono::duration<double>(shared.timeout_s));
   std::unique_lock<std::mutex> lock(shared.mutex);
-  wait_unless_cancelled(shared.cv, lock, cancel, [&] { return shared.finished[member] == seq; });
+  if (!shared.cv.wait(lock, &cancel, [&] { return shared.finished[member] == seq; }, deadline))
+    FSDP_FAIL(timeout_message(shared, member, seq, call));
   lock.unlock();
   restart_task_clock();  // queueing behind the previous collective is not collective time
   chaos_pause_on_this_thread();
@@ -113,25 +153,36 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
   if (!entry) entry = std::make_shared<Rendezvous>(size);
   const std::shared_ptr<Rendezvous> rv = entry;
   rv->calls[member] = call;
+  rv->present[member] = true;
   ++rv->arrived;
   shared.cv.notify_all();
-  try {
-    wait_unless_cancelled(shared.cv, lock, cancel,
-                          [&] { return rv->arrived == size || rv->abandoned; });
-  } catch (...) {
-    // Still under the lock that saw arrived < size: no member has started reading yet.
+  // Giving up, still under the lock that saw arrived < size: no member has started reading.
+  auto abandon = [&](std::string reason) {
     rv->abandoned = true;
     rv->abandoned_by = member;
+    rv->abandon_reason = std::move(reason);
     shared.finished[member] = seq + 1;
     shared.cv.notify_all();
+  };
+  bool all_arrived;
+  try {
+    all_arrived = shared.cv.wait(
+        lock, &cancel, [&] { return rv->arrived == size || rv->abandoned; }, deadline);
+  } catch (...) {
+    abandon("it was aborted or failed");
     throw;
+  }
+  if (!all_arrived) {
+    const std::string message = timeout_message(shared, member, seq, call);
+    abandon(message);
+    FSDP_FAIL(message);
   }
   if (rv->abandoned) {
     shared.finished[member] = seq + 1;
     shared.cv.notify_all();
     FSDP_FAIL(op_name(call.op), " #", seq, " on communicator '", shared.name,
               "' abandoned: member ", rv->abandoned_by, " (rank ",
-              shared.world_ranks[rv->abandoned_by], ") gave up waiting (aborted or failed)");
+              shared.world_ranks[rv->abandoned_by], ") gave up waiting: ", rv->abandon_reason);
   }
   const std::string mismatch = describe_mismatch(shared, seq, rv->calls);
   if (!mismatch.empty()) {
@@ -156,7 +207,7 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
   shared.cv.notify_all();
   // Not cancellable: once all have arrived, every member reaches this point without
   // blocking, and leaving early would let a peer's buffers go while others still read them.
-  shared.cv.wait(lock, [&] { return rv->departed == size; });
+  shared.cv.wait(lock, nullptr, [&] { return rv->departed == size; });
   shared.open.erase(seq);  // all arrived, so nobody looks it up again
   lock.unlock();
 
@@ -187,7 +238,7 @@ std::vector<float> reduce_in_member_order(const std::vector<CollectiveCall>& cal
 
 // Runs a data collective (not split) for one member, on its stream's worker thread.
 void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& call,
-             const Cancellation& cancel) {
+             const WorldState& world, const Cancellation& cancel) {
   const size_t chunk_bytes = static_cast<size_t>(call.count) * dtype_size(call.dtype);
   std::vector<float> reduced;  // reductions: this member's result, written in `finish`
   auto exchange = [&](Rendezvous& rv) {
@@ -219,7 +270,7 @@ void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& 
       const double peers = shared.size() - 1;
       const double bytes = call.op == CollectiveOp::AllReduce ? 2.0 * peers * chunk_bytes / shared.size()
                            : call.op == CollectiveOp::Broadcast ? chunk_bytes : peers * chunk_bytes;
-      std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(bytes / (shared.link_gbps * 1e3)));
+      world.pass_time(bytes / (shared.link_gbps * 1e3), &cancel);
     }
   };
   auto finish = [&] {
@@ -248,9 +299,8 @@ void CpuComm::launch(Stream s, const CollectiveCall& call) {
   // The task holds the shared state alive; the device outlives its own streams' tasks.
   device_.enqueue(
       s, OpKind::Collective,
-      [shared = shared_, member = member_, seq, call, cancel = &device_.cancellation()] {
-        execute(*shared, member, seq, call, *cancel);
-      });
+      [shared = shared_, member = member_, seq, call, world = device_.world().get(),
+       cancel = &device_.cancellation()] { execute(*shared, member, seq, call, *world, *cancel); });
 }
 
 void CpuComm::do_all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) {
@@ -297,7 +347,9 @@ std::unique_ptr<Comm> CpuComm::do_split(int color, int key, const std::string& n
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
       std::shared_ptr<CommShared>& slot = rv.split_children[color];
-      if (!slot) slot = std::make_shared<CommShared>(name, world_ranks, shared_->link_gbps);
+      if (!slot)
+        slot = std::make_shared<CommShared>(name, world_ranks, shared_->link_gbps,
+                                            shared_->timeout_s);
       child = slot;
     }
     result = std::make_unique<CpuComm>(device_, std::move(child), my_index, name);

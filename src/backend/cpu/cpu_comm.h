@@ -1,7 +1,6 @@
 // In-process collectives for the CPU backend. See Note [CPU collectives] in cpu_comm.cpp.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -10,6 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_device.h"
+#include "backend/cpu/cpu_virtual_clock.h"
 #include "fsdp/comm.h"
 
 namespace fsdp::cpu {
@@ -33,14 +33,17 @@ struct CommShared;
 
 // One collective (communicator, sequence number) as the members meet it.
 struct Rendezvous {
-  explicit Rendezvous(int size) : calls(static_cast<size_t>(size)) {}
+  explicit Rendezvous(int size)
+      : calls(static_cast<size_t>(size)), present(static_cast<size_t>(size), false) {}
   std::vector<CollectiveCall> calls;  // indexed by member
+  std::vector<bool> present;           // indexed by member: has it arrived?
   int arrived = 0;
   int departed = 0;
   // A member gave up before all had arrived (abort, or its device failed): nobody may read
   // its buffers any more, so the others give up too instead of exchanging.
   bool abandoned = false;
   int abandoned_by = -1;
+  std::string abandon_reason;  // why it gave up: the timeout's message, or "aborted or failed"
   // Split: the new communicators' shared halves, made by the first member of each color.
   std::map<int, std::shared_ptr<CommShared>> split_children;
 };
@@ -48,18 +51,20 @@ struct Rendezvous {
 // The half of a communicator that its members share. Everything mutable is guarded by
 // `mutex`; `cv` is notified on every change.
 struct CommShared {
-  CommShared(std::string comm_name, std::vector<int> ranks, double link_gbps)
+  CommShared(std::string comm_name, std::vector<int> ranks, double link_gbps, double timeout_s)
       : name(std::move(comm_name)),
         world_ranks(std::move(ranks)),
         link_gbps(link_gbps),
+        timeout_s(timeout_s),
         finished(world_ranks.size(), 0) {}
   int size() const { return static_cast<int>(world_ranks.size()); }
 
   const std::string name;
   const std::vector<int> world_ranks;  // global rank of each member
   const double link_gbps;              // CpuOptions::link_gbps; split children inherit it
+  const double timeout_s;              // CpuOptions::collective_timeout_s; likewise
   std::mutex mutex;
-  std::condition_variable cv;
+  ClockedCondition cv;
   std::vector<int64_t> finished;  // per member: collectives finished on that member's rank
   std::map<int64_t, std::shared_ptr<Rendezvous>> open;  // by sequence number
 };

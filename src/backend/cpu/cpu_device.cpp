@@ -48,11 +48,24 @@ CpuDevice::CpuDevice(std::shared_ptr<WorldState> world, int rank)
     : world_(std::move(world)),
       rank_(rank),
       cancellation_(*world_, shutting_down_, error_),
-      allocator_(world_->options.checked) {
+      allocator_(world_->options.checked, world_->options.quarantine_bytes) {
   kernels::configure_blas_once();
+  if (world_->clock) {
+    const ClockParticipant* other = this_thread_participant();
+    FSDP_CHECK(other == nullptr || other->clock != world_->clock.get(),
+               "with the virtual clock each device needs its own host thread, and this thread "
+               "already drives another device of the world (or is one of its streams)");
+    world_->clock->join(host_participant_, /*host=*/true);
+    set_this_thread_participant(&host_participant_);
+  }
 }
 
 CpuDevice::~CpuDevice() {
+  // The host issues nothing more: simulated time need not wait for it while streams drain.
+  if (world_->clock) {
+    world_->clock->leave(host_participant_);
+    if (this_thread_participant() == &host_participant_) set_this_thread_participant(nullptr);
+  }
   // Waits that can no longer be satisfied now fail instead of blocking the join below.
   shutting_down_.store(true, std::memory_order_release);
   for (int i = num_streams_.load(std::memory_order_acquire) - 1; i >= 0; --i) streams_[i].reset();
@@ -99,6 +112,10 @@ void CpuDevice::synchronize_stream(Stream s) {
 void CpuDevice::synchronize() {
   const int n = num_streams_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) streams_[i]->wait_idle();
+  // Blocks still in quarantine are checked here too, so that a write after free is caught
+  // in a run too short to cycle the quarantine.
+  const std::string written = allocator_.check_quarantine();
+  if (!written.empty()) error_.set(detail::concat("[rank ", rank_, " ", name(), "] ", written));
   error_.rethrow_if_set();
 }
 
@@ -147,10 +164,8 @@ void CpuDevice::record_event(Event e, Stream s) {
   Task task;
   task.bookkeeping = true;
   task.run = [this, id = e.id, generation] {
-    {
-      std::lock_guard<std::mutex> lock(event_mutex_);
-      events_[id].pending.erase(generation);
-    }
+    std::lock_guard<std::mutex> lock(event_mutex_);
+    events_[id].pending.erase(generation);
     event_cv_.notify_all();
   };
   w.enqueue(std::move(task));
@@ -173,8 +188,8 @@ void CpuDevice::wait_event(Stream s, Event e) {
   task.waited_for = waited_for;
   task.run = [this, id = e.id, generation] {
     std::unique_lock<std::mutex> lock(event_mutex_);
-    wait_unless_cancelled(event_cv_, lock, cancellation_,
-                          [&] { return events_[id].pending.count(generation) == 0; });
+    event_cv_.wait(lock, &cancellation_,
+                   [&] { return events_[id].pending.count(generation) == 0; });
   };
   w.enqueue(std::move(task));
 }
@@ -191,8 +206,8 @@ void CpuDevice::synchronize_event(Event e) {
   if (sl.recorded != sl.created_at) {
     const int64_t generation = sl.recorded;
     const int id = e.id;
-    wait_unless_cancelled(event_cv_, lock, cancellation_,
-                          [&] { return events_[id].pending.count(generation) == 0; });
+    event_cv_.wait(lock, &cancellation_,
+                   [&] { return events_[id].pending.count(generation) == 0; });
   }
   lock.unlock();
   error_.rethrow_if_set();
@@ -210,11 +225,11 @@ void* CpuDevice::alloc(size_t bytes, Stream s, MemTag tag) {
 void CpuDevice::free(void* ptr, Stream s) {
   if (ptr == nullptr) return;
   StreamWorker& w = worker(s);
-  const size_t bytes = allocator_.forget(ptr);
+  const core::AllocationLedger::Entry entry = allocator_.forget(ptr);
   sample_memory();
   Task task;
   task.bookkeeping = true;
-  task.run = [this, ptr, bytes] { allocator_.release(ptr, bytes); };
+  task.run = [this, ptr, entry] { allocator_.release(ptr, entry); };
   w.enqueue(std::move(task));
 }
 

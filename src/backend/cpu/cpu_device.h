@@ -3,7 +3,6 @@
 
 #include <array>
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -89,6 +88,30 @@ class CpuDevice final : public Device {
                         void* dy) override;
   void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
                           int64_t rows, int64_t classes, float* loss, void* dlogits) override;
+  // ---- transformer ops (cpu_transformer_ops.cpp; Note [Transformer ops])
+  void embedding_forward(Stream s, const void* table, DType t, const int32_t* ids, int64_t rows,
+                         int64_t dim, void* out) override;
+  void embedding_backward(Stream s, const void* dy, DType t, const int32_t* ids, int64_t rows,
+                          int64_t dim, int64_t vocab, void* dtable) override;
+  void rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
+                        int64_t cols, float eps, void* y, float* rstd) override;
+  void rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd, const void* dy,
+                         DType t, int64_t rows, int64_t cols, void* dx, void* dw) override;
+  void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads, int64_t head_dim,
+            int64_t seq_len, float theta, bool inverse) override;
+  void attention_forward(Stream s, const void* q, int64_t ldq, const void* k, int64_t ldk,
+                         const void* v, int64_t ldv, DType t, int64_t batch, int64_t seq,
+                         int64_t heads, int64_t kv_heads, int64_t head_dim, void* out, int64_t ldo,
+                         float* lse) override;
+  void attention_backward(Stream s, const void* q, int64_t ldq, const void* k, int64_t ldk,
+                          const void* v, int64_t ldv, const void* out, int64_t ldo,
+                          const void* dout, int64_t lddo, const float* lse, DType t, int64_t batch,
+                          int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, void* dq,
+                          void* dk, void* dv) override;
+  void swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
+                      void* out) override;
+  void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
+                       int64_t ffn, void* dh) override;
   void spin(Stream s, double microseconds) override;
   void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols, uint64_t seed,
                        int64_t step, int64_t first_row, float bound) override;
@@ -129,8 +152,11 @@ class CpuDevice final : public Device {
   CheckedAllocator allocator_;
   std::atomic<const char*> label_{nullptr};
 
+  // The thread that made the device drives it; see Note [Virtual clock].
+  ClockParticipant host_participant_;
+
   std::mutex event_mutex_;
-  std::condition_variable event_cv_;
+  ClockedCondition event_cv_;
   std::vector<EventSlot> events_;
   std::vector<int> free_event_ids_;
 

@@ -289,6 +289,12 @@ void CpuDevice::synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int6
 }
 
 void CpuDevice::spin(Stream s, double microseconds) {
+  if (world_->clock) {
+    // Simulated: the stream is occupied for exactly that long on the virtual clock.
+    enqueue(s, OpKind::Kernel,
+            [this, microseconds] { world_->pass_time(microseconds, &cancellation_); });
+    return;
+  }
   enqueue(s, OpKind::Kernel, [microseconds] { kernels::spin(microseconds); });
 }
 

@@ -55,16 +55,18 @@ Timeline TimelineRecorder::take() {
 
 // ---- chaos
 
-ChaosDelay::ChaosDelay(const CpuOptions& options, int rank, int stream_id)
-    : on_(options.chaos && options.chaos_max_us > 0),
-      rng_(mix(mix(mix(options.chaos_seed) ^ static_cast<uint64_t>(rank)) ^
+ChaosDelay::ChaosDelay(const WorldState& world, int rank, int stream_id,
+                       const Cancellation* cancel)
+    : world_(world),
+      cancel_(cancel),
+      on_(world.options.chaos && world.options.chaos_max_us > 0),
+      rng_(mix(mix(mix(world.options.chaos_seed) ^ static_cast<uint64_t>(rank)) ^
                static_cast<uint64_t>(stream_id))),
-      micros_(0, options.chaos_max_us > 0 ? options.chaos_max_us : 0) {}
+      micros_(0, world.options.chaos_max_us > 0 ? world.options.chaos_max_us : 0) {}
 
 void ChaosDelay::pause() {
   if (!on_) return;
-  const int us = micros_(rng_);
-  if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+  world_.pass_time(micros_(rng_), cancel_);
 }
 
 void chaos_pause_on_this_thread() {
@@ -85,16 +87,24 @@ StreamWorker::StreamWorker(StreamHost host, int id, std::string name)
     : host_(std::move(host)),
       id_(id),
       name_(std::move(name)),
-      chaos_(host_.world->options, host_.rank, id),
-      thread_([this] { loop(); }) {}
+      chaos_(*host_.world, host_.rank, id, host_.cancellation),
+      thread_(start()) {}
+
+std::thread StreamWorker::start() {
+  // A participant from before its thread runs: until it first waits for work, simulated time
+  // must not pass it by.
+  if (host_.world->clock) host_.world->clock->join(participant_, /*host=*/false);
+  return std::thread([this] { loop(); });
+}
 
 StreamWorker::~StreamWorker() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    work_cv_.notify_all();
   }
-  work_cv_.notify_all();
   thread_.join();
+  if (host_.world->clock) host_.world->clock->leave(participant_);
 }
 
 void StreamWorker::enqueue(Task task) {
@@ -104,14 +114,14 @@ void StreamWorker::enqueue(Task task) {
     std::lock_guard<std::mutex> lock(mutex_);
     queue_.push_back(std::move(task));
     ++enqueued_;
+    work_cv_.notify_all();
   }
-  work_cv_.notify_one();
 }
 
 void StreamWorker::wait_idle() {
   std::unique_lock<std::mutex> lock(mutex_);
   const int64_t target = enqueued_;
-  wait_unless_cancelled(idle_cv_, lock, *host_.cancellation, [&] { return finished_ >= target; });
+  idle_cv_.wait(lock, host_.cancellation, [&] { return finished_ >= target; });
 }
 
 void StreamWorker::loop() {
@@ -121,11 +131,13 @@ void StreamWorker::loop() {
   identity.device = "cpu:" + std::to_string(host_.rank);
   t_chaos = &chaos_;
   t_world = host_.world.get();
+  if (host_.world->clock) set_this_thread_participant(&participant_);
   for (;;) {
     Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      work_cv_.wait(lock, [&] { return !queue_.empty() || stopping_; });
+      // Not cancellable: the worker stops only through stopping_, after draining its queue.
+      work_cv_.wait(lock, nullptr, [&] { return !queue_.empty() || stopping_; });
       // On shutdown the queue still drains: its bookkeeping releases memory.
       if (queue_.empty()) break;
       task = std::move(queue_.front());
@@ -136,15 +148,20 @@ void StreamWorker::loop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       ++finished_;
+      idle_cv_.notify_all();
     }
-    idle_cv_.notify_all();
   }
   t_chaos = nullptr;
   t_world = nullptr;
+  set_this_thread_participant(nullptr);
 }
 
 void StreamWorker::run_one(Task& task) {
-  chaos_.pause();
+  try {
+    chaos_.pause();
+  } catch (const std::exception& e) {
+    host_.error->set(e.what());  // cancelled while paused; the error says why
+  }
   // After a failure the stream keeps draining but skips the work, as a CUDA stream in a
   // sticky error state does; synchronize reports the failure.
   if (!task.bookkeeping && host_.error->is_set()) return;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -59,13 +58,15 @@ struct StreamHost {
 };
 
 // Random delays for chaos mode, from a generator seeded by (seed, rank, stream) so a run's
-// delays are reproducible.
+// delays are reproducible. They are simulated under the virtual clock.
 class ChaosDelay {
  public:
-  ChaosDelay(const CpuOptions& options, int rank, int stream_id);
+  ChaosDelay(const WorldState& world, int rank, int stream_id, const Cancellation* cancel);
   void pause();
 
  private:
+  const WorldState& world_;
+  const Cancellation* cancel_;
   bool on_;
   std::mt19937_64 rng_;
   std::uniform_int_distribution<int> micros_;
@@ -98,6 +99,7 @@ class StreamWorker {
   const char* last_label() const { return last_label_.load(std::memory_order_relaxed); }
 
  private:
+  std::thread start();
   void loop();
   void run_one(Task& task);
 
@@ -105,11 +107,12 @@ class StreamWorker {
   const int id_;
   const std::string name_;
   ChaosDelay chaos_;
+  ClockParticipant participant_;  // joined to the world's virtual clock, if it has one
   std::atomic<const char*> last_label_{nullptr};
 
   std::mutex mutex_;
-  std::condition_variable work_cv_;  // the worker waits here for tasks
-  std::condition_variable idle_cv_;  // synchronizers wait here for progress
+  ClockedCondition work_cv_;  // the worker waits here for tasks
+  ClockedCondition idle_cv_;  // synchronizers wait here for progress
   std::deque<Task> queue_;
   int64_t enqueued_ = 0;
   int64_t finished_ = 0;

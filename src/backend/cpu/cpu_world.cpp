@@ -1,5 +1,7 @@
 // CpuWorld and the state it shares with its devices and communicators.
+#include <cstdlib>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 #include "backend/cpu/cpu_backend.h"
@@ -10,17 +12,41 @@
 
 namespace fsdp::cpu {
 
+double default_collective_timeout_s() {
+  const char* env = std::getenv("FSDP_CPU_COLLECTIVE_TIMEOUT_S");
+  if (env == nullptr || *env == '\0') return 60.0;
+  char* end = nullptr;
+  const double seconds = std::strtod(env, &end);
+  FSDP_CHECK(end != env && *end == '\0' && seconds >= 0,
+             "FSDP_CPU_COLLECTIVE_TIMEOUT_S must be a number of seconds >= 0, got '", env, "'");
+  return seconds;
+}
+
 // ---- WorldState
 
 WorldState::WorldState(int world_size, CpuOptions opts)
     : size(world_size),
       options(opts),
       origin(std::chrono::steady_clock::now()),
+      clock(opts.virtual_clock ? std::make_unique<VirtualClock>(world_size) : nullptr),
       world_comms_made_(static_cast<size_t>(world_size), 0) {}
 
 double WorldState::now_us() const {
+  if (clock) return clock->now_us();
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - origin)
       .count();
+}
+
+void WorldState::pass_time(double us, const Cancellation* cancel) const {
+  if (!(us > 0)) return;
+  if (!clock) {
+    std::this_thread::sleep_for(std::chrono::duration<double, std::micro>(us));
+    return;
+  }
+  ClockParticipant* self = this_thread_participant();
+  FSDP_CHECK(self != nullptr && self->clock == clock.get(),
+             "virtual clock: timed work on a thread that is not one of the world's streams");
+  clock->sleep_for(*self, us, cancel);
 }
 
 void WorldState::abort(const std::string& why) {
@@ -46,7 +72,7 @@ std::shared_ptr<CommShared> WorldState::world_comm(int rank) {
     std::iota(ranks.begin(), ranks.end(), 0);
     world_comms_.push_back(
         std::make_shared<CommShared>(k == 0 ? "world" : detail::concat("world#", k), ranks,
-                                     options.link_gbps));
+                                     options.link_gbps, options.collective_timeout_s));
   }
   return world_comms_[static_cast<size_t>(k)];
 }
@@ -83,6 +109,8 @@ struct CpuWorld::Impl {
 CpuWorld::CpuWorld(int world_size, CpuOptions options) : impl_(std::make_unique<Impl>()) {
   FSDP_CHECK(world_size >= 1, "CPU world size ", world_size, " (need at least 1)");
   FSDP_CHECK(options.chaos_max_us >= 0, "chaos_max_us ", options.chaos_max_us);
+  FSDP_CHECK(options.collective_timeout_s >= 0, "collective_timeout_s ",
+             options.collective_timeout_s, " (need >= 0; 0 waits forever)");
   impl_->state = std::make_shared<WorldState>(world_size, options);
 }
 

@@ -5,13 +5,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_virtual_clock.h"
 
 namespace fsdp::cpu {
 
@@ -28,8 +28,13 @@ struct WorldState {
   const CpuOptions options;
   // The timeline clock's origin, shared by all ranks so their timelines line up.
   const std::chrono::steady_clock::time_point origin;
+  // Null unless options.virtual_clock; then it is the timeline's clock.
+  const std::unique_ptr<VirtualClock> clock;
 
   double now_us() const;
+  // Lets `us` microseconds pass on the calling thread: simulated with the virtual clock (the
+  // thread must be a participant), else a sleep.
+  void pass_time(double us, const Cancellation* cancel) const;
   void abort(const std::string& why);
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   std::string abort_reason() const;
@@ -75,15 +80,5 @@ class Cancellation {
   const std::atomic<bool>& shutting_down_;
   const StickyError& error_;
 };
-
-// Blocks until done() holds, throwing fsdp::Error when the wait is cancelled first.
-template <typename Done>
-void wait_unless_cancelled(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-                           const Cancellation& cancel, Done done) {
-  while (!done()) {
-    cancel.throw_if_cancelled();
-    cv.wait_for(lock, kCancelPollInterval);
-  }
-}
 
 }  // namespace fsdp::cpu

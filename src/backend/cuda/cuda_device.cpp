@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cudnn_attention.h"
 
 namespace fsdp::cuda {
 
@@ -22,6 +25,12 @@ CudaDevice::OpScope::~OpScope() {
 }
 
 CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
+  if (const char* choice = std::getenv("FSDP_ATTENTION"); choice && *choice) {
+    const std::string value = choice;
+    FSDP_CHECK(value == "cudnn" || value == "simt",
+               "FSDP_ATTENTION must be cudnn or simt, got '", value, "'");
+    attention_simt_ = value == "simt";
+  }
   FSDP_CUDA_CHECK(cudaSetDevice(ordinal_));
   cudaMemPoolProps props{};
   props.allocType = cudaMemAllocationTypePinned;
@@ -49,6 +58,7 @@ CudaDevice::~CudaDevice() {
   (void)cudaSetDevice(ordinal_);
   for (const StreamEntry& s : streams_) (void)cudaStreamSynchronize(s.native);
   gemm_.reset();
+  cudnn_attention_.reset();
   staging_.reset();
   for (cudaEvent_t e : events_)
     if (e) (void)cudaEventDestroy(e);

@@ -32,6 +32,8 @@
 
 namespace fsdp::cuda {
 
+class CudnnAttention;
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(int ordinal);
@@ -107,6 +109,34 @@ class CudaDevice final : public Device {
                        int64_t step, int64_t first_row, float bound) override;
   void spin(Stream s, double microseconds) override;
 
+  // ---- transformer ops (Note [Transformer ops]; cuda_transformer_ops.cpp). Attention in bf16
+  // runs on cuDNN's fused engines (Note [cuDNN attention]), in fp32 on the CUDA-core kernel of
+  // attention_simt.cu; FSDP_ATTENTION=simt sends bf16 there too.
+  void embedding_forward(Stream s, const void* table, DType t, const int32_t* ids, int64_t rows,
+                         int64_t dim, void* out) override;
+  void embedding_backward(Stream s, const void* dy, DType t, const int32_t* ids, int64_t rows,
+                          int64_t dim, int64_t vocab, void* dtable) override;
+  void rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
+                        int64_t cols, float eps, void* y, float* rstd) override;
+  void rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd,
+                         const void* dy, DType t, int64_t rows, int64_t cols, void* dx,
+                         void* dw) override;
+  void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
+            int64_t head_dim, int64_t seq_len, float theta, bool inverse) override;
+  void attention_forward(Stream s, const void* q, int64_t ldq, const void* k, int64_t ldk,
+                         const void* v, int64_t ldv, DType t, int64_t batch, int64_t seq,
+                         int64_t heads, int64_t kv_heads, int64_t head_dim, void* out,
+                         int64_t ldo, float* lse) override;
+  void attention_backward(Stream s, const void* q, int64_t ldq, const void* k, int64_t ldk,
+                          const void* v, int64_t ldv, const void* out, int64_t ldo,
+                          const void* dout, int64_t lddo, const float* lse, DType t,
+                          int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                          int64_t head_dim, void* dq, void* dk, void* dv) override;
+  void swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
+                      void* out) override;
+  void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
+                       int64_t ffn, void* dh) override;
+
   void set_label(const char* label) override { label_ = label ? label : ""; }
   void enable_timeline(bool on) override;
   Timeline take_timeline() override;
@@ -115,6 +145,10 @@ class CudaDevice final : public Device {
 
   // ---- beyond the Device interface
   int ordinal() const { return ordinal_; }
+  // Whether bf16 attention runs on cuDNN (the default) or on the CUDA-core kernel
+  // (FSDP_ATTENTION=simt), and how many cuDNN attention plans are cached.
+  bool attention_on_cudnn() const { return !attention_simt_; }
+  size_t cudnn_attention_plans() const;
   void make_current() const;
   cudaStream_t native(Stream s) const;
   // The pool's own counters (cudaMemPoolAttrUsedMemCurrent / UsedMemHigh): every live pool
@@ -161,6 +195,8 @@ class CudaDevice final : public Device {
   core::AllocationLedger ledger_;
 
   std::unique_ptr<LtGemm> gemm_;
+  std::unique_ptr<CudnnAttention> cudnn_attention_;  // made at the first bf16 attention
+  bool attention_simt_ = false;                       // FSDP_ATTENTION=simt
   std::unique_ptr<StagingRing> staging_;
   TimelineRecorder timeline_;
   const char* label_ = "";

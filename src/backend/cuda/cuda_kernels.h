@@ -119,4 +119,47 @@ void cross_entropy_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const v
                         DType t, const int32_t* labels, int64_t rows, int64_t classes, float* loss,
                         void* dlogits);
 
+// ---- transformer ops (Note [Transformer ops]; kernels_transformer.cu). Shapes are checked by
+// the CudaDevice callers; scratch (the embedding backward's sort, RMSNorm's dw partials) is
+// stream-ordered from `scratch_pool`.
+void embedding_forward(cudaStream_t stream, const void* table, DType t, const int32_t* ids,
+                       int64_t rows, int64_t dim, void* out);
+void embedding_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* dy, DType t,
+                        const int32_t* ids, int64_t rows, int64_t dim, int64_t vocab,
+                        void* dtable);
+void rms_norm_forward(cudaStream_t stream, const void* x, const void* w, DType t, int64_t rows,
+                      int64_t cols, float eps, void* y, float* rstd);
+void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* x,
+                       const void* w, const float* rstd, const void* dy, DType t, int64_t rows,
+                       int64_t cols, void* dx, void* dw);
+// The widest RMSNorm row the backward handles (its dw partials live in shared memory).
+constexpr int64_t kRmsNormMaxCols = 12288;
+// inv_freq[i] = theta^(-2i/head_dim), computed on the host exactly as the CPU backend does.
+constexpr int kRopeMaxHalf = 256;
+struct RopeFreqs {
+  float inv_freq[kRopeMaxHalf];
+};
+void rope(cudaStream_t stream, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
+          int64_t head_dim, int64_t seq_len, const RopeFreqs& freqs, bool inverse);
+void swiglu_forward(cudaStream_t stream, const void* h, DType t, int64_t rows, int64_t ffn,
+                    void* out);
+void swiglu_backward(cudaStream_t stream, const void* h, const void* dout, DType t, int64_t rows,
+                     int64_t ffn, void* dh);
+
+// ---- attention on CUDA cores (attention_simt.cu): flash-style tiles, fp32 math, no T x T
+// buffer. The path for fp32 activations (cuDNN's fused attention is fp16/bf16 only), and for
+// bf16 when FSDP_ATTENTION=simt asks for it. Layout and lse as Device::attention_forward.
+struct AttentionArgs {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0, lddo = 0;
+};
+constexpr int64_t kSimtAttentionMaxHeadDim = 128;
+void attention_forward_simt(cudaStream_t stream, const AttentionArgs& a, DType t, const void* q,
+                            const void* k, const void* v, void* out, float* lse);
+// Needs `delta` scratch of batch*heads*seq floats (rowwise dout . out).
+void attention_backward_simt(cudaStream_t stream, cudaMemPool_t scratch_pool,
+                             const AttentionArgs& a, DType t, const void* q, const void* k,
+                             const void* v, const void* out, const void* dout, const float* lse,
+                             void* dq, void* dk, void* dv);
+
 }  // namespace fsdp::cuda::kernels

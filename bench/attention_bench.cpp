@@ -1,0 +1,167 @@
+// The transformer's fused ops alone on one GPU, through the Device interface the engine uses:
+// causal GQA attention forward + backward (cuDNN's fused engines, and the CUDA-core kernel that
+// FSDP_ATTENTION=simt selects), then RMSNorm, RoPE, SwiGLU and the embedding, at the llama1b
+// shape (dim 2048, 32 heads, 4 kv heads, head_dim 64, ffn 5632, vocab 32000), bf16.
+// Usage: build/bench/attention_bench [batch=4] [seq=2048] [reps=20]
+// Attention FLOPs count the causal half: forward 2 matmuls x 2 b h s^2 d / 2, backward 5 of them.
+// Memory ops report the bytes they must read and write over their time (GB/s).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+
+namespace {
+
+using namespace fsdp;
+
+struct Buffers {
+  Device& d;
+  Stream s;
+  std::vector<void*> owned;
+  void* get(int64_t n, DType t, float bound = 0.5f) {
+    const int64_t cols = 64;
+    const int64_t rows = (n + cols - 1) / cols;
+    void* p = d.alloc(static_cast<size_t>(rows * cols) * dtype_size(t), s, MemTag::Other);
+    d.synthetic_batch(s, p, t, rows, cols, 7 + owned.size(), 0, 0, bound);  // random, no zeros
+    owned.push_back(p);
+    return p;
+  }
+  ~Buffers() {
+    for (void* p : owned) d.free(p, s);
+    synchronize_in_destructor(d);
+  }
+};
+
+// Median milliseconds of `reps` timed calls of `body` (after 3 warm-up calls).
+double median_ms(Device& d, int reps, const std::function<void()>& body) {
+  for (int i = 0; i < 3; ++i) body();
+  d.synchronize();
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    body();
+    d.synchronize();
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void report_flops(const std::string& what, double ms, double flops) {
+  std::printf("%-44s %9.3f ms  %7.1f TFLOP/s\n", what.c_str(), ms, flops / (ms * 1e-3) / 1e12);
+}
+void report_bytes(const std::string& what, double ms, double bytes) {
+  std::printf("%-44s %9.3f ms  %7.1f GB/s\n", what.c_str(), ms, bytes / (ms * 1e-3) / 1e9);
+}
+
+void bench_attention(Device& d, const char* path, int64_t batch, int64_t seq, int reps) {
+  const int64_t heads = 32, kv_heads = 4, hd = 64, rows = batch * seq;
+  const int64_t ld = (heads + 2 * kv_heads) * hd, ldo = heads * hd;
+  const DType t = DType::BF16;
+  const Stream s = d.create_stream("bench", StreamPriority::Normal);
+  Buffers b{d, s, {}};
+  auto* qkv = static_cast<char*>(b.get(rows * ld, t, 1.0f));
+  char* q = qkv;
+  char* k = qkv + heads * hd * 2;
+  char* v = qkv + (heads + kv_heads) * hd * 2;
+  void* out = b.get(rows * ldo, t);
+  void* dout = b.get(rows * ldo, t);
+  auto* lse = static_cast<float*>(b.get(batch * heads * seq, DType::F32));
+  auto* dqkv = static_cast<char*>(b.get(rows * ld, t));
+  auto forward = [&] {
+    d.attention_forward(s, q, ld, k, ld, v, ld, t, batch, seq, heads, kv_heads, hd, out, ldo, lse);
+  };
+  auto backward = [&] {
+    d.attention_backward(s, q, ld, k, ld, v, ld, out, ldo, dout, ldo, lse, t, batch, seq, heads,
+                         kv_heads, hd, dqkv, dqkv + heads * hd * 2,
+                         dqkv + (heads + kv_heads) * hd * 2);
+  };
+  const double matmul_flops = 2.0 * batch * heads * seq * seq * hd / 2;  // causal half
+  const std::string shape = " b" + std::to_string(batch) + " s" + std::to_string(seq);
+  const double fwd = median_ms(d, reps, forward);
+  report_flops(std::string("attention fwd ") + path + shape, fwd, 2 * matmul_flops);
+  forward();
+  const double bwd = median_ms(d, reps, backward);
+  report_flops(std::string("attention bwd ") + path + shape, bwd, 5 * matmul_flops);
+  report_flops(std::string("attention fwd+bwd ") + path + shape, fwd + bwd, 7 * matmul_flops);
+}
+
+void bench_row_ops(Device& d, int64_t rows, int reps) {
+  const int64_t dim = 2048, heads = 32, kv_heads = 4, hd = 64, ffn = 5632, vocab = 32000;
+  const DType t = DType::BF16;
+  const double e = 2.0;  // bytes per element
+  const Stream s = d.create_stream("bench", StreamPriority::Normal);
+  Buffers b{d, s, {}};
+  void* x = b.get(rows * dim, t);
+  void* w = b.get(dim, t);
+  void* y = b.get(rows * dim, t);
+  void* dy = b.get(rows * dim, t);
+  void* dx = b.get(rows * dim, t);
+  void* dw = b.get(dim, t);
+  auto* rstd = static_cast<float*>(b.get(rows, DType::F32));
+  const double act = static_cast<double>(rows) * dim * e;
+  report_bytes("rms_norm fwd " + std::to_string(rows) + "x2048",
+               median_ms(d, reps, [&] { d.rms_norm_forward(s, x, w, t, rows, dim, 1e-5f, y, rstd); }),
+               2 * act);
+  report_bytes("rms_norm bwd " + std::to_string(rows) + "x2048",
+               median_ms(d, reps,
+                         [&] { d.rms_norm_backward(s, x, w, rstd, dy, t, rows, dim, dx, dw); }),
+               3 * act);
+  const int64_t ld = (heads + 2 * kv_heads) * hd;
+  void* qkv = b.get(rows * ld, t);
+  report_bytes("rope q+k (in place, ld " + std::to_string(ld) + ")",
+               median_ms(d, reps,
+                         [&] {
+                           d.rope(s, qkv, ld, t, rows, heads + kv_heads, hd, 2048, 1e4f, false);
+                         }),
+               2.0 * rows * (heads + kv_heads) * hd * e);
+  void* h = b.get(rows * 2 * ffn, t);
+  void* g = b.get(rows * ffn, t);
+  void* dh = b.get(rows * 2 * ffn, t);
+  report_bytes("swiglu fwd " + std::to_string(rows) + "x5632",
+               median_ms(d, reps, [&] { d.swiglu_forward(s, h, t, rows, ffn, g); }),
+               3.0 * rows * ffn * e);
+  report_bytes("swiglu bwd " + std::to_string(rows) + "x5632",
+               median_ms(d, reps, [&] { d.swiglu_backward(s, h, g, t, rows, ffn, dh); }),
+               5.0 * rows * ffn * e);
+  void* table = b.get(vocab * dim, t);
+  void* dtable = b.get(vocab * dim, t);
+  std::vector<int32_t> host_ids(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) host_ids[static_cast<size_t>(r)] = (r * 7919) % vocab;
+  auto* ids = static_cast<int32_t*>(b.get(rows, DType::F32));
+  d.copy_from_host(s, ids, host_ids.data(), host_ids.size() * 4);
+  report_bytes("embedding fwd " + std::to_string(rows) + "x2048",
+               median_ms(d, reps, [&] { d.embedding_forward(s, table, t, ids, rows, dim, y); }),
+               2 * act);
+  report_bytes("embedding bwd (writes the 32000x2048 table)",
+               median_ms(d, reps,
+                         [&] { d.embedding_backward(s, dy, t, ids, rows, dim, vocab, dtable); }),
+               act + static_cast<double>(vocab) * dim * e);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int64_t batch = argc > 1 ? std::atoll(argv[1]) : 4;
+  const int64_t seq = argc > 2 ? std::atoll(argv[2]) : 2048;
+  const int reps = argc > 3 ? std::atoi(argv[3]) : 20;
+  // Each part runs on its own device, so a failure in one (reported as one line) leaves the
+  // others measured; the exit status is the worst of the three.
+  int rc = fsdp::bench::run_on_gpu(
+      "attention_bench", [&](fsdp::Device& d) { bench_attention(d, "cudnn", batch, seq, reps); });
+  if (rc == 77) return rc;
+  rc = std::max(rc, fsdp::bench::run_on_gpu(
+                        "attention_bench", [&](fsdp::Device& d) { bench_row_ops(d, batch * seq, reps); }));
+  setenv("FSDP_ATTENTION", "simt", 1);  // the CUDA-core kernel, for comparison
+  rc = std::max(rc, fsdp::bench::run_on_gpu("attention_bench", [&](fsdp::Device& d) {
+    bench_attention(d, "simt", batch, seq, std::max(3, reps / 4));
+  }));
+  return rc;
+}

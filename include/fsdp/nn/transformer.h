@@ -1,0 +1,145 @@
+// A Llama-style decoder: token embedding, pre-norm blocks of causal grouped-query attention with
+// rotary position embeddings and a SwiGLU feed-forward, a final RMSNorm and an untied LM head.
+// docs/transformer.md describes the model, its parameter names and its FLOP count.
+//
+// Note [Transformer layout]
+// Activations are [tokens, width] with token r = b * seq_len + i (sequence b, position i), so a
+// rank's batch is tokens / seq_len whole sequences. The fused weights keep Hugging Face's
+// layout: wqkv's rows are the q heads, then the k heads, then the v heads; w13's rows are the
+// gate (w1) rows, then the up (w3) rows. RoPE uses the "rotate half" pairing, so the q and k
+// rows load into Hugging Face's LlamaForCausalLM as they are.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "fsdp/module.h"
+
+namespace fsdp::nn {
+
+class Linear;
+
+struct TransformerConfig {
+  int layers = 2;
+  int64_t dim = 64;
+  int64_t heads = 4;
+  int64_t kv_heads = 4;  // grouped-query attention: each kv head serves heads / kv_heads q heads
+  int64_t ffn_dim = 192;
+  int64_t seq_len = 32;
+  int64_t vocab = 256;
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  uint64_t seed = 1;
+
+  int64_t head_dim() const { return dim / heads; }
+  // One-line errors for sizes the model cannot take (dim not a multiple of heads, odd head_dim...).
+  void validate() const;
+};
+
+// Every parameter, the embedding and the head included:
+//   2 * vocab * dim + dim + layers * (dim * (heads + 2 * kv_heads) * head_dim
+//                                     + heads * head_dim * dim + 3 * dim * ffn_dim + 2 * dim)
+int64_t transformer_param_count(const TransformerConfig& c);
+// Training FLOPs per token for MFU (docs/transformer.md): 6 * (params - vocab * dim) for the
+// GEMMs (the embedding lookup is not a GEMM; the head is) plus 12 * layers * heads * head_dim *
+// seq_len for attention's two score GEMMs, counted in full although the mask is causal.
+double transformer_flops_per_token(const TransformerConfig& c);
+
+// Normal(0, std), element j a pure function of (seed, j): the same values whatever the world
+// size (see uniform_init in src/nn/layers.h).
+std::vector<float> normal_init(uint64_t seed, int64_t n, float std);
+// Init as torchtitan's Llama: Normal(0, 0.02) for the embedding and every linear except the
+// two that write into the residual stream, wo and w2, whose std shrinks with depth (layer i,
+// 0-based): 0.02 / sqrt(2 * (i + 1)). Norm weights start at 1.
+constexpr float kTransformerInitStd = 0.02f;
+float residual_projection_init_std(int layer);
+
+// out[r,:] = weight[ids[r],:]. The input is int32 token ids ([tokens, 1], DType::I32); the
+// backward returns no input gradient.
+class Embedding : public Module {
+ public:
+  Embedding(int64_t vocab, int64_t dim, uint64_t seed);
+  Param& weight() const { return *params()[0]; }
+
+ protected:
+  Tensor forward_impl(RunContext& ctx, const Tensor& ids) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+
+ private:
+  int64_t vocab_, dim_;
+  Tensor saved_ids_;
+};
+
+// y = x / sqrt(mean(x^2) + eps) * weight
+class RMSNorm : public Module {
+ public:
+  RMSNorm(int64_t dim, float eps);
+  Param& weight() const { return *params()[0]; }
+
+ protected:
+  Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+
+ private:
+  int64_t dim_;
+  float eps_;
+  Tensor saved_x_, saved_rstd_;
+};
+
+// wo(attention(rope(q), rope(k), v)) with [q | k | v] = wqkv(x), causal, grouped-query.
+class Attention : public Module {
+ public:
+  Attention(const TransformerConfig& c, int layer);
+
+ protected:
+  Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+
+ private:
+  int64_t heads_, kv_heads_, head_dim_, seq_len_;
+  float rope_theta_;
+  Linear* wqkv_;
+  Linear* wo_;
+  Tensor saved_qkv_;  // after RoPE: what the attention op read
+  Tensor saved_out_;
+  Tensor saved_lse_;
+};
+
+// w2(silu(x w1^T) * (x w3^T)), with w1 and w3 fused into one GEMM (w13).
+class FeedForward : public Module {
+ public:
+  FeedForward(int64_t dim, int64_t ffn_dim, uint64_t seed, float w2_std);
+
+ protected:
+  Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+
+ private:
+  int64_t ffn_dim_;
+  Linear* w13_;
+  Linear* w2_;
+  Tensor saved_h13_;
+};
+
+// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))
+class TransformerBlock : public Module {
+ public:
+  TransformerBlock(const TransformerConfig& c, int layer);
+
+ protected:
+  Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+
+ private:
+  Module* attention_norm_;
+  Module* attention_;
+  Module* ffn_norm_;
+  Module* feed_forward_;
+};
+
+// The seed of one parameter's init: distinct streams for each (layer, role) from the model's
+// seed. Layer -1 is the root (embedding, head).
+enum class InitRole : int { Embedding, Output, Wqkv, Wo, FeedForward };
+uint64_t transformer_param_seed(uint64_t seed, int layer, InitRole role);
+
+}  // namespace fsdp::nn

@@ -1,0 +1,411 @@
+// The transformer's ops on the CPU backend (Note [Transformer ops]): the reference the CUDA
+// kernels are tested against, so each is the plainest loop that states the contract. Inputs
+// are read as fp32, all arithmetic and sums are fp32 in a fixed order (deterministic), and each
+// output element is rounded to its dtype once. Attention materializes one query row's scores
+// at a time.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_device.h"
+#include "backend/cpu/cpu_dtype_io.h"
+#include "fsdp/error.h"
+
+namespace fsdp::cpu {
+
+namespace {
+
+void check_ptr(const void* p, const char* what, const char* op) {
+  FSDP_CHECK(p != nullptr, op, ": ", what, " is null");
+}
+
+void check_activation_dtype(DType t, const char* op) {
+  FSDP_CHECK(t == DType::F32 || t == DType::BF16, op, ": activations must be fp32 or bf16, got ",
+             dtype_name(t));
+}
+
+struct AttentionShape {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+  int64_t ldq, ldk, ldv, ldo;
+};
+
+void check_attention(const AttentionShape& a, const char* op) {
+  FSDP_CHECK(a.batch >= 1 && a.seq >= 1 && a.heads >= 1 && a.kv_heads >= 1 && a.head_dim >= 1, op,
+             ": batch ", a.batch, ", seq ", a.seq, ", heads ", a.heads, ", kv_heads ", a.kv_heads,
+             ", head_dim ", a.head_dim, " must all be positive");
+  FSDP_CHECK(a.heads % a.kv_heads == 0, op, ": heads (", a.heads,
+             ") must be a multiple of kv_heads (", a.kv_heads, ")");
+  FSDP_CHECK(a.ldq >= a.heads * a.head_dim && a.ldo >= a.heads * a.head_dim &&
+                 a.ldk >= a.kv_heads * a.head_dim && a.ldv >= a.kv_heads * a.head_dim,
+             op, ": a row stride is smaller than its row (ldq ", a.ldq, ", ldk ", a.ldk, ", ldv ",
+             a.ldv, ", ldo ", a.ldo, ")");
+}
+
+// One (batch, kv head)'s keys or values as a dense fp32 [seq, head_dim] block: read once per
+// block instead of once per query row.
+template <typename Io>
+void gather_head(const void* src, int64_t ld, int64_t first_token, int64_t col, int64_t seq,
+                 int64_t head_dim, std::vector<float>& out) {
+  out.resize(static_cast<size_t>(seq * head_dim));
+  for (int64_t j = 0; j < seq; ++j)
+    for (int64_t c = 0; c < head_dim; ++c)
+      out[static_cast<size_t>(j * head_dim + c)] = Io::load(src, (first_token + j) * ld + col + c);
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// ---- kernels
+
+template <typename Io>
+void embedding_forward_kernel(const void* table, const int32_t* ids, int64_t rows, int64_t dim,
+                              void* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t base = static_cast<int64_t>(ids[r]) * dim;
+    for (int64_t c = 0; c < dim; ++c) Io::store(out, r * dim + c, Io::load(table, base + c));
+  }
+}
+
+template <typename Io>
+void embedding_backward_kernel(const void* dy, const int32_t* ids, int64_t rows, int64_t dim,
+                               int64_t vocab, void* dtable) {
+  std::vector<float> acc(static_cast<size_t>(vocab * dim), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    FSDP_CHECK(ids[r] >= 0 && ids[r] < vocab, "embedding_backward: token id ", ids[r], " of row ",
+               r, " outside [0, ", vocab, ")");
+    float* dst = acc.data() + static_cast<int64_t>(ids[r]) * dim;
+    for (int64_t c = 0; c < dim; ++c) dst[c] += Io::load(dy, r * dim + c);
+  }
+  for (int64_t i = 0; i < vocab * dim; ++i) Io::store(dtable, i, acc[static_cast<size_t>(i)]);
+}
+
+template <typename Io>
+void rms_norm_forward_kernel(const void* x, const void* w, int64_t rows, int64_t cols, float eps,
+                             void* y, float* rstd) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float sum_sq = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = Io::load(x, r * cols + c);
+      sum_sq += v * v;
+    }
+    const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(cols) + eps);
+    rstd[r] = inv;
+    for (int64_t c = 0; c < cols; ++c)
+      Io::store(y, r * cols + c, Io::load(x, r * cols + c) * inv * Io::load(w, c));
+  }
+}
+
+// With xh = x * rstd and g = dy * w: dx = rstd * (g - xh * mean_c(g * xh)), dw = sum_r dy * xh.
+template <typename Io>
+void rms_norm_backward_kernel(const void* x, const void* w, const float* rstd, const void* dy,
+                              int64_t rows, int64_t cols, void* dx, void* dw) {
+  std::vector<float> dw_acc(static_cast<size_t>(cols), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = rstd[r];
+    float mean_gx = 0.0f;
+    for (int64_t c = 0; c < cols; ++c) {
+      const float xh = Io::load(x, r * cols + c) * inv;
+      const float d = Io::load(dy, r * cols + c);
+      mean_gx += d * Io::load(w, c) * xh;
+      dw_acc[static_cast<size_t>(c)] += d * xh;
+    }
+    mean_gx /= static_cast<float>(cols);
+    for (int64_t c = 0; c < cols; ++c) {
+      const float xh = Io::load(x, r * cols + c) * inv;
+      const float g = Io::load(dy, r * cols + c) * Io::load(w, c);
+      Io::store(dx, r * cols + c, inv * (g - xh * mean_gx));
+    }
+  }
+  for (int64_t c = 0; c < cols; ++c) Io::store(dw, c, dw_acc[static_cast<size_t>(c)]);
+}
+
+template <typename Io>
+void rope_kernel(void* x, int64_t ld, int64_t rows, int64_t heads, int64_t head_dim,
+                 int64_t seq_len, float theta, bool inverse) {
+  const int64_t half = head_dim / 2;
+  // inv_freq and the angle are fp32, as Hugging Face's LlamaRotaryEmbedding computes them.
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    inv_freq[static_cast<size_t>(i)] =
+        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  std::vector<float> cos_v(static_cast<size_t>(half)), sin_v(static_cast<size_t>(half));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float pos = static_cast<float>(r % seq_len);
+    for (int64_t i = 0; i < half; ++i) {
+      const float angle = pos * inv_freq[static_cast<size_t>(i)];
+      cos_v[static_cast<size_t>(i)] = std::cos(angle);
+      sin_v[static_cast<size_t>(i)] = inverse ? -std::sin(angle) : std::sin(angle);
+    }
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base = r * ld + h * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = Io::load(x, base + i), b = Io::load(x, base + i + half);
+        const float c = cos_v[static_cast<size_t>(i)], s = sin_v[static_cast<size_t>(i)];
+        Io::store(x, base + i, a * c - b * s);
+        Io::store(x, base + i + half, b * c + a * s);
+      }
+    }
+  }
+}
+
+template <typename Io>
+void attention_forward_kernel(const AttentionShape& a, const void* q, const void* k,
+                              const void* v, void* out, float* lse) {
+  const int64_t group = a.heads / a.kv_heads, hd = a.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> kh, vh, qrow(static_cast<size_t>(hd)), acc(static_cast<size_t>(hd));
+  std::vector<float> p(static_cast<size_t>(a.seq));
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t t0 = b * a.seq;
+    for (int64_t h = 0; h < a.heads; ++h) {
+      const int64_t kvh = h / group;
+      if (h % group == 0) {
+        gather_head<Io>(k, a.ldk, t0, kvh * hd, a.seq, hd, kh);
+        gather_head<Io>(v, a.ldv, t0, kvh * hd, a.seq, hd, vh);
+      }
+      for (int64_t i = 0; i < a.seq; ++i) {
+        for (int64_t c = 0; c < hd; ++c)
+          qrow[static_cast<size_t>(c)] = Io::load(q, (t0 + i) * a.ldq + h * hd + c);
+        float max_s = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          p[static_cast<size_t>(j)] = scale * dot(qrow.data(), kh.data() + j * hd, hd);
+          max_s = std::max(max_s, p[static_cast<size_t>(j)]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) {
+          p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - max_s);
+          sum += p[static_cast<size_t>(j)];
+        }
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t j = 0; j <= i; ++j) {
+          const float pj = p[static_cast<size_t>(j)];
+          const float* vj = vh.data() + j * hd;
+          for (int64_t c = 0; c < hd; ++c) acc[static_cast<size_t>(c)] += pj * vj[c];
+        }
+        const float inv_sum = 1.0f / sum;
+        for (int64_t c = 0; c < hd; ++c)
+          Io::store(out, (t0 + i) * a.ldo + h * hd + c, acc[static_cast<size_t>(c)] * inv_sum);
+        lse[(b * a.heads + h) * a.seq + i] = max_s + std::log(sum);
+      }
+    }
+  }
+}
+
+// With P = softmax(S) rebuilt from lse and D_i = dout_i . out_i:
+// dS_ij = P_ij (dout_i . v_j - D_i); dq_i = scale sum_j dS_ij k_j; dk_j = scale sum_i dS_ij q_i;
+// dv_j = sum_i P_ij dout_i. dk and dv also sum over the query heads of their group.
+template <typename Io>
+void attention_backward_kernel(const AttentionShape& a, const void* q, const void* k,
+                               const void* v, const void* out, const void* dout, int64_t lddo,
+                               const float* lse, void* dq, void* dk, void* dv) {
+  const int64_t group = a.heads / a.kv_heads, hd = a.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> kh, vh, dkh, dvh;
+  std::vector<float> qrow(static_cast<size_t>(hd)), dorow(static_cast<size_t>(hd));
+  std::vector<float> dqrow(static_cast<size_t>(hd));
+  for (int64_t b = 0; b < a.batch; ++b) {
+    const int64_t t0 = b * a.seq;
+    for (int64_t kvh = 0; kvh < a.kv_heads; ++kvh) {
+      gather_head<Io>(k, a.ldk, t0, kvh * hd, a.seq, hd, kh);
+      gather_head<Io>(v, a.ldv, t0, kvh * hd, a.seq, hd, vh);
+      dkh.assign(static_cast<size_t>(a.seq * hd), 0.0f);
+      dvh.assign(static_cast<size_t>(a.seq * hd), 0.0f);
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        for (int64_t i = 0; i < a.seq; ++i) {
+          const int64_t t = t0 + i;
+          float d_i = 0.0f;
+          for (int64_t c = 0; c < hd; ++c) {
+            qrow[static_cast<size_t>(c)] = Io::load(q, t * a.ldq + h * hd + c);
+            dorow[static_cast<size_t>(c)] = Io::load(dout, t * lddo + h * hd + c);
+            d_i += dorow[static_cast<size_t>(c)] * Io::load(out, t * a.ldo + h * hd + c);
+          }
+          const float lse_i = lse[(b * a.heads + h) * a.seq + i];
+          std::fill(dqrow.begin(), dqrow.end(), 0.0f);
+          for (int64_t j = 0; j <= i; ++j) {
+            const float* kj = kh.data() + j * hd;
+            const float* vj = vh.data() + j * hd;
+            const float p = std::exp(scale * dot(qrow.data(), kj, hd) - lse_i);
+            const float ds = p * (dot(dorow.data(), vj, hd) - d_i) * scale;
+            float* dkj = dkh.data() + j * hd;
+            float* dvj = dvh.data() + j * hd;
+            for (int64_t c = 0; c < hd; ++c) {
+              dqrow[static_cast<size_t>(c)] += ds * kj[c];
+              dkj[c] += ds * qrow[static_cast<size_t>(c)];
+              dvj[c] += p * dorow[static_cast<size_t>(c)];
+            }
+          }
+          for (int64_t c = 0; c < hd; ++c)
+            Io::store(dq, t * a.ldq + h * hd + c, dqrow[static_cast<size_t>(c)]);
+        }
+      }
+      for (int64_t j = 0; j < a.seq; ++j)
+        for (int64_t c = 0; c < hd; ++c) {
+          Io::store(dk, (t0 + j) * a.ldk + kvh * hd + c, dkh[static_cast<size_t>(j * hd + c)]);
+          Io::store(dv, (t0 + j) * a.ldv + kvh * hd + c, dvh[static_cast<size_t>(j * hd + c)]);
+        }
+    }
+  }
+}
+
+float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+
+template <typename Io>
+void swiglu_forward_kernel(const void* h, int64_t rows, int64_t ffn, void* out) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < ffn; ++c) {
+      const float g = Io::load(h, r * 2 * ffn + c), u = Io::load(h, r * 2 * ffn + ffn + c);
+      Io::store(out, r * ffn + c, g * sigmoid(g) * u);
+    }
+}
+
+// d gate = dout * up * sig(g) * (1 + g * (1 - sig(g))), d up = dout * silu(g).
+template <typename Io>
+void swiglu_backward_kernel(const void* h, const void* dout, int64_t rows, int64_t ffn, void* dh) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < ffn; ++c) {
+      const float g = Io::load(h, r * 2 * ffn + c), u = Io::load(h, r * 2 * ffn + ffn + c);
+      const float d = Io::load(dout, r * ffn + c), sg = sigmoid(g);
+      Io::store(dh, r * 2 * ffn + c, d * u * sg * (1.0f + g * (1.0f - sg)));
+      Io::store(dh, r * 2 * ffn + ffn + c, d * g * sg);
+    }
+}
+
+}  // namespace
+
+void CpuDevice::embedding_forward(Stream s, const void* table, DType t, const int32_t* ids,
+                                  int64_t rows, int64_t dim, void* out) {
+  const char* op = "embedding_forward";
+  check_activation_dtype(t, op);
+  FSDP_CHECK(rows >= 0 && dim >= 1, op, ": rows ", rows, ", dim ", dim);
+  check_ptr(table, "table", op), check_ptr(ids, "ids", op), check_ptr(out, "out", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) {
+      embedding_forward_kernel<decltype(io)>(table, ids, rows, dim, out);
+    });
+  });
+}
+
+void CpuDevice::embedding_backward(Stream s, const void* dy, DType t, const int32_t* ids,
+                                   int64_t rows, int64_t dim, int64_t vocab, void* dtable) {
+  const char* op = "embedding_backward";
+  check_activation_dtype(t, op);
+  FSDP_CHECK(rows >= 0 && dim >= 1 && vocab >= 1, op, ": rows ", rows, ", dim ", dim, ", vocab ",
+             vocab);
+  check_ptr(dy, "dy", op), check_ptr(ids, "ids", op), check_ptr(dtable, "dtable", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) {
+      embedding_backward_kernel<decltype(io)>(dy, ids, rows, dim, vocab, dtable);
+    });
+  });
+}
+
+void CpuDevice::rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
+                                 int64_t cols, float eps, void* y, float* rstd) {
+  const char* op = "rms_norm_forward";
+  check_activation_dtype(t, op);
+  FSDP_CHECK(rows >= 0 && cols >= 1 && eps >= 0, op, ": rows ", rows, ", cols ", cols, ", eps ",
+             eps);
+  check_ptr(x, "x", op), check_ptr(w, "w", op), check_ptr(y, "y", op);
+  check_ptr(rstd, "rstd", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) {
+      rms_norm_forward_kernel<decltype(io)>(x, w, rows, cols, eps, y, rstd);
+    });
+  });
+}
+
+void CpuDevice::rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd,
+                                  const void* dy, DType t, int64_t rows, int64_t cols, void* dx,
+                                  void* dw) {
+  const char* op = "rms_norm_backward";
+  check_activation_dtype(t, op);
+  FSDP_CHECK(rows >= 0 && cols >= 1, op, ": rows ", rows, ", cols ", cols);
+  check_ptr(x, "x", op), check_ptr(w, "w", op), check_ptr(rstd, "rstd", op);
+  check_ptr(dy, "dy", op), check_ptr(dx, "dx", op), check_ptr(dw, "dw", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) {
+      rms_norm_backward_kernel<decltype(io)>(x, w, rstd, dy, rows, cols, dx, dw);
+    });
+  });
+}
+
+void CpuDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
+                     int64_t head_dim, int64_t seq_len, float theta, bool inverse) {
+  const char* op = "rope";
+  check_activation_dtype(t, op);
+  check_ptr(x, "x", op);
+  FSDP_CHECK(head_dim >= 2 && head_dim % 2 == 0, op, ": head_dim must be even, got ", head_dim);
+  FSDP_CHECK(rows >= 0 && heads >= 1 && seq_len >= 1 && theta > 0, op, ": rows ", rows,
+             ", heads ", heads, ", seq_len ", seq_len, ", theta ", theta);
+  FSDP_CHECK(ld >= heads * head_dim, op, ": row stride ", ld, " is smaller than a row of ",
+             heads * head_dim);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) {
+      rope_kernel<decltype(io)>(x, ld, rows, heads, head_dim, seq_len, theta, inverse);
+    });
+  });
+}
+
+void CpuDevice::attention_forward(Stream s, const void* q, int64_t ldq, const void* k,
+                                  int64_t ldk, const void* v, int64_t ldv, DType t, int64_t batch,
+                                  int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                  void* out, int64_t ldo, float* lse) {
+  const char* op = "attention_forward";
+  check_activation_dtype(t, op);
+  const AttentionShape a{batch, seq, heads, kv_heads, head_dim, ldq, ldk, ldv, ldo};
+  check_attention(a, op);
+  check_ptr(q, "q", op), check_ptr(k, "k", op), check_ptr(v, "v", op);
+  check_ptr(out, "out", op), check_ptr(lse, "lse", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) { attention_forward_kernel<decltype(io)>(a, q, k, v, out, lse); });
+  });
+}
+
+void CpuDevice::attention_backward(Stream s, const void* q, int64_t ldq, const void* k,
+                                   int64_t ldk, const void* v, int64_t ldv, const void* out,
+                                   int64_t ldo, const void* dout, int64_t lddo, const float* lse,
+                                   DType t, int64_t batch, int64_t seq, int64_t heads,
+                                   int64_t kv_heads, int64_t head_dim, void* dq, void* dk,
+                                   void* dv) {
+  const char* op = "attention_backward";
+  check_activation_dtype(t, op);
+  const AttentionShape a{batch, seq, heads, kv_heads, head_dim, ldq, ldk, ldv, ldo};
+  check_attention(a, op);
+  FSDP_CHECK(lddo >= heads * head_dim, op, ": dout row stride ", lddo, " is smaller than a row of ",
+             heads * head_dim);
+  check_ptr(q, "q", op), check_ptr(k, "k", op), check_ptr(v, "v", op);
+  check_ptr(out, "out", op), check_ptr(dout, "dout", op), check_ptr(lse, "lse", op);
+  check_ptr(dq, "dq", op), check_ptr(dk, "dk", op), check_ptr(dv, "dv", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) {
+      attention_backward_kernel<decltype(io)>(a, q, k, v, out, dout, lddo, lse, dq, dk, dv);
+    });
+  });
+}
+
+void CpuDevice::swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
+                               void* out) {
+  const char* op = "swiglu_forward";
+  check_activation_dtype(t, op);
+  FSDP_CHECK(rows >= 0 && ffn >= 1, op, ": rows ", rows, ", ffn ", ffn);
+  check_ptr(h, "h", op), check_ptr(out, "out", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) { swiglu_forward_kernel<decltype(io)>(h, rows, ffn, out); });
+  });
+}
+
+void CpuDevice::swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
+                                int64_t ffn, void* dh) {
+  const char* op = "swiglu_backward";
+  check_activation_dtype(t, op);
+  FSDP_CHECK(rows >= 0 && ffn >= 1, op, ": rows ", rows, ", ffn ", ffn);
+  check_ptr(h, "h", op), check_ptr(dout, "dout", op), check_ptr(dh, "dh", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) { swiglu_backward_kernel<decltype(io)>(h, dout, rows, ffn, dh); });
+  });
+}
+
+}  // namespace fsdp::cpu

@@ -1,0 +1,84 @@
+// The CPU backend's virtual clock: simulated time for timed ops. See Note [Virtual clock] in
+// cpu_virtual_clock.cpp.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+namespace fsdp::cpu {
+
+class VirtualClock;
+class Cancellation;
+
+// A thread whose progress simulated time waits for: a stream worker, or the host thread that
+// drives a device. Its state is guarded by its clock's mutex.
+struct ClockParticipant {
+  enum class State : uint8_t { Running, Blocked, Sleeping };
+  VirtualClock* clock = nullptr;
+  State state = State::Running;
+  double wake_at_us = 0;  // Sleeping: when it runs again
+};
+
+class VirtualClock {
+ public:
+  // Simulated time stays at 0 until `hosts` device hosts have joined (every rank's device
+  // exists), so ranks that start late in wall time still start together.
+  explicit VirtualClock(int hosts);
+
+  double now_us() const;
+
+  // Adds a participant, Running. A host participant counts towards the start condition.
+  void join(ClockParticipant& p, bool host);
+  void leave(ClockParticipant& p);
+  // Running -> Blocked: it waits for another participant to act. Callers hold the mutex of
+  // the state they wait on, and so does whoever later wakes them (lock order: that mutex,
+  // then the clock's).
+  void block(ClockParticipant& p);
+  // Blocked -> Running; no-op otherwise.
+  void wake(ClockParticipant& p);
+  // Lets `us` of simulated time pass for p (which must be Running), waking in wall time once
+  // the clock reaches it. Throws fsdp::Error if `cancel` fires first (p is Running again).
+  void sleep_for(ClockParticipant& p, double us, const Cancellation* cancel);
+
+ private:
+  void advance_if_idle();  // mutex_ held
+
+  mutable std::mutex mutex_;
+  std::condition_variable sleepers_cv_;
+  double now_us_ = 0;
+  int running_ = 0;
+  int hosts_missing_;
+  std::vector<ClockParticipant*> participants_;
+};
+
+// The participant of the calling thread (its stream worker, or the device it hosts), or null.
+ClockParticipant* this_thread_participant();
+void set_this_thread_participant(ClockParticipant* p);
+
+// A condition variable that the virtual clock sees: a waiter counts as Blocked, and
+// notify_all marks every waiter Running at once, before its thread wakes, so simulated time
+// cannot advance past it in between. Without a clock it is a plain condition variable.
+// Every call is made holding the mutex that guards the waited-on state.
+class ClockedCondition {
+ public:
+  void notify_all();
+  // Blocks until done() holds. Polls `cancel` (when given) every kCancelPollInterval and
+  // throws fsdp::Error when it fires. Returns false if `deadline` (wall time) passed first.
+  bool wait(std::unique_lock<std::mutex>& lock, const Cancellation* cancel,
+            const std::function<bool()>& done,
+            std::optional<std::chrono::steady_clock::time_point> deadline = std::nullopt);
+
+ private:
+  void enlist(ClockParticipant* self);  // registers self as a Blocked waiter, if not yet
+  void discharge(ClockParticipant* self);  // self is done waiting: Running, not a waiter
+
+  std::condition_variable cv_;
+  std::vector<ClockParticipant*> waiters_;
+};
+
+}  // namespace fsdp::cpu

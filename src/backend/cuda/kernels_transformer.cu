@@ -1,0 +1,437 @@
+// The transformer's fused row kernels (Note [Transformer ops]): embedding forward/backward,
+// RMSNorm forward/backward, RoPE and SwiGLU. Storage is fp32 or bf16, all math is fp32, and
+// every output element is rounded to its dtype once, as on the CPU backend. Whole 16-byte packs
+// (8 elements) move where the shape and the pointers allow, single elements otherwise.
+//
+// Determinism: nothing here uses floating-point atomics. The embedding backward sorts the token
+// ids (a stable radix sort, so rows with the same id keep their order) and each vocab row adds
+// its dy rows in row order; RMSNorm's dw adds per-block partials over fixed row ranges, then the
+// partials in block order.
+#include <cub/device/device_radix_sort.cuh>
+
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_common.cuh"
+#include "fsdp/error.h"
+
+namespace fsdp::cuda::kernels {
+namespace {
+
+int grid_for_rows(int64_t rows) {
+  return static_cast<int>(std::clamp<int64_t>(rows, 1, kMaxBlocks));
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Stream-ordered scratch from the pool, returned (stream-ordered) when the scope ends, after
+// the kernels that use it were enqueued.
+class PoolScratch {
+ public:
+  PoolScratch(cudaStream_t stream, cudaMemPool_t pool) : stream_(stream), pool_(pool) {}
+  ~PoolScratch() {
+    for (void* p : ptrs_) (void)cudaFreeAsync(p, stream_);
+  }
+  PoolScratch(const PoolScratch&) = delete;
+  PoolScratch& operator=(const PoolScratch&) = delete;
+  template <typename T>
+  T* get(size_t count) {
+    void* p = nullptr;
+    FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&p, count * sizeof(T) + 16, pool_, stream_));
+    ptrs_[used_++] = p;
+    return static_cast<T*>(p);
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaMemPool_t pool_;
+  void* ptrs_[8] = {};
+  int used_ = 0;
+};
+
+// ---- embedding
+
+template <typename T>
+__global__ void embedding_forward_kernel(const T* table, const int32_t* ids, int64_t rows,
+                                         int64_t dim, T* out, bool packs) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* src = table + static_cast<int64_t>(ids[r]) * dim;
+    T* dst = out + r * dim;
+    if (packs) {
+      for (int64_t c = threadIdx.x * kVec; c < dim; c += blockDim.x * kVec)
+        copy_pack<kVec>(dst + c, src + c);
+    } else {
+      for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) dst[c] = src[c];
+    }
+  }
+}
+
+__global__ void iota_kernel(int32_t* v, int64_t n) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    v[i] = static_cast<int32_t>(i);
+}
+
+// First position p in sorted[0, n) with sorted[p] >= value.
+__device__ int64_t lower_bound(const int32_t* sorted, int64_t n, int64_t value) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (static_cast<int64_t>(sorted[mid]) < value)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// One vocab row per block (grid-stride): its rows are the run of `v` in the sorted ids, added in
+// row order in fp32. Rows no token maps to become 0; ids outside [0, vocab) match no row.
+template <typename T, int W>
+__global__ void embedding_backward_kernel(const T* dy, const int32_t* sorted_ids,
+                                          const int32_t* sorted_rows, int64_t rows, int64_t dim,
+                                          int64_t vocab, T* dtable) {
+  for (int64_t v = blockIdx.x; v < vocab; v += gridDim.x) {
+    const int64_t lo = lower_bound(sorted_ids, rows, v);
+    const int64_t hi = lower_bound(sorted_ids, rows, v + 1);
+    T* dst = dtable + v * dim;
+    for (int64_t c = threadIdx.x * W; c < dim; c += blockDim.x * W) {
+      float acc[W], part[W];
+#pragma unroll
+      for (int j = 0; j < W; ++j) acc[j] = 0.0f;
+      for (int64_t p = lo; p < hi; ++p) {
+        load_pack<W>(dy + static_cast<int64_t>(sorted_rows[p]) * dim + c, part);
+#pragma unroll
+        for (int j = 0; j < W; ++j) acc[j] += part[j];
+      }
+      store_pack<W>(dst + c, acc);
+    }
+  }
+}
+
+// ---- RMSNorm
+
+// One row per block (grid-stride). Thread ownership of columns: packs of W at tid*W + k*W*threads.
+template <typename T, int W>
+__global__ void rms_norm_forward_kernel(const T* x, const T* w, int64_t rows, int64_t cols,
+                                        float eps, T* y, float* rstd) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* xr = x + r * cols;
+    float sum_sq = 0.0f;
+    for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
+      float v[W];
+      load_pack<W>(xr + c, v);
+#pragma unroll
+      for (int j = 0; j < W; ++j) sum_sq += v[j] * v[j];
+    }
+    sum_sq = block_sum(sum_sq);
+    const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + eps);
+    if (threadIdx.x == 0) rstd[r] = inv;
+    for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
+      float v[W], g[W];
+      load_pack<W>(xr + c, v);
+      load_pack<W>(w + c, g);
+#pragma unroll
+      for (int j = 0; j < W; ++j) v[j] = v[j] * inv * g[j];
+      store_pack<W>(y + r * cols + c, v);
+    }
+  }
+}
+
+// Block b takes rows [b * rows_per_block, ...): dx row by row (xh = x rstd, g = dy w,
+// dx = rstd (g - xh mean_c(g xh))), and its partial dw = sum over its rows of dy xh, kept in
+// shared memory (each thread owns the same columns throughout) and written to partials[b].
+template <typename T, int W>
+__global__ void rms_norm_backward_kernel(const T* x, const T* w, const float* rstd, const T* dy,
+                                         int64_t rows, int64_t cols, int64_t rows_per_block, T* dx,
+                                         float* partials) {
+  extern __shared__ float dw_acc[];
+  for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W)
+#pragma unroll
+    for (int j = 0; j < W; ++j) dw_acc[c + j] = 0.0f;
+  const int64_t r0 = blockIdx.x * rows_per_block;
+  const int64_t r1 = std::min(rows, r0 + rows_per_block);
+  for (int64_t r = r0; r < r1; ++r) {
+    const float inv = rstd[r];
+    const T* xr = x + r * cols;
+    const T* dyr = dy + r * cols;
+    float dot = 0.0f;
+    for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
+      float xv[W], dv[W], wv[W];
+      load_pack<W>(xr + c, xv);
+      load_pack<W>(dyr + c, dv);
+      load_pack<W>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const float xh = xv[j] * inv;
+        dot += dv[j] * wv[j] * xh;
+        dw_acc[c + j] += dv[j] * xh;
+      }
+    }
+    // The barrier inside block_sum also orders this row's reads before dx (maybe dy) is written.
+    const float mean_gx = block_sum(dot) / static_cast<float>(cols);
+    for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
+      float xv[W], dv[W], wv[W], out[W];
+      load_pack<W>(xr + c, xv);
+      load_pack<W>(dyr + c, dv);
+      load_pack<W>(w + c, wv);
+#pragma unroll
+      for (int j = 0; j < W; ++j) out[j] = inv * (dv[j] * wv[j] - xv[j] * inv * mean_gx);
+      store_pack<W>(dx + r * cols + c, out);
+    }
+  }
+  for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W)
+#pragma unroll
+    for (int j = 0; j < W; ++j) partials[blockIdx.x * cols + c + j] = dw_acc[c + j];
+}
+
+// dw[c] = sum of the partials in block order.
+template <typename T>
+__global__ void sum_partials_by_column_kernel(const float* partials, int64_t parts, int64_t cols,
+                                              T* dw) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
+       c += stride) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) acc += partials[p * cols + c];
+    dw[c] = from_float<T>(acc);
+  }
+}
+
+// ---- RoPE: item = (row, head, pack of W pair indices i < half).
+
+template <typename T, int W>
+__global__ void rope_kernel(T* x, int64_t ld, int64_t rows, int64_t heads, int64_t half,
+                            int64_t seq_len, RopeFreqs freqs, bool inverse) {
+  const int64_t packs_per_head = half / W;
+  const int64_t n = rows * heads * packs_per_head;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < n;
+       item += stride) {
+    const int64_t i0 = (item % packs_per_head) * W;
+    const int64_t row_head = item / packs_per_head;
+    const int64_t h = row_head % heads, r = row_head / heads;
+    const float pos = static_cast<float>(r % seq_len);
+    T* base = x + r * ld + h * 2 * half;
+    float a[W], b[W];
+    load_pack<W>(base + i0, a);
+    load_pack<W>(base + i0 + half, b);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float angle = pos * freqs.inv_freq[i0 + j];
+      const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
+      const float na = a[j] * c - b[j] * s, nb = b[j] * c + a[j] * s;
+      a[j] = na;
+      b[j] = nb;
+    }
+    store_pack<W>(base + i0, a);
+    store_pack<W>(base + i0 + half, b);
+  }
+}
+
+// ---- SwiGLU: element i = r * ffn + c of out; gate h[r, c], up h[r, ffn + c].
+
+__device__ __forceinline__ float sigmoid(float x) {
+  return 1.0f / (1.0f + expf(-x));
+}
+
+template <typename T>
+struct SwigluForwardBody {
+  const T* h;
+  T* out;
+  int64_t ffn;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    const int64_t r = i / ffn, c = i % ffn;
+    float g[W], u[W];
+    load_pack<W>(h + r * 2 * ffn + c, g);
+    load_pack<W>(h + r * 2 * ffn + ffn + c, u);
+#pragma unroll
+    for (int j = 0; j < W; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
+    store_pack<W>(out + i, g);
+  }
+};
+
+// d gate = dout up sig(g) (1 + g (1 - sig(g))), d up = dout silu(g).
+template <typename T>
+struct SwigluBackwardBody {
+  const T* h;
+  const T* dout;
+  T* dh;
+  int64_t ffn;
+  template <int W>
+  __device__ void run(int64_t i) const {
+    const int64_t r = i / ffn, c = i % ffn;
+    float g[W], u[W], d[W], dg[W], du[W];
+    load_pack<W>(h + r * 2 * ffn + c, g);
+    load_pack<W>(h + r * 2 * ffn + ffn + c, u);
+    load_pack<W>(dout + i, d);
+#pragma unroll
+    for (int j = 0; j < W; ++j) {
+      const float sg = sigmoid(g[j]);
+      dg[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
+      du[j] = d[j] * g[j] * sg;
+    }
+    store_pack<W>(dh + r * 2 * ffn + c, dg);
+    store_pack<W>(dh + r * 2 * ffn + ffn + c, du);
+  }
+};
+
+}  // namespace
+
+void embedding_forward(cudaStream_t stream, const void* table, DType t, const int32_t* ids,
+                       int64_t rows, int64_t dim, void* out) {
+  if (rows <= 0 || dim <= 0) return;
+  const bool packs = dim % kVec == 0 && aligned16(table) && aligned16(out);
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    embedding_forward_kernel<<<grid_for_rows(rows), kThreads, 0, stream>>>(
+        static_cast<const T*>(table), ids, rows, dim, static_cast<T*>(out), packs);
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void embedding_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* dy, DType t,
+                        const int32_t* ids, int64_t rows, int64_t dim, int64_t vocab,
+                        void* dtable) {
+  if (vocab <= 0 || dim <= 0) return;
+  if (rows <= 0) {
+    fill(stream, dtable, t, vocab * dim, 0.0f);
+    return;
+  }
+  FSDP_CHECK(rows < (int64_t{1} << 31), "embedding_backward: ", rows,
+             " rows do not fit the sort's 32-bit row indices");
+  PoolScratch scratch(stream, scratch_pool);
+  const auto n = static_cast<size_t>(rows);
+  int32_t* rows_in = scratch.get<int32_t>(n);
+  int32_t* sorted_ids = scratch.get<int32_t>(n);
+  int32_t* sorted_rows = scratch.get<int32_t>(n);
+  iota_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(rows_in, rows);
+  FSDP_CUDA_CHECK_LAUNCH();
+  size_t temp_bytes = 0;
+  const int items = static_cast<int>(rows);
+  FSDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, ids, sorted_ids, rows_in,
+                                                  sorted_rows, items, 0, 32, stream));
+  void* temp = scratch.get<uint8_t>(temp_bytes);
+  FSDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, sorted_ids, rows_in,
+                                                  sorted_rows, items, 0, 32, stream));
+  const bool packs = dim % kVec == 0 && aligned16(dy) && aligned16(dtable);
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* src = static_cast<const T*>(dy);
+    auto* dst = static_cast<T*>(dtable);
+    if (packs)
+      embedding_backward_kernel<T, kVec><<<grid_for_rows(vocab), kThreads, 0, stream>>>(
+          src, sorted_ids, sorted_rows, rows, dim, vocab, dst);
+    else
+      embedding_backward_kernel<T, 1><<<grid_for_rows(vocab), kThreads, 0, stream>>>(
+          src, sorted_ids, sorted_rows, rows, dim, vocab, dst);
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_forward(cudaStream_t stream, const void* x, const void* w, DType t, int64_t rows,
+                      int64_t cols, float eps, void* y, float* rstd) {
+  if (rows <= 0 || cols <= 0) return;
+  const bool packs = cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y);
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* xs = static_cast<const T*>(x);
+    const auto* ws = static_cast<const T*>(w);
+    auto* ys = static_cast<T*>(y);
+    if (packs)
+      rms_norm_forward_kernel<T, kVec>
+          <<<grid_for_rows(rows), kThreads, 0, stream>>>(xs, ws, rows, cols, eps, ys, rstd);
+    else
+      rms_norm_forward_kernel<T, 1>
+          <<<grid_for_rows(rows), kThreads, 0, stream>>>(xs, ws, rows, cols, eps, ys, rstd);
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* x,
+                       const void* w, const float* rstd, const void* dy, DType t, int64_t rows,
+                       int64_t cols, void* dx, void* dw) {
+  if (cols <= 0) return;
+  if (rows <= 0) {
+    fill(stream, dw, t, cols, 0.0f);
+    return;
+  }
+  FSDP_CHECK(cols <= kRmsNormMaxCols, "rms_norm_backward: rows of ", cols,
+             " columns are wider than the ", kRmsNormMaxCols, " this kernel handles");
+  // A fixed split of the rows (not one tied to the GPU) keeps dw the same on every device.
+  constexpr int64_t kParts = 256;
+  const int64_t rows_per_block = (rows + kParts - 1) / kParts;
+  const int64_t parts = (rows + rows_per_block - 1) / rows_per_block;
+  PoolScratch scratch(stream, scratch_pool);
+  float* partials = scratch.get<float>(static_cast<size_t>(parts * cols));
+  const bool packs =
+      cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
+  const size_t smem = static_cast<size_t>(cols) * sizeof(float);
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const auto* xs = static_cast<const T*>(x);
+    const auto* ws = static_cast<const T*>(w);
+    const auto* dys = static_cast<const T*>(dy);
+    auto* dxs = static_cast<T*>(dx);
+    if (packs)
+      rms_norm_backward_kernel<T, kVec><<<static_cast<int>(parts), kThreads, smem, stream>>>(
+          xs, ws, rstd, dys, rows, cols, rows_per_block, dxs, partials);
+    else
+      rms_norm_backward_kernel<T, 1><<<static_cast<int>(parts), kThreads, smem, stream>>>(
+          xs, ws, rstd, dys, rows, cols, rows_per_block, dxs, partials);
+    FSDP_CUDA_CHECK_LAUNCH();
+    sum_partials_by_column_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(
+        partials, parts, cols, static_cast<T*>(dw));
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void rope(cudaStream_t stream, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
+          int64_t head_dim, int64_t seq_len, const RopeFreqs& freqs, bool inverse) {
+  if (rows <= 0 || heads <= 0) return;
+  const int64_t half = head_dim / 2;
+  const bool packs = half % kVec == 0 && ld % kVec == 0 && aligned16(x);
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    auto* xs = static_cast<T*>(x);
+    if (packs)
+      rope_kernel<T, kVec><<<blocks_for(rows * heads * (half / kVec)), kThreads, 0, stream>>>(
+          xs, ld, rows, heads, half, seq_len, freqs, inverse);
+    else
+      rope_kernel<T, 1><<<blocks_for(rows * heads * half), kThreads, 0, stream>>>(
+          xs, ld, rows, heads, half, seq_len, freqs, inverse);
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_forward(cudaStream_t stream, const void* h, DType t, int64_t rows, int64_t ffn,
+                    void* out) {
+  if (rows <= 0 || ffn <= 0) return;
+  const bool packs = ffn % kVec == 0 && aligned16(h) && aligned16(out);
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch_elementwise(stream, rows * ffn, packs,
+                       SwigluForwardBody<T>{static_cast<const T*>(h), static_cast<T*>(out), ffn});
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(cudaStream_t stream, const void* h, const void* dout, DType t, int64_t rows,
+                     int64_t ffn, void* dh) {
+  if (rows <= 0 || ffn <= 0) return;
+  const bool packs = ffn % kVec == 0 && aligned16(h) && aligned16(dout) && aligned16(dh);
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    launch_elementwise(stream, rows * ffn, packs,
+                       SwigluBackwardBody<T>{static_cast<const T*>(h),
+                                             static_cast<const T*>(dout), static_cast<T*>(dh),
+                                             ffn});
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace fsdp::cuda::kernels

@@ -1,0 +1,45 @@
+// DIR/meta.json of `fsdp prepare-data`: the vocabulary, the token counts and the unigram
+// entropy that training prints beside its validation loss.
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/data.h"
+#include "fsdp/error.h"
+
+namespace fsdp::data {
+
+void write_corpus_meta(const std::string& path, const CorpusMeta& m) {
+  nlohmann::ordered_json j;
+  j["vocab"] = m.vocab;
+  j["train_tokens"] = m.train_tokens;
+  j["val_tokens"] = m.val_tokens;
+  j["unigram_entropy_nats"] = m.unigram_entropy_nats;
+  j["unigram_entropy_bits"] = m.unigram_entropy_bits;
+  j["val_unigram_cross_entropy_nats"] = m.val_unigram_cross_entropy_nats;
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out) FSDP_FAIL("cannot write ", path);
+}
+
+CorpusMeta read_corpus_meta(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) FSDP_FAIL(path, ": cannot open (prepare-data writes it beside train.bin)");
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) FSDP_FAIL(path, ": not a JSON object");
+  CorpusMeta m;
+  try {
+    m.vocab = j.at("vocab").get<int64_t>();
+    m.train_tokens = j.at("train_tokens").get<int64_t>();
+    m.val_tokens = j.at("val_tokens").get<int64_t>();
+    m.unigram_entropy_nats = j.at("unigram_entropy_nats").get<double>();
+    m.unigram_entropy_bits = j.at("unigram_entropy_bits").get<double>();
+    m.val_unigram_cross_entropy_nats = j.at("val_unigram_cross_entropy_nats").get<double>();
+  } catch (const nlohmann::json::exception& e) {
+    FSDP_FAIL(path, ": bad corpus metadata: ", e.what());
+  }
+  return m;
+}
+
+}  // namespace fsdp::data

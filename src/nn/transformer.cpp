@@ -1,0 +1,211 @@
+// The transformer's config, init and its smaller modules: Embedding, RMSNorm, FeedForward and
+// the block. Attention is in transformer_attention.cpp.
+#include "fsdp/nn/transformer.h"
+
+#include <cmath>
+#include <numbers>
+
+#include "fsdp/error.h"
+#include "fsdp/synthetic.h"
+#include "nn/layers.h"
+
+namespace fsdp::nn {
+
+namespace {
+
+Tensor new_act(RunContext& ctx, int64_t rows, int64_t cols) {
+  return empty_tensor(*ctx.device, ctx.compute, ctx.act_dtype, rows, cols, MemTag::Activation);
+}
+
+}  // namespace
+
+// ---- config, counts, init
+
+void TransformerConfig::validate() const {
+  FSDP_CHECK(layers >= 1, "--layers must be >= 1, got ", layers);
+  FSDP_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 && vocab >= 1,
+             "transformer sizes must be positive: dim ", dim, ", heads ", heads, ", kv-heads ",
+             kv_heads, ", ffn-dim ", ffn_dim, ", seq-len ", seq_len, ", vocab ", vocab);
+  FSDP_CHECK(dim % heads == 0, "--dim (", dim, ") must be a multiple of --heads (", heads, ")");
+  FSDP_CHECK(head_dim() % 2 == 0, "the head dim (dim / heads = ", head_dim(),
+             ") must be even for rotary embeddings");
+  FSDP_CHECK(heads % kv_heads == 0, "--heads (", heads, ") must be a multiple of --kv-heads (",
+             kv_heads, ")");
+  FSDP_CHECK(vocab <= INT32_MAX, "--vocab must fit token ids in int32, got ", vocab);
+}
+
+int64_t transformer_param_count(const TransformerConfig& c) {
+  const int64_t hd = c.head_dim();
+  const int64_t per_layer = c.dim * (c.heads + 2 * c.kv_heads) * hd  // wqkv
+                            + c.heads * hd * c.dim                   // wo
+                            + 3 * c.dim * c.ffn_dim                  // w13, w2
+                            + 2 * c.dim;                             // the two norms
+  return 2 * c.vocab * c.dim + c.dim + c.layers * per_layer;
+}
+
+double transformer_flops_per_token(const TransformerConfig& c) {
+  const double gemm_params = static_cast<double>(transformer_param_count(c) - c.vocab * c.dim);
+  return 6.0 * gemm_params +
+         12.0 * c.layers * static_cast<double>(c.heads * c.head_dim()) * c.seq_len;
+}
+
+std::vector<float> normal_init(uint64_t seed, int64_t n, float std) {
+  // Box-Muller on the pair (2m, 2m+1) of the stream gives elements 2m and 2m+1.
+  std::vector<float> v(static_cast<size_t>(n));
+  const uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
+  for (int64_t m = 0; 2 * m < n; ++m) {
+    const double u1 = static_cast<double>((splitmix64_at(state, 2 * m) >> 11) + 1) * 0x1p-53;
+    const double u2 = static_cast<double>(splitmix64_at(state, 2 * m + 1) >> 11) * 0x1p-53;
+    const double radius = std::sqrt(-2.0 * std::log(u1)) * std;
+    const double angle = 2.0 * std::numbers::pi * u2;
+    v[static_cast<size_t>(2 * m)] = static_cast<float>(radius * std::cos(angle));
+    if (2 * m + 1 < n) v[static_cast<size_t>(2 * m + 1)] = static_cast<float>(radius * std::sin(angle));
+  }
+  return v;
+}
+
+float residual_projection_init_std(int layer) {
+  return kTransformerInitStd / std::sqrt(2.0f * static_cast<float>(layer + 1));
+}
+
+uint64_t transformer_param_seed(uint64_t seed, int layer, InitRole role) {
+  return splitmix64_at(seed, static_cast<uint64_t>(layer + 1) * 16 + static_cast<uint64_t>(role));
+}
+
+// ---- Embedding
+
+Embedding::Embedding(int64_t vocab, int64_t dim, uint64_t seed)
+    : Module("Embedding"), vocab_(vocab), dim_(dim) {
+  FSDP_CHECK(vocab >= 1 && dim >= 1, "Embedding(", vocab, ", ", dim, "): sizes must be positive");
+  add_param("weight", {vocab, dim},
+            normal_init(seed, vocab * dim, kTransformerInitStd));
+}
+
+Tensor Embedding::forward_impl(RunContext& ctx, const Tensor& ids) {
+  FSDP_CHECK(ids.dtype == DType::I32 && ids.cols == 1, "Embedding ", fqn(),
+             " expects int32 token ids [tokens, 1], got ", dtype_name(ids.dtype), " [", ids.rows,
+             ", ", ids.cols, "]");
+  Tensor y = new_act(ctx, ids.rows, dim_);
+  ctx.device->set_label(op_label("fwd", "embedding"));
+  ctx.device->embedding_forward(ctx.compute, weight().value.data, ctx.act_dtype,
+                                ids.as<int32_t>(), ids.rows, dim_, y.data);
+  saved_ids_ = ids;
+  return y;
+}
+
+Tensor Embedding::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
+  Tensor dw = empty_tensor(*ctx.device, ctx.compute, ctx.act_dtype, vocab_, dim_, MemTag::Grad);
+  ctx.device->set_label(op_label("bwd", "embedding"));
+  ctx.device->embedding_backward(ctx.compute, dy.data, ctx.act_dtype, saved_ids_.as<int32_t>(),
+                                 dy.rows, dim_, vocab_, dw.data);
+  saved_ids_ = Tensor{};
+  weight().set_grad(ctx, std::move(dw));
+  return Tensor{};  // token ids have no gradient
+}
+
+// ---- RMSNorm
+
+RMSNorm::RMSNorm(int64_t dim, float eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
+  FSDP_CHECK(dim >= 1, "RMSNorm(", dim, "): size must be positive");
+  add_param("weight", {dim}, std::vector<float>(static_cast<size_t>(dim), 1.0f));
+}
+
+Tensor RMSNorm::forward_impl(RunContext& ctx, const Tensor& x) {
+  FSDP_CHECK(x.cols == dim_, "RMSNorm ", fqn(), " expects ", dim_, " features, got ", x.cols);
+  Device& d = *ctx.device;
+  Tensor y = new_act(ctx, x.rows, dim_);
+  Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, x.rows, 1, MemTag::Activation);
+  d.set_label(op_label("fwd", "rmsnorm"));
+  d.rms_norm_forward(ctx.compute, x.data, weight().value.data, ctx.act_dtype, x.rows, dim_, eps_,
+                     y.data, rstd.as<float>());
+  saved_x_ = x;
+  saved_rstd_ = std::move(rstd);
+  return y;
+}
+
+Tensor RMSNorm::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
+  Device& d = *ctx.device;
+  Tensor dx = new_act(ctx, dy.rows, dim_);
+  Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, dim_, 1, MemTag::Grad);
+  d.set_label(op_label("bwd", "rmsnorm"));
+  d.rms_norm_backward(ctx.compute, saved_x_.data, weight().value.data, saved_rstd_.as<float>(),
+                      dy.data, ctx.act_dtype, dy.rows, dim_, dx.data, dw.data);
+  saved_x_ = Tensor{};
+  saved_rstd_ = Tensor{};
+  weight().set_grad(ctx, std::move(dw));
+  return dx;
+}
+
+// ---- FeedForward
+
+FeedForward::FeedForward(int64_t dim, int64_t ffn_dim, uint64_t seed, float w2_std)
+    : Module("FeedForward"), ffn_dim_(ffn_dim) {
+  w13_ = &add_child("w13", std::make_unique<Linear>(
+                               dim, 2 * ffn_dim,
+                               normal_init(seed * 2 + 1, 2 * ffn_dim * dim, kTransformerInitStd)));
+  w2_ = &add_child("w2", std::make_unique<Linear>(ffn_dim, dim,
+                                                  normal_init(seed * 2 + 2, dim * ffn_dim, w2_std)));
+}
+
+Tensor FeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
+  Tensor h13 = w13_->forward(ctx, x);
+  Tensor act = new_act(ctx, x.rows, ffn_dim_);
+  ctx.device->set_label(op_label("fwd", "swiglu"));
+  ctx.device->swiglu_forward(ctx.compute, h13.data, ctx.act_dtype, x.rows, ffn_dim_, act.data);
+  saved_h13_ = std::move(h13);
+  return w2_->forward(ctx, act);
+}
+
+Tensor FeedForward::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) {
+  Tensor dact = w2_->backward(ctx, dy);
+  Tensor dh13 = new_act(ctx, dy.rows, 2 * ffn_dim_);
+  ctx.device->set_label(op_label("bwd", "swiglu"));
+  ctx.device->swiglu_backward(ctx.compute, saved_h13_.data, dact.data, ctx.act_dtype, dy.rows,
+                              ffn_dim_, dh13.data);
+  saved_h13_ = Tensor{};
+  return w13_->backward(ctx, dh13, input_grad);
+}
+
+// ---- TransformerBlock
+
+TransformerBlock::TransformerBlock(const TransformerConfig& c, int layer)
+    : Module("TransformerBlock") {
+  attention_norm_ = &add_child("attention_norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
+  attention_ = &add_child("attention", std::make_unique<Attention>(c, layer));
+  ffn_norm_ = &add_child("ffn_norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
+  const uint64_t ffn_seed = transformer_param_seed(c.seed, layer, InitRole::FeedForward);
+  feed_forward_ = &add_child("feed_forward",
+                             std::make_unique<FeedForward>(c.dim, c.ffn_dim, ffn_seed,
+                                                           residual_projection_init_std(layer)));
+}
+
+Tensor TransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
+  Device& d = *ctx.device;
+  Tensor attn = attention_->forward(ctx, attention_norm_->forward(ctx, x));
+  Tensor h = new_act(ctx, x.rows, x.cols);
+  d.set_label(op_label("fwd", "residual"));
+  d.add(ctx.compute, h.data, x.data, attn.data, ctx.act_dtype, h.numel());
+  attn = Tensor{};
+  Tensor ffn = feed_forward_->forward(ctx, ffn_norm_->forward(ctx, h));
+  Tensor out = new_act(ctx, x.rows, x.cols);
+  d.set_label(op_label("fwd", "residual"));
+  d.add(ctx.compute, out.data, h.data, ffn.data, ctx.act_dtype, out.numel());
+  return out;
+}
+
+Tensor TransformerBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
+  // Every branch needs its input's gradient (the norms' weight grads come with it), so the
+  // block's d(input) costs nothing extra and is always returned.
+  Device& d = *ctx.device;
+  Tensor g = ffn_norm_->backward(ctx, feed_forward_->backward(ctx, dy));
+  Tensor dh = new_act(ctx, dy.rows, dy.cols);
+  d.set_label(op_label("bwd", "residual"));
+  d.add(ctx.compute, dh.data, dy.data, g.data, ctx.act_dtype, dh.numel());
+  g = attention_norm_->backward(ctx, attention_->backward(ctx, dh));
+  Tensor dx = new_act(ctx, dy.rows, dy.cols);
+  d.set_label(op_label("bwd", "residual"));
+  d.add(ctx.compute, dx.data, dh.data, g.data, ctx.act_dtype, dx.numel());
+  return dx;
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,94 @@
+// Causal grouped-query self-attention with rotary embeddings (Note [Transformer layout]).
+// Forward: qkv = wqkv(x) [tokens, (heads + 2 kv_heads) head_dim]; RoPE in place on its q and k
+// columns; the attention op reads q, k and v as column slices of qkv (row stride = its width);
+// out = wo(attention). Backward mirrors it, with d(qkv) written as the same three slices and
+// the inverse rotation applied to its q and k columns.
+#include "fsdp/error.h"
+#include "fsdp/nn/transformer.h"
+#include "nn/layers.h"
+
+namespace fsdp::nn {
+
+namespace {
+
+// The element `offset` of a tensor's buffer, in its dtype.
+void* element(const Tensor& t, int64_t offset) {
+  return static_cast<char*>(t.data) + offset * static_cast<int64_t>(dtype_size(t.dtype));
+}
+
+}  // namespace
+
+Attention::Attention(const TransformerConfig& c, int layer)
+    : Module("Attention"),
+      heads_(c.heads),
+      kv_heads_(c.kv_heads),
+      head_dim_(c.head_dim()),
+      seq_len_(c.seq_len),
+      rope_theta_(c.rope_theta) {
+  c.validate();
+  const int64_t qkv_rows = (c.heads + 2 * c.kv_heads) * head_dim_;
+  const int64_t q_width = c.heads * head_dim_;
+  wqkv_ = &add_child("wqkv", std::make_unique<Linear>(
+                                 c.dim, qkv_rows,
+                                 normal_init(transformer_param_seed(c.seed, layer, InitRole::Wqkv),
+                                             qkv_rows * c.dim, kTransformerInitStd)));
+  wo_ = &add_child("wo", std::make_unique<Linear>(
+                             q_width, c.dim,
+                             normal_init(transformer_param_seed(c.seed, layer, InitRole::Wo),
+                                         c.dim * q_width, residual_projection_init_std(layer))));
+}
+
+Tensor Attention::forward_impl(RunContext& ctx, const Tensor& x) {
+  FSDP_CHECK(x.rows % seq_len_ == 0, "Attention ", fqn(), ": ", x.rows,
+             " tokens are not whole sequences of ", seq_len_);
+  Device& d = *ctx.device;
+  const int64_t tokens = x.rows, batch = tokens / seq_len_;
+  const int64_t q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
+  Tensor qkv = wqkv_->forward(ctx, x);
+  const int64_t ld = qkv.cols;
+  d.set_label(op_label("fwd", "rope"));
+  d.rope(ctx.compute, qkv.data, ld, ctx.act_dtype, tokens, heads_, head_dim_, seq_len_,
+         rope_theta_, false);
+  d.rope(ctx.compute, element(qkv, q_width), ld, ctx.act_dtype, tokens, kv_heads_, head_dim_,
+         seq_len_, rope_theta_, false);
+  Tensor out = empty_tensor(d, ctx.compute, ctx.act_dtype, tokens, q_width, MemTag::Activation);
+  Tensor lse = empty_tensor(d, ctx.compute, DType::F32, batch * heads_, seq_len_,
+                            MemTag::Activation);
+  d.set_label(op_label("fwd", "attention"));
+  d.attention_forward(ctx.compute, qkv.data, ld, element(qkv, q_width), ld,
+                      element(qkv, q_width + kv_width), ld, ctx.act_dtype, batch, seq_len_,
+                      heads_, kv_heads_, head_dim_, out.data, q_width, lse.as<float>());
+  saved_qkv_ = std::move(qkv);
+  saved_out_ = out;
+  saved_lse_ = std::move(lse);
+  return wo_->forward(ctx, out);
+}
+
+Tensor Attention::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) {
+  Device& d = *ctx.device;
+  const int64_t tokens = dy.rows, batch = tokens / seq_len_;
+  const int64_t q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
+  Tensor dout = wo_->backward(ctx, dy);
+  const Tensor& qkv = saved_qkv_;
+  const int64_t ld = qkv.cols;
+  Tensor dqkv = empty_tensor(d, ctx.compute, ctx.act_dtype, tokens, ld, MemTag::Activation);
+  d.set_label(op_label("bwd", "attention"));
+  d.attention_backward(ctx.compute, qkv.data, ld, element(qkv, q_width), ld,
+                       element(qkv, q_width + kv_width), ld, saved_out_.data, q_width, dout.data,
+                       q_width, saved_lse_.as<float>(), ctx.act_dtype, batch, seq_len_, heads_,
+                       kv_heads_, head_dim_, dqkv.data, element(dqkv, q_width),
+                       element(dqkv, q_width + kv_width));
+  dout = Tensor{};
+  saved_qkv_ = Tensor{};
+  saved_out_ = Tensor{};
+  saved_lse_ = Tensor{};
+  // RoPE is a rotation: its backward rotates the gradient back.
+  d.set_label(op_label("bwd", "rope"));
+  d.rope(ctx.compute, dqkv.data, ld, ctx.act_dtype, tokens, heads_, head_dim_, seq_len_,
+         rope_theta_, true);
+  d.rope(ctx.compute, element(dqkv, q_width), ld, ctx.act_dtype, tokens, kv_heads_, head_dim_,
+         seq_len_, rope_theta_, true);
+  return wqkv_->backward(ctx, dqkv, input_grad);
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,72 @@
+// The transformer as the engine's root Model (kind "transformer"): its module tree and its
+// synthetic token batches.
+#include "fsdp/error.h"
+#include "fsdp/synthetic.h"
+#include "nn/model.h"
+
+namespace fsdp::nn {
+
+TransformerConfig transformer_config(const ModelConfig& m) {
+  TransformerConfig c;
+  c.layers = m.layers;
+  c.dim = m.dim;
+  c.heads = m.heads;
+  c.kv_heads = m.kv_heads > 0 ? m.kv_heads : m.heads;
+  if (m.ffn_dim > 0) {
+    c.ffn_dim = m.ffn_dim;
+  } else {
+    const int64_t two_thirds_of_4x = (8 * m.dim + 2) / 3;  // SwiGLU's 2/3 of 4 * dim, rounded up
+    c.ffn_dim = (two_thirds_of_4x + 63) / 64 * 64;
+  }
+  c.seq_len = m.seq_len;
+  c.vocab = m.vocab;
+  c.seed = m.seed;
+  c.validate();
+  return c;
+}
+
+// Parameter order, as FSDP flattens the root's group: tok_embeddings, norm, output.
+void Model::build_transformer() {
+  const TransformerConfig c = transformer_config(config_);
+  embedding_ = &add_child(
+      "tok_embeddings",
+      std::make_unique<Embedding>(c.vocab, c.dim,
+                                  transformer_param_seed(c.seed, -1, InitRole::Embedding)));
+  for (int i = 0; i < c.layers; ++i)
+    blocks_.push_back(
+        &add_child("layers." + std::to_string(i), std::make_unique<TransformerBlock>(c, i)));
+  final_norm_ = &add_child("norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
+  head_ = &add_child(
+      "output", std::make_unique<Linear>(
+                    c.dim, c.vocab,
+                    normal_init(transformer_param_seed(c.seed, -1, InitRole::Output),
+                                c.vocab * c.dim, kTransformerInitStd)));
+}
+
+TokenBatch make_token_batch(const ModelConfig& config, uint64_t seed, int step, int64_t first_row,
+                            int64_t tokens) {
+  const int64_t seq = config.seq_len, vocab = config.vocab;
+  FSDP_CHECK(seq >= 1 && vocab >= 1, "--seq-len and --vocab must be positive");
+  FSDP_CHECK(tokens % seq == 0 && first_row % seq == 0, "--tokens (", tokens,
+             ") must be a multiple of --seq-len (", seq, ") for the transformer");
+  TokenBatch out;
+  out.ids.reserve(static_cast<size_t>(tokens));
+  out.labels.reserve(static_cast<size_t>(tokens));
+  std::vector<int32_t> sequence(static_cast<size_t>(seq + 1));
+  for (int64_t row = first_row; row < first_row + tokens; row += seq) {
+    const uint64_t row_seed = synthetic_row_seed(seed, step, row);
+    for (int64_t p = 0; p <= seq; ++p) {
+      const uint64_t r = splitmix64_at(row_seed, static_cast<uint64_t>(p));
+      const uint64_t previous = p > 0 ? static_cast<uint64_t>(sequence[p - 1]) : 0;
+      const bool random = p == 0 || (r & 3u) == 0;
+      sequence[static_cast<size_t>(p)] = static_cast<int32_t>(
+          random ? (r >> 8) % static_cast<uint64_t>(vocab)
+                 : (previous * 5 + 3) % static_cast<uint64_t>(vocab));
+    }
+    out.ids.insert(out.ids.end(), sequence.begin(), sequence.end() - 1);
+    out.labels.insert(out.labels.end(), sequence.begin() + 1, sequence.end());
+  }
+  return out;
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,173 @@
+// llm.c token files: the round trip, and one one-line error per kind of bad file.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+#include <vector>
+
+#include "fsdp/data.h"
+#include "fsdp/error.h"
+
+namespace {
+
+using fsdp::data::TokenFile;
+
+std::string temp_path(const std::string& name) { return ::testing::TempDir() + "data_" + name; }
+
+std::vector<uint16_t> counting_tokens(int64_t n, int64_t vocab) {
+  std::vector<uint16_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<uint16_t>((i * 7) % vocab);
+  return t;
+}
+
+// Writes raw bytes: a header of our choosing, then `tokens`.
+void write_raw(const std::string& path, int32_t magic, int32_t version, int32_t count,
+               const std::vector<uint16_t>& tokens) {
+  std::vector<int32_t> header(fsdp::data::kTokenFileHeaderInts, 0);
+  header[0] = magic;
+  header[1] = version;
+  header[2] = count;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+}
+
+// The error of opening `path`, which must be exactly one line naming the file.
+std::string open_error(const std::string& path, int64_t vocab, int64_t min_tokens = 0) {
+  try {
+    TokenFile f(path, vocab, min_tokens, "one batch");
+  } catch (const fsdp::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    return msg;
+  }
+  ADD_FAILURE() << path << " opened without an error";
+  return "";
+}
+
+TEST(DataTokenFile, RoundTripKeepsEveryTokenAndTheLlmcHeader) {
+  const std::string path = temp_path("round_trip.bin");
+  std::vector<uint16_t> tokens = counting_tokens(1000, 50257);
+  tokens[17] = 65535;  // the largest uint16 survives
+  fsdp::data::write_token_file(path, tokens);
+
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  EXPECT_EQ(static_cast<int64_t>(in.tellg()), 1024 + 2 * 1000);
+  in.seekg(0);
+  int32_t header[256];
+  in.read(reinterpret_cast<char*>(header), sizeof header);
+  EXPECT_EQ(header[0], 20240520);
+  EXPECT_EQ(header[1], 1);
+  EXPECT_EQ(header[2], 1000);
+  for (int i = 3; i < 256; ++i) EXPECT_EQ(header[i], 0) << i;
+
+  TokenFile f(path, 65536, 1000);
+  EXPECT_EQ(f.size(), 1000);
+  ASSERT_EQ(f.tokens().size(), tokens.size());
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), f.tokens().begin()));
+}
+
+TEST(DataTokenFile, EmptyFileRoundTrips) {
+  const std::string path = temp_path("empty.bin");
+  fsdp::data::write_token_file(path, {});
+  TokenFile f(path, 10);
+  EXPECT_EQ(f.size(), 0);
+}
+
+TEST(DataTokenFile, WrongMagicIsNamed) {
+  const std::string path = temp_path("magic.bin");
+  write_raw(path, 20240801, 1, 10, counting_tokens(10, 100));
+  const std::string msg = open_error(path, 100);
+  EXPECT_NE(msg.find("not a token file: magic 20240801, expected 20240520"), std::string::npos)
+      << msg;
+}
+
+TEST(DataTokenFile, WrongVersionIsNamed) {
+  const std::string path = temp_path("version.bin");
+  write_raw(path, 20240520, 2, 10, counting_tokens(10, 100));  // llm.c's version 2 is uint32
+  const std::string msg = open_error(path, 100);
+  EXPECT_NE(msg.find("token file version 2 is not supported"), std::string::npos) << msg;
+}
+
+TEST(DataTokenFile, TruncatedFilesAreNamed) {
+  const std::string path = temp_path("truncated.bin");
+  write_raw(path, 20240520, 1, 10, counting_tokens(9, 100));
+  std::string msg = open_error(path, 100);
+  EXPECT_NE(msg.find("truncated: the header says 10 tokens (1044 bytes) but the file has 1042 bytes"),
+            std::string::npos) << msg;
+  // Shorter than the header itself.
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write("abcd", 4);
+  msg = open_error(path, 100);
+  EXPECT_NE(msg.find("truncated: 4 bytes"), std::string::npos) << msg;
+  // Longer than the header says: not silently ignored either.
+  write_raw(path, 20240520, 1, 10, counting_tokens(11, 100));
+  msg = open_error(path, 100);
+  EXPECT_NE(msg.find("corrupt: the header says 10 tokens"), std::string::npos) << msg;
+}
+
+TEST(DataTokenFile, TokenOutsideTheVocabularyIsNamedWithItsPosition) {
+  const std::string path = temp_path("vocab.bin");
+  std::vector<uint16_t> tokens = counting_tokens(5000, 100);
+  tokens[4321] = 100;
+  tokens[4400] = 60000;
+  fsdp::data::write_token_file(path, tokens);
+  const std::string msg = open_error(path, 100);
+  EXPECT_NE(msg.find("token 100 at position 4321 is >= the vocabulary size 100"),
+            std::string::npos) << msg;
+  EXPECT_NO_THROW(TokenFile(path, 60001));
+}
+
+TEST(DataTokenFile, FewerTokensThanOneBatchIsNamed) {
+  const std::string path = temp_path("short.bin");
+  fsdp::data::write_token_file(path, counting_tokens(64, 100));
+  const std::string msg = open_error(path, 100, 65);
+  EXPECT_NE(msg.find("64 tokens, fewer than the 65 that one batch needs"), std::string::npos)
+      << msg;
+  EXPECT_NO_THROW(TokenFile(path, 100, 64));
+}
+
+TEST(DataTokenFile, MissingFileIsNamed) {
+  const std::string msg = open_error(temp_path("no_such_file.bin"), 100);
+  EXPECT_NE(msg.find("cannot open"), std::string::npos) << msg;
+}
+
+TEST(DataTokenFile, MaxTokenMatchesAPlainLoopAtEveryLength) {
+  for (size_t n : {0u, 1u, 31u, 32u, 33u, 100u, 1000u}) {
+    std::vector<uint16_t> t(n);
+    for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>((i * 2654435761u) >> 16);
+    uint16_t expected = 0;
+    for (uint16_t v : t) expected = std::max(expected, v);
+    EXPECT_EQ(fsdp::data::max_token(t), expected) << n;
+  }
+}
+
+TEST(DataTokenFile, UnigramEntropyOfKnownDistributions) {
+  // Uniform over 4 tokens: ln 4 nats = 2 bits.
+  std::vector<uint16_t> uniform = {0, 1, 2, 3, 3, 2, 1, 0};
+  EXPECT_NEAR(fsdp::data::unigram_entropy_nats(uniform), std::log(4.0), 1e-12);
+  // p = (3/4, 1/4).
+  std::vector<uint16_t> skewed = {5, 5, 5, 9};
+  EXPECT_NEAR(fsdp::data::unigram_entropy_nats(skewed),
+              -(0.75 * std::log(0.75) + 0.25 * std::log(0.25)), 1e-12);
+  // Cross-entropy with add-one smoothing over vocab 4: counts {2,2,2,2}+1 over 8+4.
+  EXPECT_NEAR(fsdp::data::unigram_cross_entropy_nats(uniform, std::vector<uint16_t>{0, 3}, 4),
+              -std::log(3.0 / 12.0), 1e-12);
+}
+
+TEST(DataTokenFile, CorpusMetaRoundTrips) {
+  const std::string path = temp_path("meta.json");
+  fsdp::data::CorpusMeta m{4096, 1000, 100, 6.5, 6.5 / std::log(2.0), 6.75};
+  fsdp::data::write_corpus_meta(path, m);
+  fsdp::data::CorpusMeta r = fsdp::data::read_corpus_meta(path);
+  EXPECT_EQ(r.vocab, 4096);
+  EXPECT_EQ(r.train_tokens, 1000);
+  EXPECT_EQ(r.val_tokens, 100);
+  EXPECT_DOUBLE_EQ(r.unigram_entropy_nats, 6.5);
+  EXPECT_DOUBLE_EQ(r.unigram_entropy_bits, 6.5 / std::log(2.0));
+  EXPECT_DOUBLE_EQ(r.val_unigram_cross_entropy_nats, 6.75);
+}
+
+}  // namespace

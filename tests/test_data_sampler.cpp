@@ -1,0 +1,170 @@
+// The batch sampler (Note [Batch sampler]): determinism from (seed, step), epochs that visit
+// every window once, per-rank slices whose union is the global batch, resumable state, fixed
+// validation batches.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <set>
+#include <vector>
+
+#include "fsdp/data.h"
+#include "fsdp/error.h"
+
+namespace {
+
+using fsdp::data::BatchSampler;
+using fsdp::data::BatchShape;
+using fsdp::data::TokenFile;
+
+// A file whose token i is i % 50000: a window's start is readable from its first token.
+std::shared_ptr<const TokenFile> make_file(const std::string& name, int64_t n) {
+  std::vector<uint16_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<uint16_t>(i % 50000);
+  const std::string path = ::testing::TempDir() + "sampler_" + name;
+  fsdp::data::write_token_file(path, t);
+  return std::make_shared<const TokenFile>(path, 50000);
+}
+
+struct RankBatch {
+  std::vector<int32_t> inputs, labels;
+};
+
+RankBatch fill(const BatchSampler& s, int64_t step, int rank) {
+  const size_t n = static_cast<size_t>(s.shape().batch * s.shape().seq_len);
+  RankBatch b{std::vector<int32_t>(n), std::vector<int32_t>(n)};
+  s.fill(step, rank, b.inputs, b.labels);
+  return b;
+}
+
+TEST(DataSampler, SplitMix64MatchesItsPublishedSequence) {
+  uint64_t state = 0;
+  EXPECT_EQ(fsdp::data::splitmix64_next(state), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(fsdp::data::splitmix64_next(state), 0x6E789E6AA1B965F4ull);
+  EXPECT_EQ(fsdp::data::splitmix64_next(state), 0x06C45D188009454Full);
+}
+
+TEST(DataSampler, SameSeedAndStepGiveTheSameBatchOtherSeedsDoNot) {
+  auto file = make_file("determinism.bin", 20000);
+  const BatchShape shape{4, 16, 2};
+  BatchSampler a(file, shape, 1234), b(file, shape, 1234), c(file, shape, 1235);
+  for (int64_t step : {0, 1, 7, 500, 3}) {  // any order: a batch depends on (seed, step) only
+    EXPECT_EQ(a.global_windows(step), b.global_windows(step)) << step;
+    EXPECT_EQ(fill(a, step, 1).inputs, fill(b, step, 1).inputs) << step;
+  }
+  EXPECT_NE(a.global_windows(0), c.global_windows(0));
+  EXPECT_NE(a.global_windows(0), a.global_windows(1));
+}
+
+TEST(DataSampler, InputsAreWindowsAndLabelsAreShiftedByOne) {
+  auto file = make_file("windows.bin", 5000);
+  BatchSampler s(file, {3, 32, 1}, 7);
+  const std::vector<int64_t> windows = s.global_windows(5);
+  RankBatch b = fill(s, 5, 0);
+  for (int64_t i = 0; i < 3; ++i)
+    for (int64_t t = 0; t < 32; ++t) {
+      EXPECT_EQ(b.inputs[i * 32 + t], windows[i] * 32 + t);
+      EXPECT_EQ(b.labels[i * 32 + t], windows[i] * 32 + t + 1);
+    }
+}
+
+TEST(DataSampler, EachEpochVisitsEveryWindowOnceThenReshuffles) {
+  auto file = make_file("epochs.bin", 32 * 10 + 1 + 20);  // 10 windows of 32; 20 tokens spare
+  BatchSampler s(file, {1, 32, 3}, 99);                 // G = 3: 3 steps per epoch, 1 dropped
+  EXPECT_EQ(s.windows(), 10);
+  EXPECT_EQ(s.steps_per_epoch(), 3);
+  for (int64_t epoch = 0; epoch < 4; ++epoch) {
+    std::vector<int64_t> seen;
+    for (int64_t step = epoch * 3; step < epoch * 3 + 3; ++step)
+      for (int64_t w : s.global_windows(step)) seen.push_back(w);
+    std::vector<uint32_t> perm = fsdp::data::epoch_permutation(99, epoch, 10);
+    EXPECT_EQ(seen, std::vector<int64_t>(perm.begin(), perm.begin() + 9)) << epoch;
+    std::sort(perm.begin(), perm.end());
+    for (uint32_t i = 0; i < 10; ++i) EXPECT_EQ(perm[i], i);
+  }
+  EXPECT_NE(fsdp::data::epoch_permutation(99, 0, 10), fsdp::data::epoch_permutation(99, 1, 10));
+}
+
+TEST(DataSampler, RankSlicesTileTheGlobalBatchForWorldSizes124) {
+  auto file = make_file("slices.bin", 40000);
+  const int64_t global = 8, seq = 16;
+  BatchSampler reference(file, {global, seq, 1}, 5);
+  for (int world : {1, 2, 4}) {
+    BatchSampler s(file, {global / world, seq, world}, 5);
+    for (int64_t step : {0, 3, 400}) {
+      ASSERT_EQ(s.global_windows(step), reference.global_windows(step)) << world;
+      RankBatch whole = fill(reference, step, 0);
+      std::vector<int32_t> joined_inputs, joined_labels;
+      for (int r = 0; r < world; ++r) {
+        RankBatch part = fill(s, step, r);
+        joined_inputs.insert(joined_inputs.end(), part.inputs.begin(), part.inputs.end());
+        joined_labels.insert(joined_labels.end(), part.labels.begin(), part.labels.end());
+      }
+      EXPECT_EQ(joined_inputs, whole.inputs) << "world " << world << " step " << step;
+      EXPECT_EQ(joined_labels, whole.labels) << "world " << world << " step " << step;
+    }
+  }
+}
+
+TEST(DataSampler, NextAdvancesAndRestoreResumes) {
+  auto file = make_file("resume.bin", 3000);
+  BatchSampler s(file, {2, 8, 2}, 3);
+  const int64_t per_epoch = s.steps_per_epoch();
+  std::vector<int32_t> in(16), lab(16);
+  for (int64_t i = 0; i < per_epoch + 2; ++i) s.next(1, in, lab);
+  const fsdp::data::SamplerState st = s.state();
+  EXPECT_EQ(st.step, per_epoch + 2);
+  EXPECT_EQ(st.epoch, 1);
+
+  BatchSampler resumed(file, {2, 8, 2}, 3);
+  resumed.restore(st);
+  std::vector<int32_t> in2(16), lab2(16);
+  s.next(1, in, lab);
+  resumed.next(1, in2, lab2);
+  EXPECT_EQ(in, in2);
+  EXPECT_EQ(lab, lab2);
+
+  // The same state against another batch shape names the mismatch in one line.
+  BatchSampler other(file, {4, 8, 2}, 3);
+  try {
+    other.restore(st);
+    FAIL() << "restore accepted a state from another batch shape";
+  } catch (const fsdp::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("does not match"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  }
+}
+
+TEST(DataSampler, FewerTokensThanOneGlobalBatchFailsInOneLine) {
+  auto file = make_file("too_short.bin", 64);  // 3 windows of 16 + 1
+  EXPECT_NO_THROW(BatchSampler(file, {3, 16, 1}, 0));
+  try {
+    BatchSampler(file, {2, 16, 2}, 0);
+    FAIL() << "a batch larger than the file was accepted";
+  } catch (const fsdp::Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(file->path() + ": 64 tokens, fewer than the 65 that one global batch "
+                                      "(2 ranks x 2 sequences x 16 tokens, + 1) needs"),
+              std::string::npos) << msg;
+  }
+}
+
+TEST(DataSampler, ValidationBatchesAreTheFirstWindowsInOrder) {
+  auto file = make_file("val.bin", 16 * 20 + 1);  // 20 windows
+  fsdp::data::ValidationBatches v(file, {2, 16, 2}, 100);
+  EXPECT_EQ(v.count(), 5);  // 20 windows / G = 4, capped by what exists
+  std::vector<int32_t> in(32), lab(32);
+  for (int64_t k = 0; k < v.count(); ++k)
+    for (int r = 0; r < 2; ++r) {
+      v.fill(k, r, in, lab);
+      for (int64_t b = 0; b < 2; ++b) {
+        const int64_t window = k * 4 + r * 2 + b;
+        EXPECT_EQ(in[b * 16], window * 16);
+        EXPECT_EQ(lab[b * 16 + 15], window * 16 + 16);
+      }
+    }
+  EXPECT_EQ(fsdp::data::ValidationBatches(file, {2, 16, 2}, 3).count(), 3);
+}
+
+}  // namespace
