@@ -20,9 +20,9 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/fsdp_state.h"
 #include "fsdp/fsdp.h"
-#include "nn/layers.h"
-#include "nn/model.h"
-#include "optim/optimizer.h"
+#include "fsdp/nn/layers.h"
+#include "fsdp/nn/model.h"
+#include "fsdp/optim.h"
 #include "runtime/launch.h"
 
 namespace fsdp::testing {

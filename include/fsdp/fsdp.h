@@ -140,6 +140,7 @@ struct ShardedGroupView {
   float* param = nullptr;
   float* grad = nullptr;
   int64_t numel = 0;
+  Mesh* mesh = nullptr;  // the mesh the group shards over
 };
 // With with_grads, the persistent fp32 grad shards are made (they are not, under an
 // optimizer in backward); grad is nullptr otherwise.

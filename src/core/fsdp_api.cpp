@@ -140,7 +140,7 @@ std::vector<ShardedGroupView> sharded_groups(FsdpModule& root, bool with_grads) 
       for (auto& g : s->groups)
         out.push_back({g->label().empty() ? s->module.fqn() : g->label(), g->shard_param(),
                        with_grads ? g->ensure_grad_shard(init) : nullptr,
-                       g->layout().shard_numel});
+                       g->layout().shard_numel, &g->mesh()});
   });
   root.state().mesh.device().synchronize_stream(init);
   return out;

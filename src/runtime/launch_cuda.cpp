@@ -35,6 +35,10 @@ nlohmann::json to_json(const RankResult& r) {
   return {{"rank", r.rank},
           {"timeline", timeline_to_json(r.timeline)},
           {"losses", r.losses},
+          {"lrs", r.lrs},
+          {"grad_norms", r.grad_norms},
+          {"error", r.error},
+          {"failed_step", r.failed_step},
           {"step_ms", r.step_ms},
           {"host_us", r.host_schedule_us_per_unit},
           {"peak", m.peak_bytes},
@@ -46,6 +50,10 @@ RankResult from_json(const nlohmann::json& j) {
   RankResult r;
   r.rank = j["rank"];
   r.losses = j["losses"].get<std::vector<float>>();
+  r.lrs = j["lrs"].get<std::vector<float>>();
+  r.grad_norms = j["grad_norms"].get<std::vector<float>>();
+  r.error = j["error"].get<std::string>();
+  r.failed_step = j["failed_step"];
   r.step_ms = j["step_ms"].get<std::vector<double>>();
   r.host_schedule_us_per_unit = j["host_us"];
   r.memory.peak_bytes = j["peak"];
