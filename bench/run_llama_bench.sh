@@ -5,8 +5,8 @@
 #
 #   bench/run_llama_bench.sh OUTDIR [DATA_DIR]
 #
-# DATA_DIR (or $LLAMA_DATA) holds train.bin of a vocab-32000 corpus (`fsdp prepare-data --vocab
-# 32000 ...`). $FSDP_BIN is our binary (default build-gpu/fsdp, already built), $PYTHON the
+# DATA_DIR (or $LLAMA_DATA) is a corpus made by `fsdp prepare-data` (train.bin, meta.json) with a
+# vocabulary of at most 32000, e.g. data/pydocs-4k. $FSDP_BIN is our binary (default build-gpu/fsdp, already built), $PYTHON the
 # interpreter with PyTorch (default python3). $ROWS picks rows (default: all, in this order):
 #   ours4 ours1 ours4_autotune torch4 torch1 compile4 compile1
 # Recipe, both engines: llama1b (22 layers, dim 2048, 32 heads, 4 kv heads, ffn 5632, vocab
@@ -47,10 +47,11 @@ HELP=$("$FSDP_BIN" train --help 2>&1) || die "'$FSDP_BIN train --help' failed: $
 has_flag() { grep -qE -- "(^|[ ,])$1([ ,=]|$)" <<<"$HELP"; }
 declare -A OUR_VALUE=(
   [--lr]=3e-4 [--min-lr]=3e-5 [--lr-schedule]=cosine [--warmup-steps]=5 [--weight-decay]=0.1
-  [--clip-grad-norm]=1.0 [--data]="$DATA/train.bin")
+  [--clip-grad-norm]=1.0 [--data]="$DATA" [--eval-every]=0)
 MISSING=()
 RECIPE=""
-for flag in --lr --min-lr --lr-schedule --warmup-steps --weight-decay --clip-grad-norm --data; do
+for flag in --lr --min-lr --lr-schedule --warmup-steps --weight-decay --clip-grad-norm --data \
+            --eval-every; do
   if has_flag "$flag"; then
     RECIPE+=" $flag ${OUR_VALUE[$flag]}"
   else
