@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/fsdp.h"
-#include "nn/model.h"
+#include "fsdp/nn/model.h"
 #include "runtime/launch.h"
 
 namespace fsdp {
