@@ -75,7 +75,7 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenFile> file, const BatchSha
   windows_ = window_count(*file_, shape_.seq_len);
   steps_per_epoch_ = windows_ / shape_.global_sequences();
   if (steps_per_epoch_ < 1)
-    FSDP_FAIL(file_->path(), ": ", file_->size(), " tokens, fewer than the ",
+    FSDP_USER_FAIL(file_->path(), ": ", file_->size(), " tokens, fewer than the ",
               shape_.global_sequences() * shape_.seq_len + 1, " that ", batch_description(shape_),
               " needs");
 }
@@ -120,7 +120,7 @@ SamplerState BatchSampler::state() const { return {step_, step_ / steps_per_epoc
 void BatchSampler::restore(const SamplerState& state) {
   FSDP_CHECK(state.step >= 0, "sampler state has a negative step ", state.step);
   if (state.epoch != state.step / steps_per_epoch_)
-    FSDP_FAIL("sampler state (step ", state.step, ", epoch ", state.epoch,
+    FSDP_USER_FAIL("sampler state (step ", state.step, ", epoch ", state.epoch,
               ") does not match ", file_->path(), " with this batch shape (",
               steps_per_epoch_, " steps per epoch): the data or the batch shape changed");
   step_ = state.step;
@@ -133,7 +133,7 @@ ValidationBatches::ValidationBatches(std::shared_ptr<const TokenFile> file,
   FSDP_CHECK(max_batches >= 1, "validation needs at least one batch (got ", max_batches, ")");
   const int64_t available = window_count(*file_, shape_.seq_len) / shape_.global_sequences();
   if (available < 1)
-    FSDP_FAIL(file_->path(), ": ", file_->size(), " tokens, fewer than the ",
+    FSDP_USER_FAIL(file_->path(), ": ", file_->size(), " tokens, fewer than the ",
               shape_.global_sequences() * shape_.seq_len + 1, " that ", batch_description(shape_),
               " needs");
   count_ = std::min(max_batches, available);
