@@ -300,6 +300,19 @@ void rms_norm_forward(cudaStream_t stream, const void* x, const void* residual, 
   FSDP_CUDA_CHECK_LAUNCH();
 }
 
+// The general kernel keeps one fp32 row of dw partials in dynamic shared memory; rows of up
+// to kRmsNormMaxCols columns need more than the 48 KB a launch gets without opting in.
+template <typename T, int V>
+void launch_backward_general(cudaStream_t stream, int grid, size_t smem, const T* x, const T* w,
+                             const float* rstd, const T* dy, const T* dres, int64_t rows,
+                             int64_t cols, int64_t rows_per_block, T* dx, float* partials) {
+  FSDP_CUDA_CHECK(cudaFuncSetAttribute(rms_norm_backward_general<T, V>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+  rms_norm_backward_general<T, V><<<grid, kThreads, smem, stream>>>(
+      x, w, rstd, dy, dres, rows, cols, rows_per_block, dx, partials);
+}
+
 void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* x,
                        const void* w, const float* rstd, const void* dy, const void* dresidual,
                        DType t, int64_t rows, int64_t cols, void* dx, void* dw) {
@@ -336,11 +349,11 @@ void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const vo
       launch_backward_regs<T, kMaxPacksPerThread>(stream, grid, xs, ws, rstd, dys, dres, rows,
                                                   cols, rows_per_block, dxs, partials);
     else if (packs)
-      rms_norm_backward_general<T, kVec><<<grid, kThreads, smem, stream>>>(
-          xs, ws, rstd, dys, dres, rows, cols, rows_per_block, dxs, partials);
+      launch_backward_general<T, kVec>(stream, grid, smem, xs, ws, rstd, dys, dres, rows, cols,
+                                       rows_per_block, dxs, partials);
     else
-      rms_norm_backward_general<T, 1><<<grid, kThreads, smem, stream>>>(
-          xs, ws, rstd, dys, dres, rows, cols, rows_per_block, dxs, partials);
+      launch_backward_general<T, 1>(stream, grid, smem, xs, ws, rstd, dys, dres, rows, cols,
+                                    rows_per_block, dxs, partials);
     FSDP_CUDA_CHECK_LAUNCH();
     const int sum_blocks = static_cast<int>((cols + kSumCols - 1) / kSumCols);
     sum_partials_by_column_kernel<<<sum_blocks, dim3(kSumCols, kSumLanes), 0, stream>>>(
