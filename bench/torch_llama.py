@@ -338,6 +338,8 @@ def parse_args():
     t.add_argument("--lr", type=float, default=3e-4)
     t.add_argument("--min-lr", type=float, default=3e-5)
     t.add_argument("--weight-decay", type=float, default=0.1)
+    t.add_argument("--beta2", type=float, default=0.95,
+                   help="AdamW's beta2 (fsdp train's AdamW uses 0.999: pass it for parity runs)")
     t.add_argument("--clip-grad-norm", type=float, default=1.0, help="0: no clipping (nor norm)")
     t.add_argument("--param-dtype", choices=("bf16", "fp32"), default="bf16")
     t.add_argument("--reshard-after-forward", type=int, choices=(0, 1), default=1,
@@ -414,7 +416,7 @@ def main():
     for block in model.layers:
         fully_shard(block, mp_policy=mp, reshard_after_forward=bool(a.reshard_after_forward))
     fully_shard(model, mp_policy=mp)
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.95), eps=1e-8,
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, a.beta2), eps=1e-8,
                             weight_decay=a.weight_decay, fused=True)
 
     def evaluate():
@@ -505,7 +507,7 @@ def main():
             "model": {k: getattr(a, k) for k in ("layers", "dim", "heads", "kv_heads", "ffn_dim", "seq_len", "vocab")},
             "optimizer": {"lr": a.lr, "min_lr": a.min_lr, "warmup_steps": a.warmup_steps,
                           "weight_decay": a.weight_decay, "clip_grad_norm": a.clip_grad_norm,
-                          "betas": [0.9, 0.95], "eps": 1e-8},
+                          "betas": [0.9, a.beta2], "eps": 1e-8},
             "torch_version": torch.__version__,
             "gpu": torch.cuda.get_device_name(device),
         }
