@@ -1,6 +1,7 @@
 // The transformer's fused ops alone on one GPU, through the Device interface the engine uses:
 // causal GQA attention forward + backward (cuDNN's fused engines, and the CUDA-core kernel that
-// FSDP_ATTENTION=simt selects), then RMSNorm, RoPE, SwiGLU and the embedding, at the llama1b
+// FSDP_ATTENTION=simt selects), then RMSNorm (alone and fused with the residual add), the
+// cross-entropy loss over the logits, RoPE, SwiGLU and the embedding, at the llama1b
 // shape (dim 2048, 32 heads, 4 kv heads, head_dim 64, ffn 5632, vocab 32000), bf16.
 // Usage: build/bench/attention_bench [batch=4] [seq=2048] [reps=20]
 // Attention FLOPs count the causal half: forward 2 matmuls x 2 b h s^2 d / 2, backward 5 of them.
@@ -114,6 +115,38 @@ void bench_row_ops(Device& d, int64_t rows, int reps) {
                median_ms(d, reps,
                          [&] { d.rms_norm_backward(s, x, w, rstd, dy, t, rows, dim, dx, dw); }),
                3 * act);
+  void* r = b.get(rows * dim, t);
+  void* h_sum = b.get(rows * dim, t);
+  report_bytes("residual add " + std::to_string(rows) + "x2048",
+               median_ms(d, reps, [&] { d.add(s, h_sum, x, r, t, rows * dim); }), 3 * act);
+  report_bytes("residual add + rms_norm fwd (fused)",
+               median_ms(d, reps,
+                         [&] {
+                           d.add_rms_norm_forward(s, x, r, w, t, rows, dim, 1e-5f, h_sum, y, rstd);
+                         }),
+               4 * act);
+  report_bytes("rms_norm bwd + residual add (fused)",
+               median_ms(d, reps,
+                         [&] {
+                           d.rms_norm_backward_add(s, x, w, rstd, dy, r, t, rows, dim, dx, dw);
+                         }),
+               4 * act);
+  {
+    void* logits = b.get(rows * vocab, t, 8.0f);
+    void* dlogits = b.get(rows * vocab, t);
+    std::vector<int32_t> host_labels(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) host_labels[static_cast<size_t>(i)] = (i * 104729) % vocab;
+    auto* labels = static_cast<int32_t*>(b.get(rows, DType::F32));
+    d.copy_from_host(s, labels, host_labels.data(), host_labels.size() * 4);
+    auto* loss = static_cast<float*>(b.get(1, DType::F32));
+    report_bytes("cross_entropy " + std::to_string(rows) + "x32000 (loss + dlogits)",
+                 median_ms(d, reps,
+                           [&] {
+                             d.cross_entropy_loss(s, logits, t, labels, rows, vocab, loss,
+                                                  dlogits);
+                           }),
+                 2.0 * rows * vocab * e);
+  }
   const int64_t ld = (heads + 2 * kv_heads) * hd;
   void* qkv = b.get(rows * ld, t);
   report_bytes("rope q+k (in place, ld " + std::to_string(ld) + ")",

@@ -1,16 +1,121 @@
 // The GEMMs of one mlp16 training step alone, on one GPU, through the same Device::gemm the
 // engine uses: the floor that "our 1-GPU step within 5% of its GEMMs" is measured against.
 // Usage: build/bench/gemm_floor [tokens=8192] [dim=4096] [layers=16] [reps=20]
+//
+// `gemm_floor llama [tokens=8192] [reps=20]`: every GEMM shape of the llama1b transformer (dim
+// 2048, 32 heads, 4 kv heads, ffn 5632, vocab 32000, 22 layers) alone, as Linear issues them
+// (forward y = x W^T, dX = dy W, dW = dy^T x), one JSON line each with its TFLOP/s; each dW also
+// with a memory-bound stream running beside it (as the optimizer or the reduce-scatter copy-in
+// can), and a last line with the step's GEMM time (22 layers + the LM head). FSDP_GEMM_AUTOTUNE=1
+// (Note [GEMM autotune]) times the plans' candidates instead of taking cuBLASLt's first choice.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "bench_util.h"
 
+namespace {
+
+using namespace fsdp;
+
+double ms_per_call(Device& d, Stream s, int reps, const std::function<void()>& body) {
+  for (int i = 0; i < 3; ++i) body();
+  d.synchronize_stream(s);
+  std::vector<double> ms;
+  for (int round = 0; round < 5; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) body();
+    d.synchronize_stream(s);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                     .count() / reps);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void llama_gemms(Device& d, int64_t tokens, int reps) {
+  const Stream s = d.create_stream("compute", StreamPriority::Normal);
+  const Stream side = d.create_stream("side", StreamPriority::Normal);
+  const DType t = DType::BF16;
+  std::vector<void*> owned;
+  auto buffer = [&](int64_t rows, int64_t cols) {
+    void* p = d.alloc(static_cast<size_t>(rows * cols) * 2, s, MemTag::Other);
+    d.synthetic_batch(s, p, t, rows, cols, 7 + owned.size(), 0, 0, 0.05f);  // random, no zeros
+    owned.push_back(p);
+    return p;
+  };
+  // A memory-bound neighbour: fp32 accumulate over 256 MiB, like an optimizer pass.
+  const int64_t side_n = int64_t{64} << 20;
+  auto* side_dst = static_cast<float*>(d.alloc(static_cast<size_t>(side_n) * 4, side, MemTag::Other));
+  void* side_src = d.alloc(static_cast<size_t>(side_n) * 4, side, MemTag::Other);
+  d.fill(side, side_dst, DType::F32, side_n, 0.0f);
+  d.fill(side, side_src, DType::F32, side_n, 1e-3f);
+  d.synchronize();
+
+  struct Linear { const char* name; int64_t in, out, count; };
+  const int layers = 22;
+  const Linear linears[] = {{"wqkv", 2048, 2560, layers}, {"wo", 2048, 2048, layers},
+                            {"w13", 2048, 11264, layers}, {"w2", 5632, 2048, layers},
+                            {"output", 2048, 32000, 1}};
+  double step_ms = 0, step_flops = 0;
+  for (const Linear& l : linears) {
+    void* x = buffer(tokens, l.in);
+    void* w = buffer(l.out, l.in);
+    void* y = buffer(tokens, l.out);
+    void* dx = buffer(tokens, l.in);
+    void* dw = buffer(l.out, l.in);
+    const double flops = 2.0 * tokens * l.in * l.out;
+    struct Op { const char* what; std::function<void()> run; };
+    const Op ops[] = {
+        {"fwd", [&] { d.gemm(s, false, true, tokens, l.out, l.in, 1.0f, x, w, t, 0.0f, y, t); }},
+        {"dX", [&] { d.gemm(s, false, false, tokens, l.in, l.out, 1.0f, y, w, t, 0.0f, dx, t); }},
+        {"dW", [&] { d.gemm(s, true, false, l.out, l.in, tokens, 1.0f, y, x, t, 0.0f, dw, t); }}};
+    for (const Op& op : ops) {
+      const double ms = ms_per_call(d, s, reps, op.run);
+      step_ms += ms * static_cast<double>(l.count);
+      step_flops += flops * static_cast<double>(l.count);
+      std::printf("{\"gemm\": \"%s %s\", \"tokens\": %lld, \"in\": %lld, \"out\": %lld, "
+                  "\"ms\": %.4f, \"tflops\": %.1f}\n",
+                  l.name, op.what, static_cast<long long>(tokens), static_cast<long long>(l.in),
+                  static_cast<long long>(l.out), ms, flops / (ms * 1e-3) / 1e12);
+      if (std::strcmp(op.what, "dW") != 0) continue;
+      // The same dW while the side stream streams memory the whole time.
+      const double contended = ms_per_call(d, s, reps, [&] {
+        for (int i = 0; i < 2; ++i)
+          d.accumulate(side, side_dst, side_src, DType::F32, side_n, 1.0f);
+        op.run();
+      });
+      d.synchronize();
+      std::printf("{\"gemm\": \"%s dW beside a memory-bound stream\", \"ms\": %.4f, "
+                  "\"tflops\": %.1f}\n",
+                  l.name, contended, flops / (contended * 1e-3) / 1e12);
+    }
+    std::fflush(stdout);
+  }
+  std::printf("{\"gemm\": \"llama1b step (22 layers + head)\", \"tokens\": %lld, "
+              "\"ms\": %.3f, \"tflops\": %.1f, \"autotune\": \"%s\"}\n",
+              static_cast<long long>(tokens), step_ms, step_flops / (step_ms * 1e-3) / 1e12,
+              std::getenv("FSDP_GEMM_AUTOTUNE") ? std::getenv("FSDP_GEMM_AUTOTUNE") : "0");
+  d.synchronize();
+  for (void* p : owned) d.free(p, s);
+  d.free(side_dst, side);
+  d.free(side_src, side);
+  d.synchronize();
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  using namespace fsdp;
+  if (argc > 1 && std::strcmp(argv[1], "llama") == 0) {
+    const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 8192;
+    const int reps = argc > 3 ? std::atoi(argv[3]) : 20;
+    return bench::run_on_gpu("gemm_floor", [&](Device& d) { llama_gemms(d, tokens, reps); });
+  }
   const int64_t tokens = argc > 1 ? std::atoll(argv[1]) : 8192;
   const int64_t dim = argc > 2 ? std::atoll(argv[2]) : 4096;
   const int layers = argc > 3 ? std::atoi(argv[3]) : 16;

@@ -50,6 +50,8 @@ TEST(Cli, EveryBadInputGivesOneLineAndNonZeroExit) {
   for (const char* args :
        {"train --backend cpu --rs-max-input-buffers 0", "train --backend cpu --world-size 0",
         "train --no-such-flag", "train --backend cpu --model gpt5", "frobnicate",
+        "train --backend cpu --model transformer --kv-heads 3",
+        "train --backend cpu --model transformer --seq-len 48",
         "train --backend cpu --reshard-after-forward 2", "train --backend cpu --separate-rs-group yes",
         "train --backend cpu --lr -1", "train --backend cpu --lr 0", "train --backend cpu --chaos -5",
         "train --backend cpu --classes -3", "train --backend cpu --nproc 4",
@@ -100,7 +102,8 @@ TEST(Cli, HelpShowsEveryDefault) {
     if (pending.find("  ", 4) == std::string::npos && line.rfind("  --", 0) == 0) continue;
     const std::string name = pending.substr(2, pending.find_first_of(" ", 2) - 2);
     ++options;
-    if (name == "--json" || name == "--trace" || name == "--quiet" || name == "--chaos") {
+    if (name == "--json" || name == "--trace" || name == "--quiet" || name == "--chaos" ||
+        name == "--data") {
       pending.clear();
       continue;  // no default: off unless given
     }

@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
-#include <set>
+#include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "fsdp/data.h"
 #include "fsdp/error.h"
@@ -106,6 +111,33 @@ TEST(DataSampler, RankSlicesTileTheGlobalBatchForWorldSizes124) {
   }
 }
 
+// Rank threads sharing one sampler, each in another epoch at times, read what a private
+// sampler reads.
+TEST(DataSampler, RankThreadsCanShareOneSampler) {
+  auto file = make_file("threads.bin", 16 * 40 + 1);  // 40 windows; G = 4: 10 steps per epoch
+  const BatchShape shape{1, 16, 4};
+  BatchSampler shared(file, shape, 11);
+  std::vector<std::vector<int32_t>> got(4), want(4);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 4; ++r)
+    ranks.emplace_back([&, r] {
+      for (int64_t i = 0; i < 60; ++i) {
+        const int64_t step = (r % 2 == 0) ? i : 59 - i;  // half the ranks walk backwards
+        RankBatch b = fill(shared, step, r);
+        got[r].insert(got[r].end(), b.inputs.begin(), b.inputs.end());
+      }
+    });
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 4; ++r) {
+    BatchSampler own(file, shape, 11);
+    for (int64_t i = 0; i < 60; ++i) {
+      RankBatch b = fill(own, (r % 2 == 0) ? i : 59 - i, r);
+      want[r].insert(want[r].end(), b.inputs.begin(), b.inputs.end());
+    }
+    EXPECT_EQ(got[r], want[r]) << "rank " << r;
+  }
+}
+
 TEST(DataSampler, NextAdvancesAndRestoreResumes) {
   auto file = make_file("resume.bin", 3000);
   BatchSampler s(file, {2, 8, 2}, 3);
@@ -165,6 +197,33 @@ TEST(DataSampler, ValidationBatchesAreTheFirstWindowsInOrder) {
       }
     }
   EXPECT_EQ(fsdp::data::ValidationBatches(file, {2, 16, 2}, 3).count(), 3);
+}
+
+// bench/llm_data.py (the sampler bench/torch_llama.py uses) gives the same windows as this
+// one, over several epochs, for two seeds and a split over ranks.
+TEST(DataSampler, PythonSamplerOfTheBenchGivesTheSameWindows) {
+  if (std::system("python3 -c 'pass' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 is not installed: bench/llm_data.py is not checked";
+  auto file = make_file("python.bin", 16 * 50 + 5);  // 50 windows of 16
+  for (uint64_t seed : {0ull, 0xFEDCBA9876543210ull}) {
+    const BatchShape shape{3, 16, 2};                // G = 6: 8 steps per epoch
+    BatchSampler s(file, shape, seed);
+    const std::string cmd = "python3 " FSDP_SOURCE_DIR "/bench/llm_data.py windows " +
+                            file->path() + " --vocab 50000 --seq-len 16 --batch 3 --world-size 2"
+                            " --seed " + std::to_string(seed) + " --steps 30 2>&1";
+    FILE* pipe = popen(cmd.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string out;
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+    ASSERT_EQ(pclose(pipe), 0) << out;
+    const nlohmann::json j = nlohmann::json::parse(out);
+    EXPECT_EQ(j["windows"], s.windows());
+    EXPECT_EQ(j["steps_per_epoch"], s.steps_per_epoch());
+    for (int64_t step = 0; step < 30; ++step)
+      EXPECT_EQ(j["global_windows"][step].get<std::vector<int64_t>>(), s.global_windows(step))
+          << "seed " << seed << " step " << step;
+  }
 }
 
 }  // namespace

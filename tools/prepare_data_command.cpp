@@ -51,7 +51,7 @@ CLI::App* add_prepare_data_command(CLI::App& app, PrepareDataOptions& o) {
 #ifndef FSDP_WITH_SENTENCEPIECE
 
 int run_prepare_data(const PrepareDataOptions&) {
-  FSDP_FAIL("prepare-data is not in this build: SentencePiece was not found when it was "
+  FSDP_USER_FAIL("prepare-data is not in this build: SentencePiece was not found when it was "
             "configured (install libsentencepiece-dev and re-run cmake)");
 }
 
@@ -95,13 +95,13 @@ std::string megabytes(size_t bytes) {
 
 std::string read_input(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) FSDP_FAIL("prepare-data: input ", path, " does not exist");
-  if (fs::is_directory(path, ec)) FSDP_FAIL("prepare-data: input ", path, " is a directory");
+  if (!fs::exists(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " does not exist");
+  if (fs::is_directory(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " is a directory");
   std::ifstream in(path, std::ios::binary);
-  if (!in) FSDP_FAIL("prepare-data: cannot read input ", path);
+  if (!in) FSDP_USER_FAIL("prepare-data: cannot read input ", path);
   std::ostringstream text;
   text << in.rdbuf();
-  if (in.bad()) FSDP_FAIL("prepare-data: cannot read input ", path);
+  if (in.bad()) FSDP_USER_FAIL("prepare-data: cannot read input ", path);
   return std::move(text).str();
 }
 
@@ -125,12 +125,12 @@ Document split_document(std::string text, double fraction) {
 void prepare_out_dir(const std::string& dir) {
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
-    FSDP_FAIL("prepare-data: --out ", dir, " exists and is not a directory");
+    FSDP_USER_FAIL("prepare-data: --out ", dir, " exists and is not a directory");
   fs::create_directories(dir, ec);
-  if (ec) FSDP_FAIL("prepare-data: cannot create --out ", dir, ": ", ec.message());
+  if (ec) FSDP_USER_FAIL("prepare-data: cannot create --out ", dir, ": ", ec.message());
   const fs::path probe = fs::path(dir) / ".prepare-data-probe";
   std::ofstream out(probe);
-  if (!out) FSDP_FAIL("prepare-data: --out ", dir, " is not writable");
+  if (!out) FSDP_USER_FAIL("prepare-data: --out ", dir, " is not writable");
   out.close();
   fs::remove(probe, ec);
 }
@@ -169,7 +169,7 @@ void check_status(const sentencepiece::util::Status& s, const char* what) {
   if (!s.ok()) {
     std::string msg = s.ToString();
     std::replace(msg.begin(), msg.end(), '\n', ' ');
-    FSDP_FAIL("prepare-data: ", what, ": ", msg);
+    FSDP_USER_FAIL("prepare-data: ", what, ": ", msg);
   }
 }
 
@@ -207,9 +207,9 @@ void write_bytes(const fs::path& path, const std::string& bytes) {
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   out.close();
   std::error_code ec;
-  if (!out) FSDP_FAIL("cannot write ", path.string());
+  if (!out) FSDP_USER_FAIL("cannot write ", path.string());
   fs::rename(tmp, path, ec);
-  if (ec) FSDP_FAIL("cannot write ", path.string(), ": ", ec.message());
+  if (ec) FSDP_USER_FAIL("cannot write ", path.string(), ": ", ec.message());
 }
 
 // One part's tokens, <s> first; nothing for an empty part.
@@ -266,13 +266,13 @@ EncodedParts encode_documents(const sentencepiece::SentencePieceProcessor& sp,
 int run_prepare_data(const PrepareDataOptions& o) {
   const Progress progress{o.quiet};
   if (o.vocab < kMinPrepareVocab || o.vocab > data::kMaxTokenFileVocab)
-    FSDP_FAIL("prepare-data: --vocab ", o.vocab, " is outside ", kMinPrepareVocab, "..",
+    FSDP_USER_FAIL("prepare-data: --vocab ", o.vocab, " is outside ", kMinPrepareVocab, "..",
               data::kMaxTokenFileVocab, " (256 byte pieces + 4 special need ", kMinPrepareVocab,
               "; tokens are uint16)");
   if (!(o.val_fraction >= 0 && o.val_fraction <= 0.5))
-    FSDP_FAIL("prepare-data: --val-fraction ", o.val_fraction, " is outside 0..0.5");
+    FSDP_USER_FAIL("prepare-data: --val-fraction ", o.val_fraction, " is outside 0..0.5");
   if (o.max_training_lines < 1)
-    FSDP_FAIL("prepare-data: --max-training-lines must be at least 1");
+    FSDP_USER_FAIL("prepare-data: --max-training-lines must be at least 1");
   prepare_out_dir(o.out_dir);
 
   std::vector<Document> docs;
@@ -286,9 +286,9 @@ int run_prepare_data(const PrepareDataOptions& o) {
     return (d.train + d.val).find_first_not_of(" \t\r\n") == std::string::npos;
   });
   if (all_blank)
-    FSDP_FAIL("prepare-data: the corpus is empty (", o.inputs.size(), " files with no text)");
+    FSDP_USER_FAIL("prepare-data: the corpus is empty (", o.inputs.size(), " files with no text)");
   if (o.val_fraction > 0 && val_bytes == 0)
-    FSDP_FAIL("prepare-data: --val-fraction ", o.val_fraction,
+    FSDP_USER_FAIL("prepare-data: --val-fraction ", o.val_fraction,
               " leaves no validation text (the files have too few lines)");
   progress("read ", o.inputs.size(), " files, ", megabytes(train_bytes + val_bytes), " (train ",
            megabytes(train_bytes), ", val ", megabytes(val_bytes), ")");
@@ -302,7 +302,7 @@ int run_prepare_data(const PrepareDataOptions& o) {
 
   sentencepiece::SentencePieceProcessor sp;
   check_status(sp.LoadFromSerializedProto(model), "cannot load the trained tokenizer");
-  FSDP_CHECK(sp.GetPieceSize() == o.vocab, "the tokenizer has ", sp.GetPieceSize(),
+  FSDP_USER_CHECK(sp.GetPieceSize() == o.vocab, "the tokenizer has ", sp.GetPieceSize(),
              " pieces, not ", o.vocab);
 
   t0 = Clock::now();

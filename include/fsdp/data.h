@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
@@ -83,8 +84,10 @@ uint64_t splitmix64_next(uint64_t& state);
 // Epoch e's order of n windows (Note [Batch sampler]).
 std::vector<uint32_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n);
 
-// Training batches (Note [Batch sampler]). One sampler per rank thread: it caches the current
-// epoch's permutation. Inputs and labels are int32, [B * T] each, row b = sequence b.
+// Training batches (Note [Batch sampler]). Inputs and labels are int32, [B * T] each, row b =
+// sequence b. fill() and global_windows() are safe to call from several rank threads at once
+// (the cached epoch permutation is shared under a lock); next() and restore() change the
+// sampler's own position, so each rank thread that uses them needs its own sampler.
 class BatchSampler {
  public:
   BatchSampler(std::shared_ptr<const TokenFile> file, const BatchShape& shape, uint64_t seed);
@@ -105,7 +108,7 @@ class BatchSampler {
   void restore(const SamplerState& state);
 
  private:
-  const std::vector<uint32_t>& permutation(int64_t epoch) const;
+  std::shared_ptr<const std::vector<uint32_t>> permutation(int64_t epoch) const;
 
   std::shared_ptr<const TokenFile> file_;
   BatchShape shape_;
@@ -113,8 +116,9 @@ class BatchSampler {
   int64_t windows_ = 0;
   int64_t steps_per_epoch_ = 0;
   int64_t step_ = 0;
+  mutable std::mutex cache_mutex_;
   mutable int64_t cached_epoch_ = -1;
-  mutable std::vector<uint32_t> cached_permutation_;
+  mutable std::shared_ptr<const std::vector<uint32_t>> cached_permutation_;
 };
 
 // Validation batches: fixed, the first count() * G windows of the file in order (batch k is

@@ -12,7 +12,7 @@
 // alloc(bytes, s) returns memory usable by work enqueued on s after the call; free(p, s)
 // returns it once the work enqueued on s before the call has run. Freeing on a stream other
 // than the one that last used the memory is only safe after that stream waited on an event
-// recorded after the last use; the engine's schedule guarantees this (docs/schedule.md,
+// recorded after the last use; the engine's schedule guarantees this (docs/design.md,
 // invariant 2). Byte counts (current/peak, per tag) change when alloc/free are *called*,
 // so they are exact and independent of timing.
 #pragma once
@@ -251,6 +251,16 @@ class Device {
   virtual void rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd,
                                  const void* dy, DType t, int64_t rows, int64_t cols, void* dx,
                                  void* dw);
+  // The residual add fused with the RMSNorm that reads its result: h = x + residual (rounded to
+  // t, as add() would), then rms_norm_forward of h. h may be x or residual.
+  virtual void add_rms_norm_forward(Stream s, const void* x, const void* residual, const void* w,
+                                    DType t, int64_t rows, int64_t cols, float eps, void* h,
+                                    void* y, float* rstd);
+  // rms_norm_backward whose input gradient also takes the residual path's: dx = dresidual +
+  // d(norm)/dx, summed in fp32 and rounded once. dx may be dy or dresidual.
+  virtual void rms_norm_backward_add(Stream s, const void* x, const void* w, const float* rstd,
+                                     const void* dy, const void* dresidual, DType t, int64_t rows,
+                                     int64_t cols, void* dx, void* dw);
   // Rotary position embedding in place on x [rows, heads * head_dim] (row stride ld), with
   // Hugging Face Llama's "rotate half" pairing: element i < head_dim/2 pairs with
   // i + head_dim/2, angle = pos * theta^(-2i/head_dim), pos = r % seq_len. inverse rotates by

@@ -91,6 +91,14 @@ void Device::rms_norm_backward(Stream, const void*, const void*, const float*, c
                                int64_t, int64_t, void*, void*) {
   not_on_backend(*this, "rms_norm_backward");
 }
+void Device::add_rms_norm_forward(Stream, const void*, const void*, const void*, DType, int64_t,
+                                  int64_t, float, void*, void*, float*) {
+  not_on_backend(*this, "add_rms_norm_forward");
+}
+void Device::rms_norm_backward_add(Stream, const void*, const void*, const float*, const void*,
+                                   const void*, DType, int64_t, int64_t, void*, void*) {
+  not_on_backend(*this, "rms_norm_backward_add");
+}
 void Device::rope(Stream, void*, int64_t, DType, int64_t, int64_t, int64_t, int64_t, float, bool) {
   not_on_backend(*this, "rope");
 }

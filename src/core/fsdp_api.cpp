@@ -67,10 +67,12 @@ void FsdpModule::set_is_last_backward(bool last) { state_->is_last_backward = la
 void FsdpModule::set_reduce_scatter_max_input_buffers(int k, bool recurse) {
   FSDP_CHECK(k >= 1, "set_reduce_scatter_max_input_buffers: k must be a positive integer, got ", k);
   for_each_state(*state_, recurse, [&](FsdpState& s) { s.reduce_scatter_max_input_buffers = k; });
-  if (state_->ctx && state_->is_root) {
+  // After lazy init (on the root or any unit of its tree) the root's resolved k changes at
+  // once: the next reduce-scatter reserves against it, as in FSDP2.
+  if (FsdpState* root = state_->ctx ? state_->root : nullptr) {
     int resolved = 1;
-    for (FsdpState* s : state_->all_states) resolved = std::max(resolved, s->reduce_scatter_max_input_buffers);
-    state_->ctx->ring.set_capacity(resolved);
+    for (FsdpState* s : root->all_states) resolved = std::max(resolved, s->reduce_scatter_max_input_buffers);
+    root->ctx->ring.set_capacity(resolved);
   }
 }
 

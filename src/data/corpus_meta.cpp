@@ -20,14 +20,14 @@ void write_corpus_meta(const std::string& path, const CorpusMeta& m) {
   std::ofstream out(path);
   out << j.dump(2) << "\n";
   out.close();
-  if (!out) FSDP_FAIL("cannot write ", path);
+  if (!out) FSDP_USER_FAIL("cannot write ", path);
 }
 
 CorpusMeta read_corpus_meta(const std::string& path) {
   std::ifstream in(path);
-  if (!in) FSDP_FAIL(path, ": cannot open (prepare-data writes it beside train.bin)");
+  if (!in) FSDP_USER_FAIL(path, ": cannot open (prepare-data writes it beside train.bin)");
   nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) FSDP_FAIL(path, ": not a JSON object");
+  if (j.is_discarded() || !j.is_object()) FSDP_USER_FAIL(path, ": not a JSON object");
   CorpusMeta m;
   try {
     m.vocab = j.at("vocab").get<int64_t>();
@@ -37,7 +37,7 @@ CorpusMeta read_corpus_meta(const std::string& path) {
     m.unigram_entropy_bits = j.at("unigram_entropy_bits").get<double>();
     m.val_unigram_cross_entropy_nats = j.at("val_unigram_cross_entropy_nats").get<double>();
   } catch (const nlohmann::json::exception& e) {
-    FSDP_FAIL(path, ": bad corpus metadata: ", e.what());
+    FSDP_USER_FAIL(path, ": bad corpus metadata: ", e.what());
   }
   return m;
 }

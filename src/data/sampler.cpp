@@ -75,14 +75,16 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenFile> file, const BatchSha
   windows_ = window_count(*file_, shape_.seq_len);
   steps_per_epoch_ = windows_ / shape_.global_sequences();
   if (steps_per_epoch_ < 1)
-    FSDP_FAIL(file_->path(), ": ", file_->size(), " tokens, fewer than the ",
+    FSDP_USER_FAIL(file_->path(), ": ", file_->size(), " tokens, fewer than the ",
               shape_.global_sequences() * shape_.seq_len + 1, " that ", batch_description(shape_),
               " needs");
 }
 
-const std::vector<uint32_t>& BatchSampler::permutation(int64_t epoch) const {
+std::shared_ptr<const std::vector<uint32_t>> BatchSampler::permutation(int64_t epoch) const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
   if (epoch != cached_epoch_) {
-    cached_permutation_ = epoch_permutation(seed_, epoch, windows_);
+    cached_permutation_ = std::make_shared<const std::vector<uint32_t>>(
+        epoch_permutation(seed_, epoch, windows_));
     cached_epoch_ = epoch;
   }
   return cached_permutation_;
@@ -91,20 +93,20 @@ const std::vector<uint32_t>& BatchSampler::permutation(int64_t epoch) const {
 std::vector<int64_t> BatchSampler::global_windows(int64_t step) const {
   FSDP_CHECK(step >= 0, "step ", step, " is negative");
   const int64_t g = shape_.global_sequences();
-  const std::vector<uint32_t>& perm = permutation(step / steps_per_epoch_);
+  const auto perm = permutation(step / steps_per_epoch_);
   const int64_t first = (step % steps_per_epoch_) * g;
-  return std::vector<int64_t>(perm.begin() + first, perm.begin() + first + g);
+  return std::vector<int64_t>(perm->begin() + first, perm->begin() + first + g);
 }
 
 void BatchSampler::fill(int64_t step, int rank, std::span<int32_t> inputs,
                         std::span<int32_t> labels) const {
   check_slice(shape_, rank, inputs, labels);
   FSDP_CHECK(step >= 0, "step ", step, " is negative");
-  const std::vector<uint32_t>& perm = permutation(step / steps_per_epoch_);
+  const auto perm = permutation(step / steps_per_epoch_);
   const int64_t first =
       (step % steps_per_epoch_) * shape_.global_sequences() + rank * shape_.batch;
   for (int64_t b = 0; b < shape_.batch; ++b)
-    copy_window(*file_, perm[static_cast<size_t>(first + b)], shape_.seq_len,
+    copy_window(*file_, (*perm)[static_cast<size_t>(first + b)], shape_.seq_len,
                 inputs.data() + b * shape_.seq_len, labels.data() + b * shape_.seq_len);
 }
 
@@ -118,7 +120,7 @@ SamplerState BatchSampler::state() const { return {step_, step_ / steps_per_epoc
 void BatchSampler::restore(const SamplerState& state) {
   FSDP_CHECK(state.step >= 0, "sampler state has a negative step ", state.step);
   if (state.epoch != state.step / steps_per_epoch_)
-    FSDP_FAIL("sampler state (step ", state.step, ", epoch ", state.epoch,
+    FSDP_USER_FAIL("sampler state (step ", state.step, ", epoch ", state.epoch,
               ") does not match ", file_->path(), " with this batch shape (",
               steps_per_epoch_, " steps per epoch): the data or the batch shape changed");
   step_ = state.step;
@@ -131,7 +133,7 @@ ValidationBatches::ValidationBatches(std::shared_ptr<const TokenFile> file,
   FSDP_CHECK(max_batches >= 1, "validation needs at least one batch (got ", max_batches, ")");
   const int64_t available = window_count(*file_, shape_.seq_len) / shape_.global_sequences();
   if (available < 1)
-    FSDP_FAIL(file_->path(), ": ", file_->size(), " tokens, fewer than the ",
+    FSDP_USER_FAIL(file_->path(), ": ", file_->size(), " tokens, fewer than the ",
               shape_.global_sequences() * shape_.seq_len + 1, " that ", batch_description(shape_),
               " needs");
   count_ = std::min(max_batches, available);

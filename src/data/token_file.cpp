@@ -31,18 +31,18 @@ void write_token_file(const std::string& path, std::span<const uint16_t> tokens)
   header[2] = static_cast<int32_t>(tokens.size());
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) FSDP_FAIL("cannot write ", path, ": ", errno_text());
+  if (f == nullptr) FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
   const bool ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size() &&
                   std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size();
   const int saved_errno = errno;
   if (std::fclose(f) != 0 || !ok) {
     std::remove(tmp.c_str());
     errno = ok ? errno : saved_errno;
-    FSDP_FAIL("cannot write ", path, ": ", errno_text());
+    FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    FSDP_FAIL("cannot write ", path, ": ", errno_text());
+    FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
   }
 }
 
@@ -64,30 +64,30 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab, int64_t min_tokens,
   FSDP_CHECK(vocab >= 1 && vocab <= kMaxTokenFileVocab, "vocab ", vocab,
              " is out of range for uint16 token files (1..", kMaxTokenFileVocab, ")");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) FSDP_FAIL(path, ": cannot open: ", errno_text());
+  if (fd < 0) FSDP_USER_FAIL(path, ": cannot open: ", errno_text());
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
     const std::string why = errno_text();
     ::close(fd);
-    FSDP_FAIL(path, ": cannot stat: ", why);
+    FSDP_USER_FAIL(path, ": cannot stat: ", why);
   }
   const int64_t file_bytes = st.st_size;
   if (file_bytes < kTokenFileHeaderBytes) {
     ::close(fd);
-    FSDP_FAIL(path, ": truncated: ", file_bytes, " bytes, shorter than the ",
+    FSDP_USER_FAIL(path, ": truncated: ", file_bytes, " bytes, shorter than the ",
               kTokenFileHeaderBytes, "-byte header of a token file");
   }
   void* map = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_SHARED, fd, 0);
   const std::string map_error = map == MAP_FAILED ? errno_text() : "";
   ::close(fd);  // the mapping keeps the file open
-  if (map == MAP_FAILED) FSDP_FAIL(path, ": cannot map: ", map_error);
+  if (map == MAP_FAILED) FSDP_USER_FAIL(path, ": cannot map: ", map_error);
   map_ = map;
   map_bytes_ = static_cast<size_t>(file_bytes);
   // From here the destructor does not run on a throw; unmap before each failure.
   auto fail_unmapped = [&](const std::string& message) {
     ::munmap(map_, map_bytes_);
     map_ = nullptr;
-    FSDP_FAIL(message);
+    FSDP_USER_FAIL(message);
   };
 
   int32_t header[3];

@@ -1,4 +1,4 @@
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
 
 #include <cmath>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "nn/model.h"
+#include "fsdp/nn/model.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,8 @@
 // The MoE block. Its backward hands grads to FSDP in a chosen order (MoeGradOrder), so tests
 // can fire the dense and expert param groups' post-backward in every order.
 #include "fsdp/error.h"
+#include "fsdp/nn/layers.h"
 #include "fsdp/nn/transformer.h"
-#include "nn/layers.h"
 
 namespace fsdp::nn {
 

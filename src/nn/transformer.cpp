@@ -7,7 +7,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/synthetic.h"
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::nn {
 
@@ -22,16 +22,16 @@ Tensor new_act(RunContext& ctx, int64_t rows, int64_t cols) {
 // ---- config, counts, init
 
 void TransformerConfig::validate() const {
-  FSDP_CHECK(layers >= 1, "--layers must be >= 1, got ", layers);
-  FSDP_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 && vocab >= 1,
+  FSDP_USER_CHECK(layers >= 1, "--layers must be >= 1, got ", layers);
+  FSDP_USER_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 && vocab >= 1,
              "transformer sizes must be positive: dim ", dim, ", heads ", heads, ", kv-heads ",
              kv_heads, ", ffn-dim ", ffn_dim, ", seq-len ", seq_len, ", vocab ", vocab);
-  FSDP_CHECK(dim % heads == 0, "--dim (", dim, ") must be a multiple of --heads (", heads, ")");
-  FSDP_CHECK(head_dim() % 2 == 0, "the head dim (dim / heads = ", head_dim(),
+  FSDP_USER_CHECK(dim % heads == 0, "--dim (", dim, ") must be a multiple of --heads (", heads, ")");
+  FSDP_USER_CHECK(head_dim() % 2 == 0, "the head dim (dim / heads = ", head_dim(),
              ") must be even for rotary embeddings");
-  FSDP_CHECK(heads % kv_heads == 0, "--heads (", heads, ") must be a multiple of --kv-heads (",
+  FSDP_USER_CHECK(heads % kv_heads == 0, "--heads (", heads, ") must be a multiple of --kv-heads (",
              kv_heads, ")");
-  FSDP_CHECK(vocab <= INT32_MAX, "--vocab must fit token ids in int32, got ", vocab);
+  FSDP_USER_CHECK(vocab <= INT32_MAX, "--vocab must fit token ids in int32, got ", vocab);
 }
 
 int64_t transformer_param_count(const TransformerConfig& c) {
@@ -123,13 +123,52 @@ Tensor RMSNorm::forward_impl(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
+Tensor RMSNorm::forward_add(RunContext& ctx, const Tensor& x, const Tensor& residual, Tensor& h) {
+  FSDP_CHECK(x.cols == dim_ && residual.rows == x.rows && residual.cols == dim_, "RMSNorm ", fqn(),
+             " expects two [rows, ", dim_, "] inputs, got [", x.rows, ", ", x.cols, "] and [",
+             residual.rows, ", ", residual.cols, "]");
+  if (hooks) hooks->pre_forward(ctx);
+  Device& d = *ctx.device;
+  h = new_act(ctx, x.rows, dim_);
+  Tensor y = new_act(ctx, x.rows, dim_);
+  Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, x.rows, 1, MemTag::Activation);
+  d.set_label(op_label("fwd", "residual+rmsnorm"));
+  d.add_rms_norm_forward(ctx.compute, x.data, residual.data, weight().value.data, ctx.act_dtype,
+                         x.rows, dim_, eps_, h.data, y.data, rstd.as<float>());
+  saved_x_ = h;
+  saved_rstd_ = std::move(rstd);
+  if (hooks) hooks->post_forward(ctx);
+  return y;
+}
+
 Tensor RMSNorm::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
+  return backward_common(ctx, dy, nullptr);
+}
+
+Tensor RMSNorm::backward_add(RunContext& ctx, const Tensor& dy, const Tensor& dresidual) {
+  FSDP_CHECK(dresidual.rows == dy.rows && dresidual.cols == dim_, "RMSNorm ", fqn(),
+             ": the residual gradient is [", dresidual.rows, ", ", dresidual.cols,
+             "], not [", dy.rows, ", ", dim_, "]");
+  if (hooks) hooks->pre_backward(ctx);
+  Tensor dx = backward_common(ctx, dy, &dresidual);
+  if (hooks) hooks->post_backward(ctx);
+  return dx;
+}
+
+Tensor RMSNorm::backward_common(RunContext& ctx, const Tensor& dy, const Tensor* dresidual) {
   Device& d = *ctx.device;
   Tensor dx = new_act(ctx, dy.rows, dim_);
   Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, dim_, 1, MemTag::Grad);
-  d.set_label(op_label("bwd", "rmsnorm"));
-  d.rms_norm_backward(ctx.compute, saved_x_.data, weight().value.data, saved_rstd_.as<float>(),
-                      dy.data, ctx.act_dtype, dy.rows, dim_, dx.data, dw.data);
+  if (dresidual) {
+    d.set_label(op_label("bwd", "rmsnorm+residual"));
+    d.rms_norm_backward_add(ctx.compute, saved_x_.data, weight().value.data,
+                            saved_rstd_.as<float>(), dy.data, dresidual->data, ctx.act_dtype,
+                            dy.rows, dim_, dx.data, dw.data);
+  } else {
+    d.set_label(op_label("bwd", "rmsnorm"));
+    d.rms_norm_backward(ctx.compute, saved_x_.data, weight().value.data, saved_rstd_.as<float>(),
+                        dy.data, ctx.act_dtype, dy.rows, dim_, dx.data, dw.data);
+  }
   saved_x_ = Tensor{};
   saved_rstd_ = Tensor{};
   weight().set_grad(ctx, std::move(dw));
@@ -182,11 +221,11 @@ TransformerBlock::TransformerBlock(const TransformerConfig& c, int layer)
 Tensor TransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
   Device& d = *ctx.device;
   Tensor attn = attention_->forward(ctx, attention_norm_->forward(ctx, x));
-  Tensor h = new_act(ctx, x.rows, x.cols);
-  d.set_label(op_label("fwd", "residual"));
-  d.add(ctx.compute, h.data, x.data, attn.data, ctx.act_dtype, h.numel());
+  Tensor h;
+  Tensor normed = ffn_norm_->forward_add(ctx, x, attn, h);  // h = x + attn
   attn = Tensor{};
-  Tensor ffn = feed_forward_->forward(ctx, ffn_norm_->forward(ctx, h));
+  Tensor ffn = feed_forward_->forward(ctx, normed);
+  normed = Tensor{};
   Tensor out = new_act(ctx, x.rows, x.cols);
   d.set_label(op_label("fwd", "residual"));
   d.add(ctx.compute, out.data, h.data, ffn.data, ctx.act_dtype, out.numel());
@@ -195,17 +234,10 @@ Tensor TransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
 
 Tensor TransformerBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   // Every branch needs its input's gradient (the norms' weight grads come with it), so the
-  // block's d(input) costs nothing extra and is always returned.
-  Device& d = *ctx.device;
-  Tensor g = ffn_norm_->backward(ctx, feed_forward_->backward(ctx, dy));
-  Tensor dh = new_act(ctx, dy.rows, dy.cols);
-  d.set_label(op_label("bwd", "residual"));
-  d.add(ctx.compute, dh.data, dy.data, g.data, ctx.act_dtype, dh.numel());
-  g = attention_norm_->backward(ctx, attention_->backward(ctx, dh));
-  Tensor dx = new_act(ctx, dy.rows, dy.cols);
-  d.set_label(op_label("bwd", "residual"));
-  d.add(ctx.compute, dx.data, dh.data, g.data, ctx.act_dtype, dx.numel());
-  return dx;
+  // block's d(input) costs nothing extra and is always returned. Each residual add's backward
+  // (dh = dy + ..., dx = dh + ...) runs inside the norm's backward.
+  Tensor dh = ffn_norm_->backward_add(ctx, feed_forward_->backward(ctx, dy), dy);
+  return attention_norm_->backward_add(ctx, attention_->backward(ctx, dh), dh);
 }
 
 }  // namespace fsdp::nn

@@ -1,4 +1,4 @@
-#include "optim/optimizer.h"
+#include "fsdp/optim.h"
 
 #include <cmath>
 

@@ -15,7 +15,7 @@
 
 #include "fsdp/device.h"
 #include "fsdp/module.h"
-#include "nn/model.h"
+#include "fsdp/nn/model.h"
 
 namespace fsdp::runtime {
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_device.h"
 #include "transformer_ops_util.h"
 
 namespace fsdp {
@@ -48,7 +49,7 @@ std::vector<int32_t> token_ids(std::mt19937& rng, int64_t rows, int64_t vocab) {
 
 TEST_F(CudaTransformerOps, EmbeddingMatchesCpuExactly) {
   struct Shape { int64_t rows, dim, vocab; };
-  for (const Shape sh : {Shape{37, 24, 50}, Shape{64, 64, 97}, Shape{2048, 2048, 32000}})
+  for (const Shape sh : {Shape{37, 20, 50}, Shape{64, 64, 97}, Shape{2048, 2048, 32000}})
     for (DType t : kTypes) {
       std::mt19937 rng(7);
       const auto table = uniform(rng, static_cast<size_t>(sh.vocab * sh.dim), -1, 1);
@@ -73,7 +74,7 @@ TEST_F(CudaTransformerOps, EmbeddingMatchesCpuExactly) {
 
 TEST_F(CudaTransformerOps, RmsNormMatchesCpu) {
   struct Shape { int64_t rows, cols; };
-  for (const Shape sh : {Shape{37, 24}, Shape{5, 1000}, Shape{2048, 2048}})
+  for (const Shape sh : {Shape{37, 24}, Shape{5, 1001}, Shape{2048, 2048}})
     for (DType t : kTypes) {
       std::mt19937 rng(11);
       const auto x = uniform(rng, static_cast<size_t>(sh.rows * sh.cols), -2, 2);
@@ -221,8 +222,8 @@ TEST_F(CudaTransformerOps, AttentionFp32MatchesCpu) {
 
 TEST_F(CudaTransformerOps, AttentionBf16OnCudnnMatchesCpu) {
   // cuDNN multiplies P (and dS) by V (Q, K) in bf16 where the CPU keeps fp32: a few bf16 ulps.
-  for (const AttentionShape& sh : {AttentionShape{2, 128, 4, 2, 64}, AttentionShape{1, 256, 8, 8, 128},
-                                   kRealAttention})
+  for (const AttentionShape& sh : {AttentionShape{2, 128, 4, 2, 64}, AttentionShape{1, 77, 4, 1, 32},
+                                   AttentionShape{1, 256, 8, 8, 128}, kRealAttention})
     compare_with_cpu(label("attention cudnn", DType::BF16, sh.str()), [&](Buffers& b) {
       return run_attention(b, sh, DType::BF16, Tolerance{3e-2, 1e-2}, Tolerance{5e-2, 2e-2});
     });
@@ -230,7 +231,8 @@ TEST_F(CudaTransformerOps, AttentionBf16OnCudnnMatchesCpu) {
 
 TEST_F(CudaTransformerOps, AttentionBf16OnCudaCoresMatchesCpu) {
   ScopedAttentionChoice simt("simt");
-  for (const AttentionShape& sh : {AttentionShape{2, 77, 4, 1, 32}, kRealAttention})
+  // Real sizes are covered by fp32 (same kernel) and by the comparison with cuDNN below.
+  for (const AttentionShape& sh : {AttentionShape{2, 77, 4, 1, 32}, AttentionShape{1, 512, 8, 2, 64}})
     compare_with_cpu(label("attention simt", DType::BF16, sh.str()), [&](Buffers& b) {
       return run_attention(b, sh, DType::BF16, Tolerance{1e-2, 1e-3}, Tolerance{2e-2, 2e-3});
     });
@@ -254,6 +256,19 @@ TEST_F(CudaTransformerOps, AttentionBf16CudnnMatchesCudaCoresAtLlamaSize) {
     expect_match("attention cudnn vs simt bf16 " + sh.str() + " " + cudnn_out[i].name,
                  cudnn_out[i].values, simt_out[i].values,
                  i == 1 ? Tolerance{1e-4, 1e-5} : Tolerance{5e-2, 2e-2});
+}
+
+TEST_F(CudaTransformerOps, CudnnAttentionPlansAreBuiltOncePerShape) {
+  auto device = cuda::make_device(0);
+  auto& cuda_device = cuda::as_cuda_device(*device);
+  ASSERT_TRUE(cuda_device.attention_on_cudnn());
+  Buffers b(*device);
+  run_attention(b, AttentionShape{1, 128, 4, 2, 64}, DType::BF16, {}, {});
+  EXPECT_EQ(cuda_device.cudnn_attention_plans(), 2u);  // one forward, one backward
+  run_attention(b, AttentionShape{1, 128, 4, 2, 64}, DType::BF16, {}, {});
+  EXPECT_EQ(cuda_device.cudnn_attention_plans(), 2u);  // reused
+  run_attention(b, AttentionShape{1, 256, 4, 2, 64}, DType::BF16, {}, {});
+  EXPECT_EQ(cuda_device.cudnn_attention_plans(), 4u);  // a new shape
 }
 
 TEST_F(CudaTransformerOps, BackwardsAreDeterministic) {

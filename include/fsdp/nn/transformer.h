@@ -46,11 +46,11 @@ int64_t transformer_param_count(const TransformerConfig& c);
 double transformer_flops_per_token(const TransformerConfig& c);
 
 // Normal(0, std), element j a pure function of (seed, j): the same values whatever the world
-// size (see uniform_init in src/nn/layers.h).
+// size (see uniform_init in fsdp/nn/layers.h).
 std::vector<float> normal_init(uint64_t seed, int64_t n, float std);
-// Init as torchtitan's Llama: Normal(0, 0.02) for the embedding and every linear except the
-// two that write into the residual stream, wo and w2, whose std shrinks with depth (layer i,
-// 0-based): 0.02 / sqrt(2 * (i + 1)). Norm weights start at 1.
+// Init: Normal(0, 0.02) for the embedding and every linear except the two that write into the
+// residual stream, wo and w2, whose std shrinks with depth as torchtitan's depth init does
+// (layer i, 0-based): 0.02 / sqrt(2 * (i + 1)). Norm weights start at 1.
 constexpr float kTransformerInitStd = 0.02f;
 float residual_projection_init_std(int layer);
 
@@ -76,11 +76,20 @@ class RMSNorm : public Module {
   RMSNorm(int64_t dim, float eps);
   Param& weight() const { return *params()[0]; }
 
+  // The residual add before the norm fused into it: h = x + residual (returned through h), then
+  // y = norm(h). Runs the module's hooks as forward() does.
+  Tensor forward_add(RunContext& ctx, const Tensor& x, const Tensor& residual, Tensor& h);
+  // backward() whose input gradient also takes the residual path's gradient: returns
+  // dresidual + d(norm)/dh. Pairs with either forward.
+  Tensor backward_add(RunContext& ctx, const Tensor& dy, const Tensor& dresidual);
+
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
+  Tensor backward_common(RunContext& ctx, const Tensor& dy, const Tensor* dresidual);
+
   int64_t dim_;
   float eps_;
   Tensor saved_x_, saved_rstd_;
@@ -121,7 +130,8 @@ class FeedForward : public Module {
   Tensor saved_h13_;
 };
 
-// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h))
+// h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)). The first residual
+// add runs fused into ffn_norm, and both backward residual adds into the norms' backward.
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const TransformerConfig& c, int layer);
@@ -131,9 +141,9 @@ class TransformerBlock : public Module {
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
-  Module* attention_norm_;
+  RMSNorm* attention_norm_;
   Module* attention_;
-  Module* ffn_norm_;
+  RMSNorm* ffn_norm_;
   Module* feed_forward_;
 };
 

@@ -16,7 +16,9 @@
 //    free's stream (stream-ordered). In checked mode the task fills the memory with 0xFF
 //    (NaN in fp32 and bf16) and keeps it quarantined, so a stream that reads memory freed
 //    too early computes NaN; fresh allocations start as NaN too, so reads of never-written
-//    memory are caught the same way.
+//    memory are caught the same way. Writes into freed memory are caught by checking that
+//    the poison is intact when a block leaves quarantine and, for every block still in it,
+//    at each device-wide synchronize; the error names the allocation's tag and size.
 //  - Errors: an exception in a task (a collective mismatch, a bad label index, an abort)
 //    becomes the device's sticky error. Streams keep draining but skip work, except the
 //    bookkeeping tasks (event completion, memory release) that others may depend on, and
@@ -28,9 +30,14 @@
 //  - Chaos mode: a random sleep before every task and between the phases of a collective,
 //    from a generator per stream seeded by (seed, rank, stream id). It shakes out schedules
 //    that are only correct under lucky timing while keeping each run's delays reproducible.
+//  - Virtual clock (CpuOptions::virtual_clock): spins, the simulated link and chaos delays
+//    advance simulated time instead of sleeping, and the streams of all ranks stay in step
+//    through it, so timings are exact on any machine; see Note [Virtual clock] in
+//    cpu_virtual_clock.cpp.
+//  - Collectives time out (CpuOptions::collective_timeout_s, wall time) rather than hang.
 //  - Timeline: tasks capture the device's sticky label when enqueued; when recording is on,
 //    each task's run time is recorded on its stream's track, measured on a clock whose origin
-//    is the world's, so the tracks of all ranks line up.
+//    is the world's (or on the virtual clock), so the tracks of all ranks line up.
 //  - Stream priority is accepted and ignored: the OS schedules the worker threads.
 //  - Collectives are stream tasks too; see Note [CPU collectives] in cpu_comm.cpp.
 #include "backend/cpu/cpu_device.h"
@@ -195,9 +202,19 @@ void CpuDevice::wait_event(Stream s, Event e) {
 }
 
 bool CpuDevice::query_event(Event e) {
-  std::lock_guard<std::mutex> lock(event_mutex_);
-  EventSlot& sl = slot(e);
-  return sl.recorded == sl.created_at || sl.pending.count(sl.recorded) == 0;
+  // On the virtual clock the answer is for the current simulated time once everything due
+  // then has happened, and a "no" lets time move on, so that polling neither races the
+  // streams nor holds time still (Note [Virtual clock]).
+  const bool simulated = world_->clock && this_thread_participant() == &host_participant_;
+  if (simulated) world_->clock->settle(host_participant_, &cancellation_);
+  bool reached;
+  {
+    std::lock_guard<std::mutex> lock(event_mutex_);
+    EventSlot& sl = slot(e);
+    reached = sl.recorded == sl.created_at || sl.pending.count(sl.recorded) == 0;
+  }
+  if (simulated && !reached) world_->clock->step(host_participant_);
+  return reached;
 }
 
 void CpuDevice::synchronize_event(Event e) {

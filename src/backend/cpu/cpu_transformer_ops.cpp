@@ -52,9 +52,15 @@ void gather_head(const void* src, int64_t ld, int64_t first_token, int64_t col, 
       out[static_cast<size_t>(j * head_dim + c)] = Io::load(src, (first_token + j) * ld + col + c);
 }
 
+// Eight running sums (a fixed order, so still deterministic) let the compiler vectorize what a
+// single sum's dependency chain would serialize.
 float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  float part[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) part[k] += a[i + k] * b[i + k];
+  float s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
 
@@ -82,9 +88,16 @@ void embedding_backward_kernel(const void* dy, const int32_t* ids, int64_t rows,
   for (int64_t i = 0; i < vocab * dim; ++i) Io::store(dtable, i, acc[static_cast<size_t>(i)]);
 }
 
+// With a residual: h = x + residual is stored (rounded) first and normalized as read back, so
+// the result is exactly that of add() followed by the plain norm.
 template <typename Io>
-void rms_norm_forward_kernel(const void* x, const void* w, int64_t rows, int64_t cols, float eps,
-                             void* y, float* rstd) {
+void rms_norm_forward_kernel(const void* x, const void* residual, const void* w, int64_t rows,
+                             int64_t cols, float eps, void* h, void* y, float* rstd) {
+  if (residual) {
+    for (int64_t i = 0; i < rows * cols; ++i)
+      Io::store(h, i, Io::load(x, i) + Io::load(residual, i));
+    x = h;
+  }
   for (int64_t r = 0; r < rows; ++r) {
     float sum_sq = 0.0f;
     for (int64_t c = 0; c < cols; ++c) {
@@ -98,10 +111,12 @@ void rms_norm_forward_kernel(const void* x, const void* w, int64_t rows, int64_t
   }
 }
 
-// With xh = x * rstd and g = dy * w: dx = rstd * (g - xh * mean_c(g * xh)), dw = sum_r dy * xh.
+// With xh = x * rstd and g = dy * w: dx = rstd * (g - xh * mean_c(g * xh)) (+ dresidual, in
+// fp32 before the one rounding), dw = sum_r dy * xh.
 template <typename Io>
 void rms_norm_backward_kernel(const void* x, const void* w, const float* rstd, const void* dy,
-                              int64_t rows, int64_t cols, void* dx, void* dw) {
+                              const void* dresidual, int64_t rows, int64_t cols, void* dx,
+                              void* dw) {
   std::vector<float> dw_acc(static_cast<size_t>(cols), 0.0f);
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = rstd[r];
@@ -116,7 +131,8 @@ void rms_norm_backward_kernel(const void* x, const void* w, const float* rstd, c
     for (int64_t c = 0; c < cols; ++c) {
       const float xh = Io::load(x, r * cols + c) * inv;
       const float g = Io::load(dy, r * cols + c) * Io::load(w, c);
-      Io::store(dx, r * cols + c, inv * (g - xh * mean_gx));
+      const float dres = dresidual ? Io::load(dresidual, r * cols + c) : 0.0f;
+      Io::store(dx, r * cols + c, inv * (g - xh * mean_gx) + dres);
     }
   }
   for (int64_t c = 0; c < cols; ++c) Io::store(dw, c, dw_acc[static_cast<size_t>(c)]);
@@ -312,7 +328,7 @@ void CpuDevice::rms_norm_forward(Stream s, const void* x, const void* w, DType t
   check_ptr(rstd, "rstd", op);
   enqueue(s, OpKind::Kernel, [=] {
     with_io(t, [&](auto io) {
-      rms_norm_forward_kernel<decltype(io)>(x, w, rows, cols, eps, y, rstd);
+      rms_norm_forward_kernel<decltype(io)>(x, nullptr, w, rows, cols, eps, nullptr, y, rstd);
     });
   });
 }
@@ -327,7 +343,39 @@ void CpuDevice::rms_norm_backward(Stream s, const void* x, const void* w, const 
   check_ptr(dy, "dy", op), check_ptr(dx, "dx", op), check_ptr(dw, "dw", op);
   enqueue(s, OpKind::Kernel, [=] {
     with_io(t, [&](auto io) {
-      rms_norm_backward_kernel<decltype(io)>(x, w, rstd, dy, rows, cols, dx, dw);
+      rms_norm_backward_kernel<decltype(io)>(x, w, rstd, dy, nullptr, rows, cols, dx, dw);
+    });
+  });
+}
+
+void CpuDevice::add_rms_norm_forward(Stream s, const void* x, const void* residual,
+                                     const void* w, DType t, int64_t rows, int64_t cols, float eps,
+                                     void* h, void* y, float* rstd) {
+  const char* op = "add_rms_norm_forward";
+  check_activation_dtype(t, op);
+  FSDP_CHECK(rows >= 0 && cols >= 1 && eps >= 0, op, ": rows ", rows, ", cols ", cols, ", eps ",
+             eps);
+  check_ptr(x, "x", op), check_ptr(residual, "residual", op), check_ptr(w, "w", op);
+  check_ptr(h, "h", op), check_ptr(y, "y", op), check_ptr(rstd, "rstd", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) {
+      rms_norm_forward_kernel<decltype(io)>(x, residual, w, rows, cols, eps, h, y, rstd);
+    });
+  });
+}
+
+void CpuDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, const float* rstd,
+                                      const void* dy, const void* dresidual, DType t,
+                                      int64_t rows, int64_t cols, void* dx, void* dw) {
+  const char* op = "rms_norm_backward_add";
+  check_activation_dtype(t, op);
+  FSDP_CHECK(rows >= 0 && cols >= 1, op, ": rows ", rows, ", cols ", cols);
+  check_ptr(x, "x", op), check_ptr(w, "w", op), check_ptr(rstd, "rstd", op);
+  check_ptr(dy, "dy", op), check_ptr(dresidual, "dresidual", op);
+  check_ptr(dx, "dx", op), check_ptr(dw, "dw", op);
+  enqueue(s, OpKind::Kernel, [=] {
+    with_io(t, [&](auto io) {
+      rms_norm_backward_kernel<decltype(io)>(x, w, rstd, dy, dresidual, rows, cols, dx, dw);
     });
   });
 }

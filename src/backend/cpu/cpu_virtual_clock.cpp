@@ -23,11 +23,18 @@
 //    Drive each device from the thread that made it, one device per thread, and never block
 //    that thread outside the backend on progress of the world (say, joining another rank):
 //    simulated time would stand still, and with it every timed op.
-// Simulated time starts when every rank's device exists, so ranks start together. A
-// collective's time is the link model's: all members leave when the last has arrived plus the
-// link time. Timeouts (the collective timeout, the cancellation polls) stay in wall time.
-// With chaos mode on too, the chaos delays are simulated as well, so a seed gives the same
-// interleaving of timed ops whatever the load.
+// A host that asks about progress (query_event) gets the answer for the current simulated
+// time once everything due then has happened (VirtualClock::settle), and a "no" moves time on
+// to the next wake-up, so a polling loop steps through simulated time, the same on every run.
+// Simulated time starts when every rank's device exists, so ranks start together (a timed op
+// fails after the collective timeout if one never does). A collective's time is the link
+// model's: all members leave the link time after the last has arrived, and its data lands at
+// the end, so a buffer freed during the transfer is written after its free for certain.
+// Timeouts (the collective timeout, the cancellation polls) stay in wall time. With chaos
+// mode on too, the chaos delays are simulated as well, so a seed gives the same timeline
+// whatever the load, and a schedule bug that one seed exposes, it exposes on every run.
+// Work that takes no simulated time can still tie with other work at one instant; its order
+// there is the OS's, as before, but no simulated time depends on it.
 #include "backend/cpu/cpu_virtual_clock.h"
 
 #include <algorithm>
@@ -51,7 +58,8 @@ void set_this_thread_participant(ClockParticipant* p) {
 
 // ---- VirtualClock
 
-VirtualClock::VirtualClock(int hosts) : hosts_missing_(hosts) {}
+VirtualClock::VirtualClock(int hosts, double start_timeout_s)
+    : hosts_missing_(hosts), start_timeout_s_(start_timeout_s) {}
 
 double VirtualClock::now_us() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -101,22 +109,71 @@ void VirtualClock::sleep_for(ClockParticipant& p, double us, const Cancellation*
   p.wake_at_us = now_us_ + us;
   --running_;
   advance_if_idle();
+  const auto since = std::chrono::steady_clock::now();
   while (p.state != ClockParticipant::State::Running) {
-    if (cancel) {
-      try {
-        cancel->throw_if_cancelled();
-      } catch (...) {
-        p.state = ClockParticipant::State::Running;
-        ++running_;
-        throw;
-      }
+    try {
+      if (cancel) cancel->throw_if_cancelled();
+      // Time cannot start before every rank's device exists: a bound on that wait, so a
+      // world with a rank that never comes fails instead of hanging.
+      const std::chrono::duration<double> waited = std::chrono::steady_clock::now() - since;
+      if (hosts_missing_ > 0 && start_timeout_s_ > 0 && waited.count() > start_timeout_s_)
+        FSDP_FAIL("virtual clock: simulated time cannot start: ", hosts_missing_,
+                  " rank(s) of the world have not made their device after ", start_timeout_s_,
+                  " s");
+    } catch (...) {
+      p.state = ClockParticipant::State::Running;
+      ++running_;
+      throw;
     }
     sleepers_cv_.wait_for(lock, kCancelPollInterval);
   }
 }
 
+void VirtualClock::settle(ClockParticipant& p, const Cancellation* cancel) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  FSDP_CHECK(p.state == ClockParticipant::State::Running, "virtual clock: settle on a thread "
+             "that is not running");
+  p.state = ClockParticipant::State::Settling;
+  --running_;
+  ++settling_;
+  auto resume = [&] {
+    p.state = ClockParticipant::State::Running;
+    ++running_;
+    --settling_;
+  };
+  while (running_ > 0) {
+    if (cancel) {
+      try {
+        cancel->throw_if_cancelled();
+      } catch (...) {
+        resume();
+        throw;
+      }
+    }
+    sleepers_cv_.wait_for(lock, kCancelPollInterval);
+  }
+  resume();
+}
+
+void VirtualClock::step(ClockParticipant& p) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (running_ != 1 || p.state != ClockParticipant::State::Running || hosts_missing_ > 0) return;
+  --running_;
+  advance();
+  ++running_;
+}
+
 void VirtualClock::advance_if_idle() {
   if (running_ > 0 || hosts_missing_ > 0) return;
+  // A settling host asks about the current time first; it is woken to do so.
+  if (settling_ > 0) {
+    sleepers_cv_.notify_all();
+    return;
+  }
+  advance();
+}
+
+void VirtualClock::advance() {
   double next = std::numeric_limits<double>::infinity();
   for (const ClockParticipant* p : participants_)
     if (p->state == ClockParticipant::State::Sleeping) next = std::min(next, p->wake_at_us);

@@ -18,7 +18,7 @@ class Cancellation;
 // A thread whose progress simulated time waits for: a stream worker, or the host thread that
 // drives a device. Its state is guarded by its clock's mutex.
 struct ClockParticipant {
-  enum class State : uint8_t { Running, Blocked, Sleeping };
+  enum class State : uint8_t { Running, Blocked, Sleeping, Settling };
   VirtualClock* clock = nullptr;
   State state = State::Running;
   double wake_at_us = 0;  // Sleeping: when it runs again
@@ -27,8 +27,9 @@ struct ClockParticipant {
 class VirtualClock {
  public:
   // Simulated time stays at 0 until `hosts` device hosts have joined (every rank's device
-  // exists), so ranks that start late in wall time still start together.
-  explicit VirtualClock(int hosts);
+  // exists), so ranks that start late in wall time still start together. A timed op that
+  // waits longer than `start_timeout_s` of wall time (0: forever) for that fails instead.
+  VirtualClock(int hosts, double start_timeout_s);
 
   double now_us() const;
 
@@ -44,15 +45,25 @@ class VirtualClock {
   // Lets `us` of simulated time pass for p (which must be Running), waking in wall time once
   // the clock reaches it. Throws fsdp::Error if `cancel` fires first (p is Running again).
   void sleep_for(ClockParticipant& p, double us, const Cancellation* cancel);
+  // For a host that asks about progress (query_event): returns once no other participant is
+  // Running, so everything due at the current simulated time has happened and the answer is
+  // the same on every run. p is Running again, and alone, so nothing moves until it waits.
+  void settle(ClockParticipant& p, const Cancellation* cancel);
+  // After settle: moves simulated time on to the next wake-up, so a host that polls steps
+  // through simulated time instead of holding it still.
+  void step(ClockParticipant& p);
 
  private:
   void advance_if_idle();  // mutex_ held
+  void advance();          // mutex_ held, nobody Running: on to the next wake-up, if any
 
   mutable std::mutex mutex_;
   std::condition_variable sleepers_cv_;
   double now_us_ = 0;
   int running_ = 0;
+  int settling_ = 0;  // hosts waiting in settle(): time waits for them to ask
   int hosts_missing_;
+  const double start_timeout_s_;
   std::vector<ClockParticipant*> participants_;
 };
 

@@ -28,7 +28,9 @@ WorldState::WorldState(int world_size, CpuOptions opts)
     : size(world_size),
       options(opts),
       origin(std::chrono::steady_clock::now()),
-      clock(opts.virtual_clock ? std::make_unique<VirtualClock>(world_size) : nullptr),
+      clock(opts.virtual_clock
+                ? std::make_unique<VirtualClock>(world_size, opts.collective_timeout_s)
+                : nullptr),
       world_comms_made_(static_cast<size_t>(world_size), 0) {}
 
 double WorldState::now_us() const {

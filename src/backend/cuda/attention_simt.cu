@@ -48,22 +48,23 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kRowsPerBlock)
     forward_kernel(AttentionArgs a, const T* q, const T* k, const T* v, T* out, float* lse) {
   extern __shared__ float smem[];
-  float* q_s = smem;                                 // [kRowsPerBlock][D + 1]
-  float* k_s = q_s + kRowsPerBlock * (D + 1);        // [kTile][D]
+  float* k_s = smem;                                 // [kTile][D]
   float* v_s = k_s + kTile * D;                      // [kTile][D]
   const int64_t b = blockIdx.z, h = blockIdx.y, q0 = int64_t{blockIdx.x} * kRowsPerBlock;
   const int64_t kvh = h / (a.heads / a.kv_heads), t0 = b * a.seq;
   const float scale = 1.0f / sqrtf(static_cast<float>(D));
-  stage_rows<T, D>(q_s, D + 1, q, a.ldq, h * D, t0, q0, kRowsPerBlock, a.seq);
   const int64_t i = q0 + threadIdx.x;
-  const float* my_q = q_s + threadIdx.x * (D + 1);
+  float my_q[D];  // this thread's query row, in registers
+#pragma unroll
+  for (int c = 0; c < D; ++c)
+    my_q[c] = i < a.seq ? to_float(q[(t0 + i) * a.ldq + h * D + c]) : 0.0f;
   float acc[D];
 #pragma unroll
   for (int c = 0; c < D; ++c) acc[c] = 0.0f;
   float row_max = -INFINITY, row_sum = 0.0f;
   const int64_t last_key = std::min(a.seq - 1, q0 + kRowsPerBlock - 1);
   for (int64_t j0 = 0; j0 <= last_key; j0 += kTile) {
-    __syncthreads();  // the previous tile is no longer read (and q_s is staged, first time)
+    __syncthreads();  // the previous tile is no longer read
     stage_rows<T, D>(k_s, D, k, a.ldk, kvh * D, t0, j0, kTile, a.seq);
     stage_rows<T, D>(v_s, D, v, a.ldv, kvh * D, t0, j0, kTile, a.seq);
     __syncthreads();
@@ -248,7 +249,7 @@ void attention_forward_simt(cudaStream_t stream, const AttentionArgs& a, DType t
              a.heads, " exceeds the grid");
   dispatch_head_dim(a.head_dim, [&](auto d) {
     constexpr int D = decltype(d)::value;
-    const size_t smem = sizeof(float) * (kRowsPerBlock * (D + 1) + 2 * kTile * D);
+    const size_t smem = sizeof(float) * 2 * kTile * D;
     dispatch_dtype(t, [&](auto tag) {
       using T = decltype(tag);
       allow_smem(forward_kernel<T, D>, smem);

@@ -1,5 +1,9 @@
 #include "backend/cuda/cublaslt_gemm.h"
 
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
 #include "backend/cuda/cuda_check.h"
 
 namespace fsdp::cuda {
@@ -48,6 +52,12 @@ size_t LtGemm::KeyHash::operator()(const Key& key) const {
 }
 
 LtGemm::LtGemm(cudaMemPool_t workspace_pool) : pool_(workspace_pool) {
+  if (const char* v = std::getenv("FSDP_GEMM_AUTOTUNE"); v && *v) {
+    const std::string value = v;
+    FSDP_CHECK(value == "0" || value == "1", "FSDP_GEMM_AUTOTUNE must be 0 or 1, got '", value,
+               "'");
+    autotune_ = value == "1";
+  }
   FSDP_CUBLAS_CHECK(cublasLtCreate(&handle_));
 }
 
@@ -76,7 +86,49 @@ void LtGemm::destroy_plan(Plan& plan) noexcept {
   plan = Plan{};
 }
 
-LtGemm::Plan LtGemm::make_plan(const Key& key) {
+int LtGemm::fastest(const Plan& plan, const Key& key, const Operands& operands,
+                    const cublasLtMatmulHeuristicResult_t* results, int count) {
+  const cudaStream_t stream = operands.stream;
+  void* workspace = workspace_for(stream);
+  const size_t c_bytes = static_cast<size_t>(key.m * key.n) * (key.c_t == DType::F32 ? 4 : 2);
+  void* scratch_c = nullptr;
+  FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&scratch_c, c_bytes, pool_, stream));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  FSDP_CUDA_CHECK(cudaEventCreate(&start));
+  FSDP_CUDA_CHECK(cudaEventCreate(&stop));
+  const float alpha = 1.0f, beta = 0.0f;
+  int best = 0;
+  float best_ms = INFINITY;
+  try {
+    for (int i = 0; i < count; ++i) {
+      auto matmul = [&] {
+        return cublasLtMatmul(handle_, plan.op, &alpha, operands.b, plan.lt_a, operands.a,
+                              plan.lt_b, &beta, scratch_c, plan.lt_c, scratch_c, plan.lt_c,
+                              &results[i].algo, workspace, kWorkspaceBytes, stream);
+      };
+      if (matmul() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that cannot run loses
+      constexpr int kRuns = 3;
+      FSDP_CUDA_CHECK(cudaEventRecord(start, stream));
+      for (int r = 0; r < kRuns; ++r) FSDP_CUBLAS_CHECK(matmul());
+      FSDP_CUDA_CHECK(cudaEventRecord(stop, stream));
+      FSDP_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0.0f;
+      FSDP_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (ms < best_ms) best = i, best_ms = ms;
+    }
+  } catch (...) {
+    (void)cudaFreeAsync(scratch_c, stream);
+    (void)cudaEventDestroy(start);
+    (void)cudaEventDestroy(stop);
+    throw;
+  }
+  FSDP_CUDA_CHECK(cudaFreeAsync(scratch_c, stream));
+  FSDP_CUDA_CHECK(cudaEventDestroy(start));
+  FSDP_CUDA_CHECK(cudaEventDestroy(stop));
+  return best;
+}
+
+LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
   Plan plan;
   cublasLtMatmulPreference_t pref = nullptr;
   try {
@@ -104,14 +156,18 @@ LtGemm::Plan LtGemm::make_plan(const Key& key) {
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t{key.align_a});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t{key.align_c});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t{key.align_c});
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
     int found = 0;
-    FSDP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(
-        handle_, plan.op, plan.lt_a, plan.lt_b, plan.lt_c, plan.lt_c, pref, 1, &result, &found));
+    FSDP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.lt_a, plan.lt_b,
+                                                     plan.lt_c, plan.lt_c, pref,
+                                                     autotune_ ? kAutotuneCandidates : 1, results,
+                                                     &found));
     FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for gemm m=", key.m, " n=", key.n,
                " k=", key.k, " trans_a=", key.trans_a, " trans_b=", key.trans_b,
                " ab=", dtype_name(key.ab_t), " c=", dtype_name(key.c_t));
-    plan.algo = result.algo;
+    // The ReLU epilogue writes C without reading it, like beta = 0: the same timing applies.
+    const int chosen = autotune_ && found > 1 ? fastest(plan, key, operands, results, found) : 0;
+    plan.algo = results[chosen].algo;
   } catch (...) {
     if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
     destroy_plan(plan);
@@ -121,10 +177,10 @@ LtGemm::Plan LtGemm::make_plan(const Key& key) {
   return plan;
 }
 
-const LtGemm::Plan& LtGemm::plan_for(const Key& key) {
+const LtGemm::Plan& LtGemm::plan_for(const Key& key, const Operands& operands) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
-  return plans_.emplace(key, make_plan(key)).first->second;
+  return plans_.emplace(key, make_plan(key, operands)).first->second;
 }
 
 void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
@@ -132,7 +188,7 @@ void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int
                  DType c_t, bool relu) {
   const Key key{m,       n,      k,   trans_a,         trans_b,         ab_t,
                 c_t,     alignment_of(a), alignment_of(b), alignment_of(c), relu};
-  const Plan& plan = plan_for(key);
+  const Plan& plan = plan_for(key, Operands{stream, a, b});
   void* workspace = workspace_for(stream);
   FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, b, plan.lt_a, a, plan.lt_b, &beta, c,
                                    plan.lt_c, c, plan.lt_c, &plan.algo, workspace, kWorkspaceBytes,

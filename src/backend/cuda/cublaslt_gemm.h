@@ -11,6 +11,14 @@
 // dtypes and pointer alignment, so the steady state makes no heuristic query. Each stream
 // gets its own workspace, since two GEMMs on different streams may run at once. Not
 // thread-safe: a device is driven by its rank's thread.
+//
+// Note [GEMM autotune]
+// cuBLASLt's heuristic ranks algorithms by a model, not by a run, and its first choice is not
+// always the fastest (weight-gradient shapes, where K is the token count, are the usual
+// suspects). With FSDP_GEMM_AUTOTUNE=1 a new plan times the heuristic's top kAutotuneCandidates
+// on the call's own operands (into a scratch output, so C is untouched) and keeps the fastest.
+// This synchronizes the stream once per new shape (the first step), and the choice may differ
+// between runs; it is off by default so plans stay deterministic.
 #pragma once
 
 #include <cublasLt.h>
@@ -26,6 +34,7 @@ namespace fsdp::cuda {
 class LtGemm {
  public:
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  static constexpr int kAutotuneCandidates = 8;
 
   explicit LtGemm(cudaMemPool_t workspace_pool);
   ~LtGemm();
@@ -38,6 +47,8 @@ class LtGemm {
            bool relu = false);  // relu: the CUBLASLT_EPILOGUE_RELU epilogue
 
   size_t cached_plans() const { return plans_.size(); }
+  bool autotune() const { return autotune_; }
+  void set_autotune(bool on) { autotune_ = on; }  // for plans made after the call
 
  private:
   struct Key {
@@ -56,11 +67,20 @@ class LtGemm {
     cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_c = nullptr;
     cublasLtMatmulAlgo_t algo{};
   };
-  const Plan& plan_for(const Key& key);
-  Plan make_plan(const Key& key);
+  // The operands of the call that needs the plan: what autotuning runs on.
+  struct Operands {
+    cudaStream_t stream;
+    const void *a, *b;
+  };
+  const Plan& plan_for(const Key& key, const Operands& operands);
+  Plan make_plan(const Key& key, const Operands& operands);
+  // Index of the fastest of `count` algorithms on the operands (Note [GEMM autotune]).
+  int fastest(const Plan& plan, const Key& key, const Operands& operands,
+              const cublasLtMatmulHeuristicResult_t* results, int count);
   static void destroy_plan(Plan& plan) noexcept;
   void* workspace_for(cudaStream_t stream);
 
+  bool autotune_ = false;
   cublasLtHandle_t handle_ = nullptr;
   cudaMemPool_t pool_;
   std::unordered_map<Key, Plan, KeyHash> plans_;

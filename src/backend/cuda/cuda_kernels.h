@@ -127,11 +127,15 @@ void embedding_forward(cudaStream_t stream, const void* table, DType t, const in
 void embedding_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* dy, DType t,
                         const int32_t* ids, int64_t rows, int64_t dim, int64_t vocab,
                         void* dtable);
-void rms_norm_forward(cudaStream_t stream, const void* x, const void* w, DType t, int64_t rows,
-                      int64_t cols, float eps, void* y, float* rstd);
+// RMSNorm (kernels_rms_norm.cu). With a residual, the forward first forms h = x + residual
+// (Device::add_rms_norm_forward); with a dresidual, the backward adds it to dx
+// (Device::rms_norm_backward_add). Both may be null: the plain ops.
+void rms_norm_forward(cudaStream_t stream, const void* x, const void* residual, const void* w,
+                      DType t, int64_t rows, int64_t cols, float eps, void* h, void* y,
+                      float* rstd);
 void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* x,
-                       const void* w, const float* rstd, const void* dy, DType t, int64_t rows,
-                       int64_t cols, void* dx, void* dw);
+                       const void* w, const float* rstd, const void* dy, const void* dresidual,
+                       DType t, int64_t rows, int64_t cols, void* dx, void* dw);
 // The widest RMSNorm row the backward handles (its dw partials live in shared memory).
 constexpr int64_t kRmsNormMaxCols = 12288;
 // inv_freq[i] = theta^(-2i/head_dim), computed on the host exactly as the CPU backend does.

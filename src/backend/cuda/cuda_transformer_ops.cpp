@@ -75,7 +75,7 @@ void CudaDevice::rms_norm_forward(Stream s, const void* x, const void* w, DType 
   FSDP_CHECK(eps >= 0.0f, name, ": eps ", eps, " is negative");
   check_ptr(x, "x", name), check_ptr(w, "w", name), check_ptr(y, "y", name);
   check_ptr(rstd, "rstd", name);
-  kernels::rms_norm_forward(op.stream(), x, w, t, rows, cols, eps, y, rstd);
+  kernels::rms_norm_forward(op.stream(), x, nullptr, w, t, rows, cols, eps, nullptr, y, rstd);
 }
 
 void CudaDevice::rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd,
@@ -87,7 +87,35 @@ void CudaDevice::rms_norm_backward(Stream s, const void* x, const void* w, const
   FSDP_CHECK(rows >= 0 && cols >= 1, name, ": rows ", rows, ", cols ", cols);
   check_ptr(x, "x", name), check_ptr(w, "w", name), check_ptr(rstd, "rstd", name);
   check_ptr(dy, "dy", name), check_ptr(dx, "dx", name), check_ptr(dw, "dw", name);
-  kernels::rms_norm_backward(op.stream(), pool_, x, w, rstd, dy, t, rows, cols, dx, dw);
+  kernels::rms_norm_backward(op.stream(), pool_, x, w, rstd, dy, nullptr, t, rows, cols, dx,
+                             dw);
+}
+
+void CudaDevice::add_rms_norm_forward(Stream s, const void* x, const void* residual,
+                                      const void* w, DType t, int64_t rows, int64_t cols,
+                                      float eps, void* h, void* y, float* rstd) {
+  OpScope op(*this, s, OpKind::Kernel);
+  const char* name = "add_rms_norm_forward";
+  check_activation_dtype(t, name);
+  FSDP_CHECK(rows >= 0 && cols >= 1, name, ": rows ", rows, ", cols ", cols);
+  FSDP_CHECK(eps >= 0.0f, name, ": eps ", eps, " is negative");
+  check_ptr(x, "x", name), check_ptr(residual, "residual", name), check_ptr(w, "w", name);
+  check_ptr(h, "h", name), check_ptr(y, "y", name), check_ptr(rstd, "rstd", name);
+  kernels::rms_norm_forward(op.stream(), x, residual, w, t, rows, cols, eps, h, y, rstd);
+}
+
+void CudaDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, const float* rstd,
+                                       const void* dy, const void* dresidual, DType t,
+                                       int64_t rows, int64_t cols, void* dx, void* dw) {
+  OpScope op(*this, s, OpKind::Kernel);
+  const char* name = "rms_norm_backward_add";
+  check_activation_dtype(t, name);
+  FSDP_CHECK(rows >= 0 && cols >= 1, name, ": rows ", rows, ", cols ", cols);
+  check_ptr(x, "x", name), check_ptr(w, "w", name), check_ptr(rstd, "rstd", name);
+  check_ptr(dy, "dy", name), check_ptr(dresidual, "dresidual", name);
+  check_ptr(dx, "dx", name), check_ptr(dw, "dw", name);
+  kernels::rms_norm_backward(op.stream(), pool_, x, w, rstd, dy, dresidual, t, rows, cols, dx,
+                             dw);
 }
 
 void CudaDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,

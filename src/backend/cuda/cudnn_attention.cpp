@@ -22,6 +22,8 @@ enum Uid : int64_t {
   kScale, kNegInf, kOne, kDelta, kDqAccum,
 };
 
+constexpr const char* kRemedy = "FSDP_ATTENTION=simt runs attention on the CUDA-core kernel instead";
+
 constexpr size_t kAlign = 256;
 size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
@@ -78,7 +80,8 @@ cudnnBackendDescriptor_t causal_mask(cudnn::GraphBuilder& g, const Shapes& sh,
   return masked;
 }
 
-std::unique_ptr<cudnn::Plan> build_forward(cudnnHandle_t handle, const AttentionArgs& a) {
+std::unique_ptr<cudnn::Plan> build_forward(cudnnHandle_t handle, const AttentionArgs& a,
+                                           cudnnBackendDescriptor_t device_prop = nullptr) {
   const Shapes sh = shapes_of(a);
   const auto bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
   cudnn::GraphBuilder g;
@@ -109,10 +112,11 @@ std::unique_ptr<cudnn::Plan> build_forward(cudnnHandle_t handle, const Attention
   auto p = g.virt(bf16, sh.scores, sh.score_strides);  // the second matmul reads P in bf16
   g.pointwise(CUDNN_POINTWISE_DIV, e, p, row_sum);
   g.matmul(p, v, o);
-  return g.build(handle, describe(a, "forward"));
+  return g.build(handle, describe(a, "forward"), kRemedy, device_prop);
 }
 
-std::unique_ptr<cudnn::Plan> build_backward(cudnnHandle_t handle, const AttentionArgs& a) {
+std::unique_ptr<cudnn::Plan> build_backward(cudnnHandle_t handle, const AttentionArgs& a,
+                                            cudnnBackendDescriptor_t device_prop = nullptr) {
   const Shapes sh = shapes_of(a);
   const auto bf16 = CUDNN_DATA_BFLOAT16, f32 = CUDNN_DATA_FLOAT;
   const bool grouped = a.heads != a.kv_heads;
@@ -183,7 +187,7 @@ std::unique_ptr<cudnn::Plan> build_backward(cudnnHandle_t handle, const Attentio
   g.reshape(kt, k);
   g.matmul(ds, k, dq_accum);
   g.pointwise(CUDNN_POINTWISE_IDENTITY, dq_accum, dq);
-  return g.build(handle, describe(a, "backward"));
+  return g.build(handle, describe(a, "backward"), kRemedy, device_prop);
 }
 
 bool aligned16(const void* p) {

@@ -129,20 +129,23 @@ void GraphBuilder::reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t 
   add_op(std::move(op));
 }
 
-std::unique_ptr<Plan> GraphBuilder::build(cudnnHandle_t handle, const std::string& what) {
+std::unique_ptr<Plan> GraphBuilder::build(cudnnHandle_t handle, const std::string& what,
+                                          const std::string& remedy,
+                                          cudnnBackendDescriptor_t device_prop) {
   auto graph = std::make_unique<Desc>(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   graph->set(CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-             static_cast<int64_t>(ops_.size()), ops_.data())
-      .set_one(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
+             static_cast<int64_t>(ops_.size()), ops_.data());
+  if (handle) graph->set_one(CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, handle);
   const cudnnStatus_t graph_status = graph->try_finalize();
   FSDP_CHECK(graph_status == CUDNN_STATUS_SUCCESS, "cuDNN rejected the operation graph of ", what,
-             ": ", status_message(graph_status));
+             ": ", status_message(graph_status), "; ", remedy);
   const cudnnBackendDescriptor_t graph_desc = keep(std::move(graph));
-  std::string last_failure = "heuristics returned no engine config";
+  std::string last_failure = "heuristics found no viable engine config";
   for (cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     Desc heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR);
     heur.set_desc(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph_desc)
         .set_one(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, mode);
+    if (device_prop) heur.set_desc(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, device_prop);
     if (const cudnnStatus_t s = heur.try_finalize(); s != CUDNN_STATUS_SUCCESS) {
       last_failure = "heuristics: " + status_message(s);
       continue;
@@ -163,8 +166,9 @@ std::unique_ptr<Plan> GraphBuilder::build(cudnnHandle_t handle, const std::strin
                                                 raw.data()));
     for (int64_t i = 0; i < returned; ++i) {
       auto plan_desc = std::make_unique<Desc>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR);
-      plan_desc->set_one(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle)
-          .set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[i]);
+      if (handle) plan_desc->set_one(CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, handle);
+      if (device_prop) plan_desc->set_desc(CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, device_prop);
+      plan_desc->set_desc(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, raw[i]);
       if (const cudnnStatus_t s = plan_desc->try_finalize(); s != CUDNN_STATUS_SUCCESS) {
         last_failure = "engine config " + std::to_string(i) + ": " + status_message(s);
         continue;
@@ -182,7 +186,8 @@ std::unique_ptr<Plan> GraphBuilder::build(cudnnHandle_t handle, const std::strin
       return plan;
     }
   }
-  FSDP_FAIL("cuDNN has no engine for ", what, ": ", last_failure);
+  FSDP_FAIL("cuDNN has no engine for ", what, " (", last_failure,
+            "; CUDNN_LOGLEVEL_DBG=2 shows every engine's reason); ", remedy);
 }
 
 void execute(cudnnHandle_t handle, cudaStream_t stream, const Plan& plan,

@@ -88,8 +88,13 @@ class GraphBuilder {
   void reshape(cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y);
 
   // Finalizes the graph and picks a plan (heuristics mode A, then the fallback list). Raises an
-  // Error naming `what` and cuDNN's last message when no engine takes the graph.
-  std::unique_ptr<Plan> build(cudnnHandle_t handle, const std::string& what);
+  // Error naming `what` and cuDNN's last message when no engine takes the graph. The plan is
+  // for the handle's GPU or, with no handle, for the GPU `device_prop` describes (cuDNN's
+  // offline planning: a plan that cannot run, but shows whether an engine takes the graph).
+  // `remedy` ends the error message (what the user can do instead).
+  std::unique_ptr<Plan> build(cudnnHandle_t handle, const std::string& what,
+                              const std::string& remedy,
+                              cudnnBackendDescriptor_t device_prop = nullptr);
 
  private:
   cudnnBackendDescriptor_t keep(std::unique_ptr<Desc> d);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/cuda_check.h"
 #include "fsdp/dtype.h"
 
 namespace fsdp::cuda::kernels {
@@ -191,5 +192,30 @@ __device__ __forceinline__ float block_sum(float v) {
 __device__ __forceinline__ float block_max(float v) {
   return block_reduce<true>(v);
 }
+
+// Stream-ordered scratch from the pool, returned (stream-ordered) when the scope ends, after
+// the kernels that use it were enqueued.
+class PoolScratch {
+ public:
+  PoolScratch(cudaStream_t stream, cudaMemPool_t pool) : stream_(stream), pool_(pool) {}
+  ~PoolScratch() {
+    for (void* p : ptrs_) (void)cudaFreeAsync(p, stream_);
+  }
+  PoolScratch(const PoolScratch&) = delete;
+  PoolScratch& operator=(const PoolScratch&) = delete;
+  template <typename T>
+  T* get(size_t count) {
+    void* p = nullptr;
+    FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&p, count * sizeof(T) + 16, pool_, stream_));
+    ptrs_[used_++] = p;
+    return static_cast<T*>(p);
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaMemPool_t pool_;
+  void* ptrs_[8] = {};
+  int used_ = 0;
+};
 
 }  // namespace fsdp::cuda::kernels

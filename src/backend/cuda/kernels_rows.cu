@@ -1,6 +1,7 @@
-// Row-wise kernels (softmax and its backward, row scaling, row dot products) and the losses.
+// Row-wise kernels (softmax and its backward, row scaling, row dot products) and the mean-square
+// loss (cross-entropy is in kernels_cross_entropy.cu).
 // Row kernels give each row to one block (grid-stride over rows) and reduce with
-// block_reduce, in fp32 whatever the storage type. The losses reduce in two passes, block
+// block_reduce, in fp32 whatever the storage type. The loss reduces in two passes, block
 // partials and then one block over the partials, so the loss is bit-for-bit reproducible.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -88,43 +89,13 @@ __global__ void mean_square_partials_kernel(const T* y, int64_t n, T* dy, float*
   if (threadIdx.x == 0) partials[blockIdx.x] = sum;
 }
 
-// Pass 2 of both losses: one block adds the partials in a fixed order.
+// Pass 2 of the mean-square loss: one block adds the partials in a fixed order.
 __global__ void sum_partials_kernel(const float* partials, int64_t count, float divisor,
                                     float* result) {
   float sum = 0.0f;
   for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += partials[i];
   sum = block_sum(sum);
   if (threadIdx.x == 0) *result = sum / divisor;
-}
-
-// Pass 1 of cross-entropy: per row, loss_r = logsumexp(x) - x[label] and
-// dlogits = (softmax(x) - onehot(label)) / rows. A label outside [0, classes) has no meaning:
-// its row loss is NaN so the bad input shows in the loss instead of corrupting memory.
-template <typename T>
-__global__ void cross_entropy_rows_kernel(const T* logits, const int32_t* labels, int64_t rows,
-                                          int64_t classes, T* dlogits, float* row_losses) {
-  const float inv_rows = 1.0f / static_cast<float>(rows);
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* x = logits + r * classes;
-    float row_max = -INFINITY;
-    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-      row_max = fmaxf(row_max, to_float(x[c]));
-    row_max = block_max(row_max);
-    float sum = 0.0f;
-    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x)
-      sum += expf(to_float(x[c]) - row_max);
-    sum = block_sum(sum);
-    const int32_t label = labels[r];
-    const bool label_ok = label >= 0 && label < classes;
-    if (threadIdx.x == 0) row_losses[r] = label_ok ? row_max + logf(sum) - to_float(x[label]) : NAN;
-    __syncthreads();         // x[label] is read before dlogits (which may alias logits) is written
-    if (!dlogits) continue;  // loss only
-    const float inv_sum = 1.0f / sum;
-    for (int64_t c = threadIdx.x; c < classes; c += blockDim.x) {
-      const float p = expf(to_float(x[c]) - row_max) * inv_sum;
-      dlogits[r * classes + c] = from_float<T>((p - (c == label ? 1.0f : 0.0f)) * inv_rows);
-    }
-  }
 }
 
 // Scratch for the partials, stream-ordered from the pool: no sync, freed right after pass 2.
@@ -198,25 +169,6 @@ void mean_square_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const voi
   sum_partials_kernel<<<1, kThreads, 0, stream>>>(partials, blocks, static_cast<float>(n), loss);
   FSDP_CUDA_CHECK_LAUNCH();
   FSDP_CUDA_CHECK(cudaFreeAsync(partials, stream));
-}
-
-void cross_entropy_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* logits,
-                        DType t, const int32_t* labels, int64_t rows, int64_t classes, float* loss,
-                        void* dlogits) {
-  if (rows <= 0) {
-    FSDP_CUDA_CHECK(cudaMemsetAsync(loss, 0, sizeof(float), stream));
-    return;
-  }
-  float* row_losses = scratch_floats(stream, scratch_pool, rows);
-  dispatch_dtype(t, [&](auto tag) {
-    using T = decltype(tag);
-    cross_entropy_rows_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(
-        static_cast<const T*>(logits), labels, rows, classes, static_cast<T*>(dlogits), row_losses);
-  });
-  FSDP_CUDA_CHECK_LAUNCH();
-  sum_partials_kernel<<<1, kThreads, 0, stream>>>(row_losses, rows, static_cast<float>(rows), loss);
-  FSDP_CUDA_CHECK_LAUNCH();
-  FSDP_CUDA_CHECK(cudaFreeAsync(row_losses, stream));
 }
 
 }  // namespace fsdp::cuda::kernels

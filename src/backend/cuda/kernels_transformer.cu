@@ -1,12 +1,11 @@
 // The transformer's fused row kernels (Note [Transformer ops]): embedding forward/backward,
-// RMSNorm forward/backward, RoPE and SwiGLU. Storage is fp32 or bf16, all math is fp32, and
-// every output element is rounded to its dtype once, as on the CPU backend. Whole 16-byte packs
-// (8 elements) move where the shape and the pointers allow, single elements otherwise.
+// RoPE and SwiGLU (RMSNorm: kernels_rms_norm.cu). Storage is fp32 or bf16, all math is fp32,
+// and every output element is rounded to its dtype once, as on the CPU backend. Whole 16-byte
+// packs (8 elements) move where the shape and the pointers allow, single elements otherwise.
 //
 // Determinism: nothing here uses floating-point atomics. The embedding backward sorts the token
 // ids (a stable radix sort, so rows with the same id keep their order) and each vocab row adds
-// its dy rows in row order; RMSNorm's dw adds per-block partials over fixed row ranges, then the
-// partials in block order.
+// its dy rows in row order.
 #include <cub/device/device_radix_sort.cuh>
 
 #include <cmath>
@@ -26,31 +25,6 @@ int grid_for_rows(int64_t rows) {
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
-
-// Stream-ordered scratch from the pool, returned (stream-ordered) when the scope ends, after
-// the kernels that use it were enqueued.
-class PoolScratch {
- public:
-  PoolScratch(cudaStream_t stream, cudaMemPool_t pool) : stream_(stream), pool_(pool) {}
-  ~PoolScratch() {
-    for (void* p : ptrs_) (void)cudaFreeAsync(p, stream_);
-  }
-  PoolScratch(const PoolScratch&) = delete;
-  PoolScratch& operator=(const PoolScratch&) = delete;
-  template <typename T>
-  T* get(size_t count) {
-    void* p = nullptr;
-    FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&p, count * sizeof(T) + 16, pool_, stream_));
-    ptrs_[used_++] = p;
-    return static_cast<T*>(p);
-  }
-
- private:
-  cudaStream_t stream_;
-  cudaMemPool_t pool_;
-  void* ptrs_[8] = {};
-  int used_ = 0;
-};
 
 // ---- embedding
 
@@ -88,15 +62,25 @@ __device__ int64_t lower_bound(const int32_t* sorted, int64_t n, int64_t value) 
   return lo;
 }
 
+// starts[v] = the first position of id >= v in the sorted ids, for v in [0, vocab]: vocab row v's
+// tokens are sorted positions [starts[v], starts[v + 1]). One thread per v, so the binary
+// searches' dependent loads overlap instead of running one after another in each block.
+__global__ void run_starts_kernel(const int32_t* sorted_ids, int64_t rows, int64_t vocab,
+                                  int32_t* starts) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v <= vocab;
+       v += stride)
+    starts[v] = static_cast<int32_t>(lower_bound(sorted_ids, rows, v));
+}
+
 // One vocab row per block (grid-stride): its rows are the run of `v` in the sorted ids, added in
 // row order in fp32. Rows no token maps to become 0; ids outside [0, vocab) match no row.
 template <typename T, int W>
-__global__ void embedding_backward_kernel(const T* dy, const int32_t* sorted_ids,
-                                          const int32_t* sorted_rows, int64_t rows, int64_t dim,
-                                          int64_t vocab, T* dtable) {
+__global__ void embedding_backward_kernel(const T* dy, const int32_t* starts,
+                                          const int32_t* sorted_rows, int64_t dim, int64_t vocab,
+                                          T* dtable) {
   for (int64_t v = blockIdx.x; v < vocab; v += gridDim.x) {
-    const int64_t lo = lower_bound(sorted_ids, rows, v);
-    const int64_t hi = lower_bound(sorted_ids, rows, v + 1);
+    const int64_t lo = starts[v], hi = starts[v + 1];
     T* dst = dtable + v * dim;
     for (int64_t c = threadIdx.x * W; c < dim; c += blockDim.x * W) {
       float acc[W], part[W];
@@ -109,95 +93,6 @@ __global__ void embedding_backward_kernel(const T* dy, const int32_t* sorted_ids
       }
       store_pack<W>(dst + c, acc);
     }
-  }
-}
-
-// ---- RMSNorm
-
-// One row per block (grid-stride). Thread ownership of columns: packs of W at tid*W + k*W*threads.
-template <typename T, int W>
-__global__ void rms_norm_forward_kernel(const T* x, const T* w, int64_t rows, int64_t cols,
-                                        float eps, T* y, float* rstd) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T* xr = x + r * cols;
-    float sum_sq = 0.0f;
-    for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
-      float v[W];
-      load_pack<W>(xr + c, v);
-#pragma unroll
-      for (int j = 0; j < W; ++j) sum_sq += v[j] * v[j];
-    }
-    sum_sq = block_sum(sum_sq);
-    const float inv = 1.0f / sqrtf(sum_sq / static_cast<float>(cols) + eps);
-    if (threadIdx.x == 0) rstd[r] = inv;
-    for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
-      float v[W], g[W];
-      load_pack<W>(xr + c, v);
-      load_pack<W>(w + c, g);
-#pragma unroll
-      for (int j = 0; j < W; ++j) v[j] = v[j] * inv * g[j];
-      store_pack<W>(y + r * cols + c, v);
-    }
-  }
-}
-
-// Block b takes rows [b * rows_per_block, ...): dx row by row (xh = x rstd, g = dy w,
-// dx = rstd (g - xh mean_c(g xh))), and its partial dw = sum over its rows of dy xh, kept in
-// shared memory (each thread owns the same columns throughout) and written to partials[b].
-template <typename T, int W>
-__global__ void rms_norm_backward_kernel(const T* x, const T* w, const float* rstd, const T* dy,
-                                         int64_t rows, int64_t cols, int64_t rows_per_block, T* dx,
-                                         float* partials) {
-  extern __shared__ float dw_acc[];
-  for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W)
-#pragma unroll
-    for (int j = 0; j < W; ++j) dw_acc[c + j] = 0.0f;
-  const int64_t r0 = blockIdx.x * rows_per_block;
-  const int64_t r1 = std::min(rows, r0 + rows_per_block);
-  for (int64_t r = r0; r < r1; ++r) {
-    const float inv = rstd[r];
-    const T* xr = x + r * cols;
-    const T* dyr = dy + r * cols;
-    float dot = 0.0f;
-    for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
-      float xv[W], dv[W], wv[W];
-      load_pack<W>(xr + c, xv);
-      load_pack<W>(dyr + c, dv);
-      load_pack<W>(w + c, wv);
-#pragma unroll
-      for (int j = 0; j < W; ++j) {
-        const float xh = xv[j] * inv;
-        dot += dv[j] * wv[j] * xh;
-        dw_acc[c + j] += dv[j] * xh;
-      }
-    }
-    // The barrier inside block_sum also orders this row's reads before dx (maybe dy) is written.
-    const float mean_gx = block_sum(dot) / static_cast<float>(cols);
-    for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
-      float xv[W], dv[W], wv[W], out[W];
-      load_pack<W>(xr + c, xv);
-      load_pack<W>(dyr + c, dv);
-      load_pack<W>(w + c, wv);
-#pragma unroll
-      for (int j = 0; j < W; ++j) out[j] = inv * (dv[j] * wv[j] - xv[j] * inv * mean_gx);
-      store_pack<W>(dx + r * cols + c, out);
-    }
-  }
-  for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W)
-#pragma unroll
-    for (int j = 0; j < W; ++j) partials[blockIdx.x * cols + c + j] = dw_acc[c + j];
-}
-
-// dw[c] = sum of the partials in block order.
-template <typename T>
-__global__ void sum_partials_by_column_kernel(const float* partials, int64_t parts, int64_t cols,
-                                              T* dw) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < cols;
-       c += stride) {
-    float acc = 0.0f;
-    for (int64_t p = 0; p < parts; ++p) acc += partials[p * cols + c];
-    dw[c] = from_float<T>(acc);
   }
 }
 
@@ -318,74 +213,23 @@ void embedding_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const v
   void* temp = scratch.get<uint8_t>(temp_bytes);
   FSDP_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, ids, sorted_ids, rows_in,
                                                   sorted_rows, items, 0, 32, stream));
+  int32_t* starts = scratch.get<int32_t>(static_cast<size_t>(vocab) + 1);
+  run_starts_kernel<<<blocks_for(vocab + 1), kThreads, 0, stream>>>(sorted_ids, rows, vocab,
+                                                                     starts);
+  FSDP_CUDA_CHECK_LAUNCH();
   const bool packs = dim % kVec == 0 && aligned16(dy) && aligned16(dtable);
+  // A block per vocab row (up to 2^20): most rows have no token and only write zeros.
+  const int grid = static_cast<int>(std::min<int64_t>(vocab, int64_t{1} << 20));
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     const auto* src = static_cast<const T*>(dy);
     auto* dst = static_cast<T*>(dtable);
     if (packs)
-      embedding_backward_kernel<T, kVec><<<grid_for_rows(vocab), kThreads, 0, stream>>>(
-          src, sorted_ids, sorted_rows, rows, dim, vocab, dst);
+      embedding_backward_kernel<T, kVec><<<grid, kThreads, 0, stream>>>(src, starts, sorted_rows,
+                                                                         dim, vocab, dst);
     else
-      embedding_backward_kernel<T, 1><<<grid_for_rows(vocab), kThreads, 0, stream>>>(
-          src, sorted_ids, sorted_rows, rows, dim, vocab, dst);
-  });
-  FSDP_CUDA_CHECK_LAUNCH();
-}
-
-void rms_norm_forward(cudaStream_t stream, const void* x, const void* w, DType t, int64_t rows,
-                      int64_t cols, float eps, void* y, float* rstd) {
-  if (rows <= 0 || cols <= 0) return;
-  const bool packs = cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y);
-  dispatch_dtype(t, [&](auto tag) {
-    using T = decltype(tag);
-    const auto* xs = static_cast<const T*>(x);
-    const auto* ws = static_cast<const T*>(w);
-    auto* ys = static_cast<T*>(y);
-    if (packs)
-      rms_norm_forward_kernel<T, kVec>
-          <<<grid_for_rows(rows), kThreads, 0, stream>>>(xs, ws, rows, cols, eps, ys, rstd);
-    else
-      rms_norm_forward_kernel<T, 1>
-          <<<grid_for_rows(rows), kThreads, 0, stream>>>(xs, ws, rows, cols, eps, ys, rstd);
-  });
-  FSDP_CUDA_CHECK_LAUNCH();
-}
-
-void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* x,
-                       const void* w, const float* rstd, const void* dy, DType t, int64_t rows,
-                       int64_t cols, void* dx, void* dw) {
-  if (cols <= 0) return;
-  if (rows <= 0) {
-    fill(stream, dw, t, cols, 0.0f);
-    return;
-  }
-  FSDP_CHECK(cols <= kRmsNormMaxCols, "rms_norm_backward: rows of ", cols,
-             " columns are wider than the ", kRmsNormMaxCols, " this kernel handles");
-  // A fixed split of the rows (not one tied to the GPU) keeps dw the same on every device.
-  constexpr int64_t kParts = 256;
-  const int64_t rows_per_block = (rows + kParts - 1) / kParts;
-  const int64_t parts = (rows + rows_per_block - 1) / rows_per_block;
-  PoolScratch scratch(stream, scratch_pool);
-  float* partials = scratch.get<float>(static_cast<size_t>(parts * cols));
-  const bool packs =
-      cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(dy) && aligned16(dx);
-  const size_t smem = static_cast<size_t>(cols) * sizeof(float);
-  dispatch_dtype(t, [&](auto tag) {
-    using T = decltype(tag);
-    const auto* xs = static_cast<const T*>(x);
-    const auto* ws = static_cast<const T*>(w);
-    const auto* dys = static_cast<const T*>(dy);
-    auto* dxs = static_cast<T*>(dx);
-    if (packs)
-      rms_norm_backward_kernel<T, kVec><<<static_cast<int>(parts), kThreads, smem, stream>>>(
-          xs, ws, rstd, dys, rows, cols, rows_per_block, dxs, partials);
-    else
-      rms_norm_backward_kernel<T, 1><<<static_cast<int>(parts), kThreads, smem, stream>>>(
-          xs, ws, rstd, dys, rows, cols, rows_per_block, dxs, partials);
-    FSDP_CUDA_CHECK_LAUNCH();
-    sum_partials_by_column_kernel<<<blocks_for(cols), kThreads, 0, stream>>>(
-        partials, parts, cols, static_cast<T*>(dw));
+      embedding_backward_kernel<T, 1><<<grid, kThreads, 0, stream>>>(src, starts, sorted_rows,
+                                                                      dim, vocab, dst);
   });
   FSDP_CUDA_CHECK_LAUNCH();
 }

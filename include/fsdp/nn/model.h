@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fsdp/nn/transformer.h"
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::nn {
 
