@@ -153,7 +153,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   StepReader reader(device, compute, static_cast<int>(grad_names.size()));
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   float* loss_avg = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
-  TrainState state{model, root, optimizer, compute, 0};
+  TrainState state{device, model, root, optimizer, compute, 0};
   if (config.on_start) config.on_start(state);
   device.synchronize();
   device.reset_peak_memory();
@@ -233,6 +233,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       world->all_reduce(loss, loss_avg, 1, DType::F32, ReduceOp::Avg, compute);
       device.accumulate(compute, step_loss, loss_avg, DType::F32, 1, inv_micro);
     }
+    if (config.after_backward) config.after_backward(state);
     if (!config.optimizer_in_backward) {
       optimizer.compute_grad_squares(compute);
       optimizer.step(compute);
