@@ -16,7 +16,7 @@ The model is the engine's, parameter for parameter (same fqns):
 Training: fully_shard on every block and on the root, MixedPrecisionPolicy(param dtype from
 --param-dtype, reduce fp32), fp32 master weights; AdamW(betas 0.9/0.95, eps 1e-8, weight decay
 0.1 on every parameter, decoupled, fused); lr for step s (0-based): lr * (s + 1) / warmup while
-s < warmup, then min_lr + (lr - min_lr) * (1 + cos(pi * (s - warmup) / (steps - warmup))) / 2;
+s < warmup, then min_lr + (lr - min_lr) * (1 + cos(pi * (s - warmup) / (steps - warmup - 1))) / 2;
 global grad-norm clipping (grads *= min(1, clip / (norm + 1e-6)), skipped when --clip-grad-norm
 is 0). TF32 is off, so fp32 runs are fp32.
 Batches: bench/llm_data.py, the sampler of docs/data.md, bit for bit: rank r of W reads
@@ -283,9 +283,10 @@ def load_initial_weights(model, path, a):
 def lr_at(step, a):
     if step < a.warmup_steps:
         return a.lr * (step + 1) / a.warmup_steps
-    if a.steps <= a.warmup_steps:
+    decay_steps = a.steps - a.warmup_steps - 1  # the last step runs at min_lr, as fsdp train's
+    if decay_steps <= 0:
         return a.lr
-    progress = (step - a.warmup_steps) / (a.steps - a.warmup_steps)
+    progress = min(1.0, (step - a.warmup_steps) / decay_steps)
     return a.min_lr + 0.5 * (a.lr - a.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
