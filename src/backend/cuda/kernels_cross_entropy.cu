@@ -135,22 +135,24 @@ __global__ void __launch_bounds__(kLossThreads)
     const T* src = kCached ? row_cache : x;
     if (threadIdx.x == 0)
       row_losses[r] = label_ok ? st.m + logf(st.s) - to_float(src[label]) : NAN;
-    if (!dlogits) continue;  // loss only
-    if constexpr (!kCached) __syncthreads();  // x[label] is read before dlogits (may alias) is
-                                              // written
-    const float inv_sum = 1.0f / st.s;
-    T* dx = dlogits + r * classes;
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      float v[W];
-      load_pack<W>(src + p * W, v);
+    if (dlogits) {  // else: loss only
+      // Uncached, x[label] must be read before dlogits (which may alias the logits) is written.
+      if constexpr (!kCached) __syncthreads();
+      const float inv_sum = 1.0f / st.s;
+      T* dx = dlogits + r * classes;
+      for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+        float v[W];
+        load_pack<W>(src + p * W, v);
 #pragma unroll
-      for (int j = 0; j < W; ++j) {
-        const float prob = exp_nonpositive(v[j] - st.m) * inv_sum;
-        v[j] = (prob - (p * W + j == label ? 1.0f : 0.0f)) * inv_rows;
+        for (int j = 0; j < W; ++j) {
+          const float prob = exp_nonpositive(v[j] - st.m) * inv_sum;
+          v[j] = (prob - (p * W + j == label ? 1.0f : 0.0f)) * inv_rows;
+        }
+        store_pack<W>(dx + p * W, v);
       }
-      store_pack<W>(dx + p * W, v);
     }
-    if constexpr (kCached) __syncthreads();  // the next row overwrites the cache
+    if constexpr (kCached) __syncthreads();  // every read of the cache is done before the next
+                                             // row overwrites it
   }
 }
 
