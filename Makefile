@@ -1,43 +1,57 @@
-# make run   installs missing Debian packages, builds, and trains briefly on the best backend.
-# make test  the same set-up, then the whole test suite.
+# make run   sets up what is missing, builds, and trains briefly on the best backend
+#            (one process per GPU where there are GPUs; its first line says what it chose).
+# make test  the same set-up, then the whole test suite; where there are GPUs, also the GPU
+#            tests and the CUDA-vs-CPU parity checks of scripts/gpu_check.sh.
+# Set-up is scripts/setup.sh: it checks capabilities (tools on PATH, libraries CMake finds)
+# and installs only what is missing, with apt-get where it can.
+# make sanitize  the CPU tests under ASan+UBSan (scripts/sanitize.sh, build in build-asan);
+#            make test runs it too.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-PACKAGES := cmake ninja-build g++ libopenblas-dev libcli11-dev nlohmann-json3-dev \
-            libgtest-dev librapidcheck-dev
 CMAKE_FLAGS ?=
+SETUP_FLAGS ?=
+GENERATOR := $(if $(shell command -v ninja 2>/dev/null),Ninja,Unix Makefiles)
+# nvcc where NVIDIA puts it, when it is not on PATH (scripts/setup.sh looks there too).
+ifeq ($(shell command -v nvcc 2>/dev/null),)
+  ifneq ($(wildcard /usr/local/cuda/bin/nvcc),)
+    export CUDACXX ?= /usr/local/cuda/bin/nvcc
+  endif
+endif
+# Where nvidia-smi lists GPUs: set-up also needs nvcc and NCCL, and the build must have CUDA.
+GPU_SETUP := $(shell scripts/run.sh --setup-flags)
+CUDA_CMAKE := $(if $(GPU_SETUP),-DFSDP_CUDA=ON)
 
-.PHONY: all deps build run test clean format
+.PHONY: all setup build run test sanitize clean format
 
 all: build
 
-deps:
-	@missing=""; for p in $(PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  echo "installing:$$missing"; \
-	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
-	fi
+setup:
+	@scripts/setup.sh $(GPU_SETUP) $(SETUP_FLAGS)
 
-$(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+build: setup
+	@mkdir -p $(BUILD)
+	@if [ -f $(BUILD)/CMakeCache.txt ]; then \
+	  cmake -S . -B $(BUILD) $(CUDA_CMAKE) $(CMAKE_FLAGS) >$(BUILD)/configure.log 2>&1; \
+	else \
+	  cmake -S . -B $(BUILD) -G "$(GENERATOR)" -DCMAKE_BUILD_TYPE=Release $(CUDA_CMAKE) \
+	    $(CMAKE_FLAGS) >$(BUILD)/configure.log 2>&1; \
+	fi || { cat $(BUILD)/configure.log; exit 1; }
+	@grep -h "^CMake Warning" -A2 $(BUILD)/configure.log | grep "fsdp:" || true
+	@cmake --build $(BUILD) -j $(JOBS)
 
-build: deps $(BUILD)/build.ninja
-	cmake --build $(BUILD) -j $(JOBS)
-
-run: build
-	./$(BUILD)/fsdp train --backend auto --model moe --world-size 4 --layers 4 --dim 64 \
-	  --experts 4 --tokens 128 --steps 30 --rs-max-input-buffers 2 --separate-rs-group 1 \
-	  --json $(BUILD)/run.json
+run:
+	@scripts/run.sh --plan
+	@$(MAKE) --no-print-directory build SETUP_FLAGS="--run $(SETUP_FLAGS)"
+	@scripts/run.sh $(BUILD)
 
 test: build
-	@if [ -x $(BUILD)/fsdp_gpu_tests ]; then \
-	  $(BUILD)/fsdp_gpu_tests --gtest_list_tests >/dev/null 2>&1; \
-	  if [ $$? -eq 77 ]; then echo "GPU tests SKIPPED: no CUDA GPU on this machine (scripts/gpu_check.sh runs them on one)"; fi; \
-	fi
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 900
+	@scripts/run_tests.sh $(BUILD) $(JOBS)
+
+sanitize: setup
+	@JOBS=$(JOBS) scripts/sanitize.sh
 
 format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) build-asan

@@ -8,7 +8,7 @@ Model: L blocks of Sequential(Linear(D, D, bias=False), ReLU), weights uniform(-
 FSDP2 mode: fully_shard on every block (reshard_after_forward from the flag) and on the root (its
 default), MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32), fp32 master weights,
 AdamW(fused=True, lr=1e-4). Local mode: the same model held in bf16 on one GPU, no FSDP, no
-process group (the compute reference of anchors.md).
+process group (a compute reference).
 """
 import os
 
@@ -103,7 +103,7 @@ def main():
     params = sum(p.numel() for p in model.parameters())  # before sharding: L * D * D
     assert params == a.layers * a.dim * a.dim, params
     if local:
-        model = model.to(torch.bfloat16)  # bf16 params, grads and AdamW state (anchors' "local")
+        model = model.to(torch.bfloat16)  # bf16 params, grads and AdamW state
     else:
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for blk in model:
@@ -125,7 +125,7 @@ def main():
 
     # Peak memory: the peak counter is reset HERE, before the first (warm-up) step, not after the
     # warm-up. AdamW allocates its state lazily in step 1, so the optimizer state, the fp32 master
-    # shards, the gradients and the activations all count, as in anchors.md. The pre-generated
+    # shards, the gradients and the activations all count. The pre-generated
     # input pool is a benchmark artifact: it is subtracted, except for the one batch a step uses.
     torch.cuda.reset_peak_memory_stats()
 

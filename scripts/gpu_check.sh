@@ -5,15 +5,20 @@
 #     curve; bf16 compute: 3e-2, bf16 keeps ~3 significant digits);
 #  3. 2-GPU vs 1-GPU parity (when 2 GPUs are present).
 # Usage: scripts/gpu_check.sh [OUTDIR]
+#   FSDP_BUILD_DIR=DIR: use that already built tree (with the CUDA backend) instead of
+#   building build-gpu here; `make test` passes its own.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-out=${1:-build-gpu/check}
+build=${FSDP_BUILD_DIR:-build-gpu}
+out=${1:-$build/check}
 mkdir -p "$out"
-cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -40; exit 1; }
+if [ -z "${FSDP_BUILD_DIR:-}" ]; then
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+  cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -40; exit 1; }
+fi
 failed=0
-./build-gpu/fsdp_gpu_tests >"$out/gpu_tests.log" 2>&1; rc=$?
+"$build"/fsdp_gpu_tests >"$out/gpu_tests.log" 2>&1; rc=$?
 tail -5 "$out/gpu_tests.log"
 [ $rc -eq 0 ] || failed=1
 
@@ -32,15 +37,15 @@ PY
 }
 for dt in fp32 bf16; do
   tol=1e-4; [ $dt = bf16 ] && tol=3e-2
-  ./build-gpu/fsdp train --backend cpu --world-size 1 $common --param-dtype $dt --json "$out/cpu1_$dt.json" >"$out/cpu1_$dt.log" 2>&1 || failed=1
-  ./build-gpu/fsdp train --backend cuda --nproc 1 $common --param-dtype $dt --json "$out/cuda1_$dt.json" >"$out/cuda1_$dt.log" 2>&1 || { failed=1; tail -5 "$out/cuda1_$dt.log"; }
+  "$build"/fsdp train --backend cpu --world-size 1 $common --param-dtype $dt --json "$out/cpu1_$dt.json" >"$out/cpu1_$dt.log" 2>&1 || failed=1
+  "$build"/fsdp train --backend cuda --nproc 1 $common --param-dtype $dt --json "$out/cuda1_$dt.json" >"$out/cuda1_$dt.log" 2>&1 || { failed=1; tail -5 "$out/cuda1_$dt.log"; }
   compare "$out/cuda1_$dt.json" "$out/cpu1_$dt.json" $tol "CUDA vs CPU, 1 rank, $dt" || failed=1
   if [ "$gpus" -ge 2 ]; then
-    ./build-gpu/fsdp train --backend cpu --world-size 2 $common --param-dtype $dt --json "$out/cpu2_$dt.json" >"$out/cpu2_$dt.log" 2>&1 || failed=1
-    ./build-gpu/fsdp train --backend cuda --nproc 2 $common --param-dtype $dt --separate-rs-group 1 --rs-max-input-buffers 2 --json "$out/cuda2_$dt.json" >"$out/cuda2_$dt.log" 2>&1 || { failed=1; tail -5 "$out/cuda2_$dt.log"; }
+    "$build"/fsdp train --backend cpu --world-size 2 $common --param-dtype $dt --json "$out/cpu2_$dt.json" >"$out/cpu2_$dt.log" 2>&1 || failed=1
+    "$build"/fsdp train --backend cuda --nproc 2 $common --param-dtype $dt --separate-rs-group 1 --rs-max-input-buffers 2 --json "$out/cuda2_$dt.json" >"$out/cuda2_$dt.log" 2>&1 || { failed=1; tail -5 "$out/cuda2_$dt.log"; }
     compare "$out/cuda2_$dt.json" "$out/cpu2_$dt.json" $tol "CUDA vs CPU, 2 ranks, $dt" || failed=1
     # One GPU with twice the tokens sees the same global batch as two GPUs.
-    ./build-gpu/fsdp train --backend cuda --nproc 1 ${common/--tokens 64/--tokens 128} --param-dtype $dt --json "$out/cuda1g_$dt.json" >"$out/cuda1g_$dt.log" 2>&1 || failed=1
+    "$build"/fsdp train --backend cuda --nproc 1 ${common/--tokens 64/--tokens 128} --param-dtype $dt --json "$out/cuda1g_$dt.json" >"$out/cuda1g_$dt.log" 2>&1 || failed=1
     compare "$out/cuda2_$dt.json" "$out/cuda1g_$dt.json" $tol "2 GPUs vs 1 GPU on the same global batch, $dt" || failed=1
   fi
 done

@@ -46,6 +46,32 @@ TEST(PeakMemory, MlpMeetsTheFormulaTermByTerm) {
     }
 }
 
+// reshard_after_forward=False: every unit's all-gather output stays alive from its forward to
+// its post-backward, so at the end of forward all L units are gathered at once; backward
+// gathers nothing.
+TEST(PeakMemory, NoReshardAfterForwardHoldsEveryUnitGathered) {
+  for (int world : {2, 4}) {
+    runtime::TrainConfig c = mlp_config();
+    c.reshard_after_forward = false;
+    const int64_t D = 64, L = 5;
+    const int64_t shard = (D + world - 1) / world * D;
+    const int64_t sharded = 4 * 4 * shard * L;
+    const int64_t unit = world * shard * 4;
+    const int64_t rs_in = world * shard * 4;
+    for (const auto& r : run_fsdp(world, c)) {
+      EXPECT_EQ(r.all_gathers_backward_first_step, 0);
+      EXPECT_EQ(tag_peak(r, MemTag::ShardedState), sharded);
+      EXPECT_EQ(tag_peak(r, MemTag::AllGather), L * unit) << "world " << world;
+      EXPECT_EQ(tag_peak(r, MemTag::RsInput), rs_in);
+      EXPECT_EQ(tag_peak(r, MemTag::Grad), D * D * 4);
+      const int64_t bound = sharded + L * unit + rs_in + D * D * 4 +
+                            tag_peak(r, MemTag::Activation) + tag_peak(r, MemTag::Other);
+      EXPECT_LE(r.memory.peak_bytes, bound);
+      EXPECT_GE(r.memory.peak_bytes, sharded + L * unit);
+    }
+  }
+}
+
 TEST(PeakMemory, OptimizerInBackwardKeepsNoGradShards) {
   runtime::TrainConfig c = mlp_config();
   c.optimizer_in_backward = true;

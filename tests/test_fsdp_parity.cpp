@@ -25,6 +25,8 @@ struct ParityCase {
   int world;
 };
 
+void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.kind << " on " << c.world << " ranks"; }
+
 class Parity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(Parity, MatchesUnshardedReferenceOverAdamWSteps) {
@@ -39,7 +41,9 @@ TEST_P(Parity, MatchesUnshardedReferenceOverAdamWSteps) {
     EXPECT_NEAR(results[0].losses[s], ref.losses[s], 1e-6 * std::abs(ref.losses[s]) + 1e-7);
   // Every rank gathers the same full params.
   for (int r = 1; r < p.world; ++r) EXPECT_EQ(results[r].params, results[0].params);
-  if (p.world == 1) EXPECT_EQ(results[0].params, ref.params) << "world 1 should be bitwise equal";
+  if (p.world == 1) {
+    EXPECT_EQ(results[0].params, ref.params) << "world 1 should be bitwise equal";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Worlds, Parity,

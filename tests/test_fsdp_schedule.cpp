@@ -1,4 +1,4 @@
-// The schedule's invariants (docs/schedule.md): collective counts, event order, the RS ring's
+// The schedule's invariants (docs/design.md): collective counts, event order, the RS ring's
 // bound under every firing order, overlap, chaos.
 #include <gtest/gtest.h>
 

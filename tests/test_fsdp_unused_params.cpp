@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/fsdp.h"
-#include "nn/layers.h"
-#include "optim/optimizer.h"
+#include "fsdp/nn/layers.h"
+#include "fsdp/optim.h"
 #include "runtime/launch.h"
 #include "test_util.h"
 

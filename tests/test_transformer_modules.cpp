@@ -13,7 +13,7 @@
 #include "cpu_test_util.h"
 #include "fsdp/error.h"
 #include "fsdp/nn/transformer.h"
-#include "nn/model.h"
+#include "fsdp/nn/model.h"
 
 namespace fsdp::nn {
 namespace {

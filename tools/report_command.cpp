@@ -4,8 +4,16 @@
 #include "report_command.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
+
+#if FSDP_HAVE_ZLIB
+#include <zlib.h>
+#endif
 
 #include "fsdp/error.h"
 #include "svg_timeline.h"
@@ -94,15 +102,73 @@ void append_stalls(std::string& out, const TracedRank& r, const runtime::Timelin
   }
 }
 
+// A count option's check: a short message for a negative value (CLI11's own range check
+// prints the whole range, up to the largest double).
+CLI::Validator non_negative_count() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          size_t used = 0;
+          const long long n = std::stoll(value, &used);
+          if (used == value.size() && n >= 0) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be a whole number >= 0, got " + value;
+      },
+      "N >= 0");
+}
+
+// The whole file, gunzipped when it is gzip-compressed (zlib reads plain files as they are).
+std::string read_maybe_gzipped(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    FSDP_FAIL("'", path, "' is a directory; give the trace file that `fsdp train --trace FILE` wrote");
+  if (!std::filesystem::exists(path, ec)) FSDP_FAIL("trace file '", path, "' does not exist");
+#if FSDP_HAVE_ZLIB
+  gzFile in = gzopen(path.c_str(), "rb");
+  if (!in) FSDP_FAIL("cannot read trace file '", path, "': ", std::strerror(errno));
+  std::string text;
+  char buf[1 << 16];
+  int n;
+  while ((n = gzread(in, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  int code = Z_OK;
+  const std::string why = n < 0 ? gzerror(in, &code) : "";
+  gzclose(in);
+  if (n != 0) FSDP_FAIL("trace file '", path, "' could not be decompressed: ", why);
+  return text;
+#else
+  std::ifstream in(path, std::ios::binary);
+  FSDP_CHECK(in.good(), "cannot read trace file '", path, "'");
+  std::string text{std::istreambuf_iterator<char>(in), {}};
+  FSDP_CHECK(text.size() < 2 || static_cast<unsigned char>(text[0]) != 0x1f ||
+                 static_cast<unsigned char>(text[1]) != 0x8b,
+             "trace file '", path, "' is gzip-compressed and this build has no zlib: gunzip it first");
+  return text;
+#endif
+}
+
 }  // namespace
+
+std::vector<TracedRank> read_report_trace(const std::string& path) {
+  const std::string text = read_maybe_gzipped(path);
+  nlohmann::json trace;
+  try {
+    trace = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    FSDP_FAIL("trace file '", path, "' is not valid JSON: ", e.what());
+  }
+  return parse_trace(trace);
+}
 
 CLI::App* add_report_command(CLI::App& app, ReportOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "report", "metrics and the longest stalls of a --trace file; --svg draws one step");
-  cmd->add_option("trace", o.trace_path, "trace file written by `fsdp train --trace`")->required();
+  cmd->add_option("trace", o.trace_path,
+                  "trace file written by `fsdp train --trace` (.json, or .json.gz)")
+      ->required();
   cmd->add_option("--svg", o.svg_path, "draw one step of one rank into this SVG file");
-  cmd->add_option("--top", o.top, "stalls listed per rank")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--rank", o.rank, "the rank drawn (default 0)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top", o.top, "stalls listed per rank")->check(non_negative_count());
+  cmd->add_option("--rank", o.rank, "the rank drawn (default 0)")->check(non_negative_count());
   cmd->add_option("--step", o.step,
                   "the recorded step drawn, 0 = first recorded (default: the last)");
   return cmd;
@@ -169,7 +235,7 @@ std::string render_report_svg(const TracedRank& rank, int step, const std::strin
 }
 
 int run_report(const ReportOptions& o) {
-  const std::vector<TracedRank> ranks = read_trace_file(o.trace_path);
+  const std::vector<TracedRank> ranks = read_report_trace(o.trace_path);
   FSDP_CHECK(!ranks.empty(), "trace file '", o.trace_path, "' has no ranks");
   size_t max_steps = 0;
   for (const TracedRank& r : ranks)

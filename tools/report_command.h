@@ -1,4 +1,4 @@
-// `fsdp report TRACE.json [--svg OUT.svg] [--top N]`: the metrics of Note [Trace metrics]
+// `fsdp report TRACE.json[.gz] [--svg OUT.svg] [--top N]`: the metrics of Note [Trace metrics]
 // per rank, the longest compute stalls with the ops that caused them, and one step of one
 // rank drawn as an SVG.
 #pragma once
@@ -24,6 +24,9 @@ struct ReportOptions {
 CLI::App* add_report_command(CLI::App& app, ReportOptions& options);
 int run_report(const ReportOptions& options);
 
+// The trace at `path`, gzip-compressed or not; a directory or a missing file is a one-line
+// fsdp::Error.
+std::vector<TracedRank> read_report_trace(const std::string& path);
 // What run_report prints, without the SVG line: the metrics table and the top stalls.
 std::string format_report(const std::vector<TracedRank>& ranks, int top);
 // The SVG of one recorded step of one rank (Note [Trace metrics] for what a step is); when

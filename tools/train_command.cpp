@@ -2,57 +2,87 @@
 #include "tools/train_command.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
-#include <mutex>
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
 #include "runtime/launch.h"
 #include "runtime/launch_cuda.h"
+#include "tools/step_printer.h"
 #include "tools/trace_writer.h"
 
 namespace fsdp::tools {
 
 void add_train_options(CLI::App& app, TrainOptions& o) {
-  app.add_option("--backend", o.backend, "cpu | cuda | auto")
+  app.option_defaults()->always_capture_default();
+  app.add_option("--backend", o.backend, "cpu | cuda | auto (cuda when a GPU is visible)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  app.add_option("--world-size", o.world_size, "ranks (CPU backend: threads)");
-  app.add_option("--nproc", o.nproc, "processes, one per GPU (CUDA backend; default: all GPUs)");
+  o.world_size_opt = app.add_option(
+      "--world-size", o.world_size,
+      "ranks; CPU backend: threads; CUDA backend: must equal the GPUs used (see --nproc)");
+  o.nproc_opt = app.add_option("--nproc", o.nproc,
+                               "CUDA backend: processes, one per GPU (0: every visible GPU)");
   app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer")
       ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer"}));
   app.add_option("--layers", o.config.model.layers, "blocks");
   app.add_option("--dim", o.config.model.dim, "model width");
-  app.add_option("--hidden", o.config.model.hidden, "expert hidden size (default: dim)");
-  app.add_option("--experts", o.config.model.experts, "experts per MoE block");
-  app.add_option("--classes", o.config.model.classes, "moe: classes of the head (default 16)");
+  app.add_option("--hidden", o.config.model.hidden,
+                 "resmlp: MLP hidden size (0: 4*dim); moe: expert hidden size (0: dim)");
+  app.add_option("--experts", o.config.model.experts, "moe: experts per block");
+  app.add_option("--classes", o.config.model.classes,
+                 "mlp, resmlp, moe: classes of the head the model learns (cross-entropy)");
+  app.add_option("--norm", o.norm, "resmlp, moe: RMSNorm at the start of each block's branch (0 | 1)")
+      ->check(CLI::Range(0, 1));
   app.add_option("--heads", o.config.model.heads, "transformer: attention heads");
-  app.add_option("--kv-heads", o.config.model.kv_heads, "transformer: kv heads (default: heads)");
+  app.add_option("--kv-heads", o.config.model.kv_heads, "transformer: kv heads (0: heads)");
   app.add_option("--ffn-dim", o.config.model.ffn_dim,
-                 "transformer: SwiGLU width (default: 8*dim/3 rounded up to 64)");
+                 "transformer: SwiGLU width (0: 8*dim/3 rounded up to 64)");
   app.add_option("--seq-len", o.config.model.seq_len, "transformer: tokens per sequence");
   app.add_option("--vocab", o.config.model.vocab, "transformer: vocabulary size");
   app.add_option("--tokens", o.config.tokens, "tokens per rank per step");
   app.add_option("--steps", o.config.steps, "training steps");
-  app.add_option("--warmup", o.config.warmup, "steps left out of the timing statistics");
+  app.add_option("--warmup", o.config.warmup,
+                 "steps left out of the timing statistics (the lr warm-up is --warmup-steps)");
   app.add_option("--seed", o.config.seed, "seed for init and data");
   app.add_option("--param-dtype", o.param_dtype, "bf16 | fp32")->check(CLI::IsMember({"bf16", "fp32"}));
-  app.add_option("--reshard-after-forward", o.config.reshard_after_forward, "0 | 1");
+  app.add_option("--reshard-after-forward", o.reshard_after_forward,
+                 "0 | 1: free each block's gathered params after its forward")
+      ->check(CLI::Range(0, 1));
   app.add_option("--rs-max-input-buffers", o.config.rs_max_input_buffers,
                  "reduce-scatter input buffers in flight (k >= 1)");
-  app.add_option("--separate-rs-group", o.config.separate_rs_group, "0 | 1");
-  app.add_option("--optimizer", o.config.optimizer.kind, "adamw | sgd")->check(CLI::IsMember({"adamw", "sgd"}));
-  app.add_option("--lr", o.lr, "learning rate");
-  app.add_option("--optimizer-in-backward", o.config.optimizer_in_backward,
-                 "0 | 1: step each group's shard right after its reduce-scatter");
-  app.add_option("--prefetch-next-step", o.config.prefetch_next_step,
-                 "0 | 1: start the next step's first all-gather before the step ends");
-  app.add_option("--chaos", o.chaos_seed, "CPU backend: inject random delays with this seed");
+  app.add_option("--separate-rs-group", o.separate_rs_group,
+                 "0 | 1: reduce-scatters on their own communicator")
+      ->check(CLI::Range(0, 1));
+  app.add_option("--optimizer", o.config.optimizer.kind, "adamw | sgd")
+      ->check(CLI::IsMember({"adamw", "sgd"}));
+  app.add_option("--lr", o.lr, "peak learning rate [default: 1e-3 for adamw, 1e-2 for sgd]");
+  app.add_option("--lr-schedule", o.config.schedule.kind,
+                 "after the warm-up: cosine | linear decay to --min-lr, or constant")
+      ->check(CLI::IsMember({"cosine", "linear", "constant"}));
+  app.add_option("--warmup-steps", o.warmup_steps, "linear lr warm-up steps [default: steps / 10]");
+  app.add_option("--min-lr", o.min_lr, "lr at the last step [default: lr / 10]");
+  app.add_option("--weight-decay", o.weight_decay, "AdamW's decoupled weight decay");
+  app.add_option("--clip-grad-norm", o.clip_grad_norm,
+                 "clip gradients to this global norm over all shards (0: no clipping)");
+  app.add_option("--optimizer-in-backward", o.optimizer_in_backward,
+                 "0 | 1: step each group's shard right after its reduce-scatter; cannot clip "
+                 "(-1: on exactly when --clip-grad-norm is 0)")
+      ->check(CLI::Range(-1, 1));
+  app.add_option("--prefetch-next-step", o.prefetch_next_step,
+                 "0 | 1: start the next step's first all-gather before the step ends")
+      ->check(CLI::Range(0, 1));
+  app.add_option("--chaos", o.chaos_seed,
+                               "CPU backend: inject random delays with this seed (>= 0)");
   app.add_option("--json", o.json_path, "write a summary object to this file");
   app.add_option("--trace", o.trace_path, "write a Chrome trace of the timed steps");
-  app.add_flag("--quiet", o.quiet, "no per-step lines");
+  app.add_option("--log-every", o.log_every, "print the step line every N steps (and the last)");
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "GPU peak TFLOP/s for MFU (989: H200 dense bf16)");
+  app.add_flag("--quiet", o.quiet, "no step lines; a progress line about every 10 s");
 }
 
 namespace {
@@ -63,48 +93,92 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
-void validate(TrainOptions& o) {
-  FSDP_CHECK(o.world_size >= 1, "--world-size must be >= 1, got ", o.world_size);
-  FSDP_CHECK(o.config.rs_max_input_buffers >= 1, "--rs-max-input-buffers must be >= 1, got ",
-             o.config.rs_max_input_buffers);
-  FSDP_CHECK(o.config.steps >= 1, "--steps must be >= 1, got ", o.config.steps);
-  FSDP_CHECK(o.config.warmup >= 0 && o.config.warmup < o.config.steps,
-             "--warmup must be in [0, steps), got ", o.config.warmup);
-  FSDP_CHECK(o.config.tokens >= 1, "--tokens must be >= 1, got ", o.config.tokens);
-  o.config.param_dtype = parse_dtype(o.param_dtype);
-  if (o.lr > 0) o.config.optimizer.adamw.lr = o.config.optimizer.sgd_lr = static_cast<float>(o.lr);
-  if (o.config.model.kind == "transformer") {
-    nn::transformer_config(o.config.model);  // one-line errors for bad sizes, before any rank
-    FSDP_CHECK(o.config.tokens % o.config.model.seq_len == 0, "--tokens (", o.config.tokens,
-               ") must be a multiple of --seq-len (", o.config.model.seq_len, ")");
-  } else if (o.config.model.kind != "mlp" && o.config.model.classes == 0)
-    o.config.model.classes = 16;
-  o.config.timeline = !o.trace_path.empty();
+nlohmann::json number_or_null(bool has, double v) {
+  return has ? nlohmann::json(v) : nlohmann::json();
 }
 
-std::string resolve_backend(const std::string& requested) {
-  if (requested == "cpu") return "cpu";
-  if (requested == "cuda") {
-    FSDP_CHECK(cuda::compiled_with_cuda(), "--backend cuda: this build has no CUDA backend "
-               "(nvcc or NCCL missing at build time)");
-    return "cuda";
+nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c) {
+  nlohmann::json j = {
+      {"backend", s.backend},
+      {"world_size", s.world_size},
+      {"model", c.model.kind},
+      {"layers", c.model.layers},
+      {"dim", c.model.dim},
+      {"classes", c.model.classes},
+      {"norm", c.model.norm},
+      {"tokens_per_rank", c.tokens},
+      {"steps", c.steps},
+      {"steps_done", s.losses.size()},
+      {"warmup", c.warmup},
+      {"param_dtype", dtype_name(c.param_dtype)},
+      {"optimizer", c.optimizer.kind},
+      {"lr", c.optimizer.base_lr()},
+      {"lr_schedule", c.schedule.kind},
+      {"warmup_steps", c.schedule.warmup_steps},
+      {"min_lr", c.schedule.min_lr},
+      {"clip_grad_norm", c.optimizer.max_grad_norm},
+      {"reshard_after_forward", c.reshard_after_forward},
+      {"optimizer_in_backward", c.optimizer_in_backward},
+      {"prefetch_next_step", c.prefetch_next_step},
+      {"step_ms_median", s.step_ms_median},
+      {"tokens_per_s", s.tokens_per_s},
+      {"peak_mem_bytes", s.peak_mem_bytes},
+      {"rs_inputs_in_flight_max", s.rs_inputs_in_flight_max},
+      {"rs_max_input_buffers", c.rs_max_input_buffers},
+      {"separate_rs_group", c.separate_rs_group},
+      {"host_schedule_us_per_unit", s.host_schedule_us_per_unit},
+      {"loss_first", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.front())},
+      {"loss_last", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.back())},
+      {"losses", s.losses},
+      {"lrs", s.lrs},
+      {"grad_norms", s.grad_norms},
+      {"exposed_comm_ms", number_or_null(s.traced, s.exposed_comm_ms)},
+      {"rs_recycle_stall_ms", number_or_null(s.traced, s.rs_recycle_stall_ms)},
+      {"rs_drain_ms", number_or_null(s.traced, s.rs_drain_ms)},
+      {"ag_rs_overlap_ms", number_or_null(s.traced, s.ag_rs_overlap_ms)},
+      {"streams_used", number_or_null(s.traced, s.streams_used)}};
+  // Throughput against a GPU's peak means nothing on the CPU backend: reported on GPUs only.
+  if (s.tflops_per_gpu >= 0) {
+    j["tflops_per_gpu"] = s.tflops_per_gpu;
+    j["mfu"] = s.mfu;
   }
-  return cuda::compiled_with_cuda() && runtime::visible_gpu_count() > 0 ? "cuda" : "cpu";
+  if (!s.error.empty()) {
+    j["error"] = s.error;
+    j["failed_step"] = s.failed_step + 1;  // 1-based, as the step line counts
+  }
+  return j;
+}
+
+// Writes `text` to `path`; a failed write (a full disk, /dev/full) is an error.
+void write_text(const std::string& flag, const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  FSDP_USER_CHECK(out.good(), "cannot write ", flag, " file '", path, "': ", std::strerror(errno));
+  out << text;
+  out.flush();
+  FSDP_USER_CHECK(out.good(), "writing ", flag, " file '", path, "' failed: ",
+                  std::strerror(errno));
+  out.close();
+  FSDP_USER_CHECK(!out.fail(), "writing ", flag, " file '", path, "' failed: ",
+                  std::strerror(errno));
 }
 
 }  // namespace
 
 Summary summarize(const std::string& backend, int world, const runtime::TrainConfig& c,
-                  const std::vector<runtime::RankResult>& ranks) {
+                  const std::vector<runtime::RankResult>& ranks, double peak_tflops) {
   Summary s;
   s.backend = backend;
   s.world_size = world;
   const runtime::RankResult& r0 = ranks.at(0);
-  std::vector<double> timed(r0.step_ms.begin() + c.warmup, r0.step_ms.end());
+  const size_t skip = std::min<size_t>(static_cast<size_t>(c.warmup), r0.step_ms.size());
+  std::vector<double> timed(r0.step_ms.begin() + skip, r0.step_ms.end());
   s.step_ms_median = median(timed);
   s.tokens_per_s = s.step_ms_median > 0 ? c.tokens * world * 1000.0 / s.step_ms_median : 0;
-  s.tflops_per_gpu = s.step_ms_median > 0
-      ? 6.0 * r0.param_count * c.tokens / (s.step_ms_median * 1e-3) / 1e12 : 0;
+  if (backend != "cpu" && s.step_ms_median > 0) {
+    s.tflops_per_gpu =
+        nn::flops_per_token(c.model) * c.tokens / (s.step_ms_median * 1e-3) / 1e12;
+    s.mfu = s.tflops_per_gpu / peak_tflops;
+  }
   for (const auto& r : ranks) {
     s.peak_mem_bytes = std::max(s.peak_mem_bytes, r.memory.peak_bytes);
     s.rs_inputs_in_flight_max = std::max(
@@ -122,67 +196,35 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
     }
   }
   s.losses = r0.losses;
-  s.loss_first = r0.losses.front();
-  s.loss_last = r0.losses.back();
+  s.lrs = r0.lrs;
+  s.grad_norms = r0.grad_norms;
+  s.error = r0.error;
+  s.failed_step = r0.failed_step;
   return s;
 }
 
-nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c, const std::string& model) {
-  return {{"backend", s.backend},
-          {"world_size", s.world_size},
-          {"model", model},
-          {"layers", c.model.layers},
-          {"dim", c.model.dim},
-          {"tokens_per_rank", c.tokens},
-          {"steps", c.steps},
-          {"warmup", c.warmup},
-          {"param_dtype", dtype_name(c.param_dtype)},
-          {"reshard_after_forward", c.reshard_after_forward},
-          {"optimizer_in_backward", c.optimizer_in_backward},
-          {"prefetch_next_step", c.prefetch_next_step},
-          {"step_ms_median", s.step_ms_median},
-          {"tokens_per_s", s.tokens_per_s},
-          {"tflops_per_gpu", s.tflops_per_gpu},
-          {"peak_mem_bytes", s.peak_mem_bytes},
-          {"rs_inputs_in_flight_max", s.rs_inputs_in_flight_max},
-          {"rs_max_input_buffers", c.rs_max_input_buffers},
-          {"separate_rs_group", c.separate_rs_group},
-          {"host_schedule_us_per_unit", s.host_schedule_us_per_unit},
-          {"loss_first", s.loss_first},
-          {"loss_last", s.loss_last},
-          {"losses", s.losses},
-          {"exposed_comm_ms", s.traced ? nlohmann::json(s.exposed_comm_ms) : nlohmann::json()},
-          {"rs_recycle_stall_ms", s.traced ? nlohmann::json(s.rs_recycle_stall_ms) : nlohmann::json()},
-          {"rs_drain_ms", s.traced ? nlohmann::json(s.rs_drain_ms) : nlohmann::json()},
-          {"ag_rs_overlap_ms", s.traced ? nlohmann::json(s.ag_rs_overlap_ms) : nlohmann::json()},
-          {"streams_used", s.traced ? nlohmann::json(s.streams_used) : nlohmann::json()}};
-}
-
 int run_train(TrainOptions& o) {
-  validate(o);
-  const std::string backend = resolve_backend(o.backend);
-  std::mutex print_mutex;
-  const int steps = o.config.steps;
-  auto on_step = [&](const runtime::StepReport& r) {
-    if (o.quiet) return;
-    std::lock_guard<std::mutex> lock(print_mutex);
-    const int width = 20, done = (r.step + 1) * width / steps;
-    std::fprintf(stdout, "[%.*s%*s] step %d/%d  loss %.6g  step_ms %.2f  tokens/s %.0f", done,
-                 "####################", width - done, "", r.step + 1, steps, r.loss, r.step_ms,
-                 r.step_ms > 0 ? o.config.tokens * o.effective_world * 1000.0 / r.step_ms : 0);
-    if (r.exposed_comm_ms >= 0)
-      std::fprintf(stdout, "  exposed_comm_ms %.3f  rs_recycle_stall_ms %.3f", r.exposed_comm_ms,
-                   r.rs_recycle_stall_ms);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
-  };
+  std::string why;
+  const std::string backend = check_train_options(o, why);
+  o.config.return_on_nonfinite = true;  // the summary is written first, then the error
+  if (!why.empty()) std::printf("backend: %s (--backend auto: %s)\n", backend.c_str(), why.c_str());
+  StepPrinterOptions po;
+  po.steps = o.config.steps;
+  po.world = o.effective_world;
+  po.log_every = o.log_every;
+  po.quiet = o.quiet;
+  if (backend != "cpu") {
+    po.flops_per_token = nn::flops_per_token(o.config.model);
+    po.peak_tflops = o.peak_tflops;
+  }
+  StepPrinter printer(po, stdout);
+  auto on_step = [&printer](const runtime::StepReport& r) { printer(r); };
   std::vector<runtime::RankResult> results;
   if (backend == "cpu") {
-    o.effective_world = o.world_size;
     results.resize(o.world_size);
     cpu::CpuOptions cpu_options;
     cpu_options.chaos = o.chaos_seed.has_value();
-    cpu_options.chaos_seed = o.chaos_seed.value_or(0);
+    cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
     runtime::run_cpu_ranks(o.world_size, cpu_options,
                            [&](int rank, Device& device, std::shared_ptr<Comm> world) {
                              results[rank] = runtime::train_rank(
@@ -193,18 +235,24 @@ int run_train(TrainOptions& o) {
   } else {
     results = runtime::run_cuda_training(o.nproc, o.config, on_step, o.effective_world);
   }
-  const Summary s = summarize(backend, o.effective_world, o.config, results);
-  std::printf("done: %s, %d ranks, step_ms median %.2f, tokens/s %.0f, peak mem %.1f MiB, "
-              "rs inputs in flight max %lld (k=%d), loss %.6g -> %.6g\n",
-              backend.c_str(), o.effective_world, s.step_ms_median, s.tokens_per_s,
-              s.peak_mem_bytes / 1048576.0, static_cast<long long>(s.rs_inputs_in_flight_max),
-              o.config.rs_max_input_buffers, s.loss_first, s.loss_last);
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    FSDP_CHECK(out.good(), "cannot write --json file '", o.json_path, "'");
-    out << summary_json(s, o.config, o.config.model.kind).dump(2) << "\n";
+  const Summary s = summarize(backend, o.effective_world, o.config, results, o.peak_tflops);
+  if (s.error.empty()) {
+    std::printf("done: %s, %d ranks, step_ms median %.2f, tokens/s %.0f, peak mem %.1f MiB, "
+                "rs inputs in flight max %lld (k=%d), loss %.6g -> %.6g\n",
+                backend.c_str(), o.effective_world, s.step_ms_median, s.tokens_per_s,
+                s.peak_mem_bytes / 1048576.0, static_cast<long long>(s.rs_inputs_in_flight_max),
+                o.config.rs_max_input_buffers, s.losses.front(), s.losses.back());
+    std::fflush(stdout);
   }
-  if (!o.trace_path.empty()) write_trace_file(o.trace_path, results);
+  if (!o.json_path.empty()) write_text("--json", o.json_path, summary_json(s, o.config).dump(2) + "\n");
+  if (!o.trace_path.empty()) {
+    try {
+      write_trace_file(o.trace_path, results);
+    } catch (const Error&) {
+      FSDP_USER_FAIL("writing --trace file '", o.trace_path, "' failed: ", std::strerror(errno));
+    }
+  }
+  if (!s.error.empty()) throw UserError(s.error);
   return 0;
 }
 

@@ -1,3 +1,4 @@
+// `fsdp train`: options, checks, the run, the summary.
 #pragma once
 
 #include <optional>
@@ -11,27 +12,40 @@
 namespace fsdp::tools {
 
 struct TrainOptions {
-  // The command's default is the fastest schedule: the optimizer inside backward.
   TrainOptions() {
-    config.optimizer_in_backward = true;
     config.prefetch_next_step = true;
+    config.model.classes = 16;  // every model learns a target (Note [Command defaults])
+    config.model.norm = true;
+    config.optimizer.max_grad_norm = 1.0f;
+    config.schedule.kind = "cosine";
   }
   std::string backend = "auto";
   int world_size = 2;
   int nproc = 0;  // 0: every visible GPU
   std::string param_dtype = "fp32";
-  double lr = 0;
-  std::optional<uint64_t> chaos_seed;
+  // Flags whose default depends on others (Note [Command defaults]): unset until given.
+  std::optional<double> lr, min_lr;
+  std::optional<int> warmup_steps;
+  int optimizer_in_backward = -1;  // -1: on exactly when clipping is off
+  int reshard_after_forward = 1, separate_rs_group = 0, prefetch_next_step = 1, norm = 1;
+  double clip_grad_norm = 1.0, weight_decay = 0.01;
+  std::optional<int64_t> chaos_seed;
   std::string json_path, trace_path;
   bool quiet = false;
+  int log_every = 1;
+  double peak_tflops = 989.0;  // H200 dense bf16, for MFU on GPUs
   runtime::TrainConfig config;
   int effective_world = 1;
+  // Which flags the user gave (for checks that depend on it).
+  const CLI::Option* world_size_opt = nullptr;
+  const CLI::Option* nproc_opt = nullptr;
 };
 
 struct Summary {
   std::string backend;
   int world_size = 1;
-  double step_ms_median = 0, tokens_per_s = 0, tflops_per_gpu = 0;
+  double step_ms_median = 0, tokens_per_s = 0;
+  double tflops_per_gpu = -1, mfu = -1;  // -1: not reported (the CPU backend)
   int64_t peak_mem_bytes = 0;
   int64_t rs_inputs_in_flight_max = 0;
   double host_schedule_us_per_unit = 0;
@@ -39,14 +53,24 @@ struct Summary {
   bool traced = false;
   double exposed_comm_ms = 0, rs_recycle_stall_ms = 0, rs_drain_ms = 0, ag_rs_overlap_ms = 0;
   int streams_used = 0;
-  float loss_first = 0, loss_last = 0;
-  std::vector<float> losses;  // rank 0's, every step
+  std::vector<float> losses, lrs, grad_norms;  // rank 0's, every finished step
+  std::string error;                           // a non-finite step stopped the run
+  int failed_step = -1;
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);
 int run_train(TrainOptions& options);
 Summary summarize(const std::string& backend, int world, const runtime::TrainConfig& c,
-                  const std::vector<runtime::RankResult>& ranks);
+                  const std::vector<runtime::RankResult>& ranks, double peak_tflops);
 void write_trace_file(const std::string& path, const std::vector<runtime::RankResult>& ranks);
+
+// train_checks.cpp: every check of the options that can run before training, each failing
+// with a one-line UserError; fills in the "auto" defaults. Returns the backend it chose and
+// sets `why` to the reason, for --backend auto.
+std::string check_train_options(TrainOptions& options, std::string& why);
+// Bytes one rank needs, from the formula in docs/memory.md.
+int64_t estimate_rank_bytes(const runtime::TrainConfig& c, int world);
+// Fails with a one-line error if `path` cannot be written (checked before training).
+void check_writable(const std::string& flag, const std::string& path);
 
 }  // namespace fsdp::tools

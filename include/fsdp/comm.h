@@ -6,7 +6,7 @@
 // does: two collectives on the same communicator never overlap, even on different streams.
 // Two communicators progress independently, so a reduce-scatter on a split-off communicator
 // can run under an all-gather on the first. Every rank must issue the same collectives in
-// the same order on a communicator (docs/schedule.md, invariant 4); the CPU backend checks
+// the same order on a communicator (docs/design.md, invariant 4); the CPU backend checks
 // this and raises a clear error on a mismatch.
 #pragma once
 

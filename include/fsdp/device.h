@@ -12,7 +12,7 @@
 // alloc(bytes, s) returns memory usable by work enqueued on s after the call; free(p, s)
 // returns it once the work enqueued on s before the call has run. Freeing on a stream other
 // than the one that last used the memory is only safe after that stream waited on an event
-// recorded after the last use; the engine's schedule guarantees this (docs/schedule.md,
+// recorded after the last use; the engine's schedule guarantees this (docs/design.md,
 // invariant 2). Byte counts (current/peak, per tag) change when alloc/free are *called*,
 // so they are exact and independent of timing.
 #pragma once
@@ -89,6 +89,25 @@ struct AdamWConfig {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.01f;
 };
 
+// Note [Step scalars]
+// What an optimizer step needs that changes from step to step lives in device memory: the host
+// writes a StepScalars with copy_from_host (no synchronization) before the step, and the
+// kernels read it when they run. A captured step can then be replayed without re-recording.
+// Clipping by the global gradient norm happens inside the same kernels: every grad is scaled
+// by clip_coef = min(1, max_grad_norm / (norm + 1e-6)) (PyTorch's clip_grad_norm_), where
+// norm = sqrt(sum of grad_sq[0..grad_sq_count)): the per-group sums of squares that
+// Device::sum_squares wrote and each mesh all-reduced.
+struct StepScalars {
+  float lr = 0;
+  float bias_correction1 = 1;       // AdamW: 1 - beta1^step
+  float bias_correction2_sqrt = 1;  // AdamW: sqrt(1 - beta2^step)
+  float max_grad_norm = 0;          // <= 0: no clipping
+};
+struct GradSquares {
+  const float* sums = nullptr;  // device memory, fp32
+  int count = 0;
+};
+
 // ---- Timeline (Note [Timeline] in src/runtime/trace_metrics.h) -------------------------------
 enum class OpKind : uint8_t { Kernel, Copy, Collective, Wait, Optimizer, Host };
 struct TimelineOp {
@@ -130,6 +149,10 @@ class Device {
   virtual void free(void* ptr, Stream s) = 0;
   virtual MemStats memory_stats() const = 0;
   virtual void reset_peak_memory() = 0;
+  // Host memory that copy_to_host fills without blocking the host (page-locked on CUDA, where
+  // a copy into pageable memory returns only once it is done). Not counted in MemStats.
+  virtual void* alloc_host(size_t bytes) = 0;
+  virtual void free_host(void* ptr) = 0;
 
   // ---- copies. The host source of copy_from_host may be reused once the call returns; the
   // host destination of copy_to_host is valid after the stream is synchronized.
@@ -159,6 +182,18 @@ class Device {
                           int64_t step) = 0;
   virtual void sgd_step(Stream s, const OptimTensor* tensors, int count, float lr, float momentum,
                         float weight_decay) = 0;
+  // The same steps with lr, bias corrections and clipping read from device memory when the
+  // kernel runs (Note [Step scalars]); c.lr is not used.
+  virtual void adamw_step_scalars(Stream s, const OptimTensor* tensors, int count,
+                                  const AdamWConfig& c, const StepScalars* scalars,
+                                  GradSquares grad_sq) = 0;
+  virtual void sgd_step_scalars(Stream s, const OptimTensor* tensors, int count, float momentum,
+                                float weight_decay, const StepScalars* scalars,
+                                GradSquares grad_sq) = 0;
+  // out[i] = sum of x[j]^2 over tensor i (fp32 in, fp32 out, accumulated in fp32 or wider):
+  // every tensor in one launch. For the global gradient norm.
+  virtual void sum_squares(Stream s, const float* const* tensors, const int64_t* numels,
+                           int count, float* out) = 0;
 
   // ---- compute. Row-major. C[m,n] = alpha * op(A) op(B) + beta * C, where op(A) is [m,k]
   // (A stored [k,m] when trans_a) and op(B) is [k,n] (B stored [n,k] when trans_b).

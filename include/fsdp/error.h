@@ -8,7 +8,9 @@
 //   FSDP_CHECK(cond, ...)          an invariant or a user input that must hold
 //   FSDP_FAIL(...)                 unconditional failure
 //   FSDP_CUDA_CHECK / FSDP_NCCL_CHECK / FSDP_CUBLAS_CHECK   (src/backend/cuda only)
-// all funnel into fsdp::detail::raise().
+// all funnel into fsdp::detail::raise(). Bad user input is a UserError instead, raised by
+//   FSDP_USER_CHECK(cond, ...)     the message alone, as a plain sentence
+//   FSDP_USER_FAIL(...)
 #pragma once
 
 #include <sstream>
@@ -20,6 +22,13 @@ namespace fsdp {
 class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
+};
+
+// Bad input from the user (a flag, a file, a size the machine cannot hold): the message is a
+// plain sentence, with no source location, since nothing in the code is wrong.
+class UserError : public Error {
+ public:
+  explicit UserError(const std::string& what) : Error(what) {}
 };
 
 // The rank and device that the current thread works for; set by the launcher so that
@@ -51,4 +60,12 @@ std::string concat(const Parts&... parts) {
       ::fsdp::detail::raise(__FILE__, __LINE__,                                   \
                             ::fsdp::detail::concat("check failed: " #cond ": ", \
                                                    __VA_ARGS__));                 \
+  } while (0)
+
+#define FSDP_USER_FAIL(...) throw ::fsdp::UserError(::fsdp::detail::concat(__VA_ARGS__))
+
+#define FSDP_USER_CHECK(cond, ...)                                     \
+  do {                                                                 \
+    if (!(cond)) [[unlikely]]                                          \
+      throw ::fsdp::UserError(::fsdp::detail::concat(__VA_ARGS__));    \
   } while (0)

@@ -1,10 +1,12 @@
 // The public FSDP API: fully_shard() and the FsdpModule handle, with FSDP2's names.
 //
-//   Mesh world(device, world_comm);
-//   for (auto& block : model.blocks()) fully_shard(*block, world, {.mp_policy = mp});
+//   Mesh world("dp", device, world_comm);  // device, world_comm: from run_cpu_ranks (launch.h)
+//   for (Module* block : model.blocks()) fully_shard(*block, world, {.mp_policy = mp});
 //   FsdpModule& root = fully_shard(model, world, {.mp_policy = mp});
 //   root.set_reduce_scatter_max_input_buffers(2);
-//   Tensor y = model.forward(ctx, x); ... model.backward(ctx, dy); optimizer.step();
+//   Tensor y = model.forward(ctx, x); ... model.backward(ctx, dy); optimizer.step(ctx.compute);
+//   zero_sharded_grads(root);
+// examples/custom_model.cpp and examples/train_loop.cpp are complete programs.
 #pragma once
 
 #include <functional>
@@ -66,7 +68,7 @@ using ShardStepFn = std::function<void(Stream rs_stream, int group_ordinal, floa
                                        const float* grad, int64_t numel)>;
 
 // Test hook: how the RS ring reclaims buffers. Only tests use Fsdp2_12LastGroupDrains, which
-// reproduces FSDP2 2.12's hook-order-dependent drain (docs/schedule.md) so the bound test
+// reproduces FSDP2 2.12's hook-order-dependent drain (docs/design.md) so the bound test
 // can be seen to fail.
 enum class RsReclaimPolicy : uint8_t { BoundedRing, Fsdp2_12LastGroupDrains };
 
@@ -92,7 +94,8 @@ class FsdpModule {
   void set_requires_gradient_sync(bool sync, bool recurse = true);
   void set_is_last_backward(bool last);  // root only
   // Most RS input buffers alive at once for this root (FSDP2 #186000), k >= 1. Per-module
-  // values resolve to the maximum over the root's modules at lazy init, as in FSDP2.
+  // values resolve to the maximum over the root's modules at lazy init, as in FSDP2; a call
+  // after it (on any module of the tree) re-resolves k for the next reduce-scatter.
   void set_reduce_scatter_max_input_buffers(int k, bool recurse = true);
   // RS on its own communicator (one per distinct rank set), so it overlaps AG (#186335).
   void set_separate_reduce_scatter_group(bool enable, bool recurse = true);
@@ -137,6 +140,7 @@ struct ShardedGroupView {
   float* param = nullptr;
   float* grad = nullptr;
   int64_t numel = 0;
+  Mesh* mesh = nullptr;  // the mesh the group shards over
 };
 // With with_grads, the persistent fp32 grad shards are made (they are not, under an
 // optimizer in backward); grad is nullptr otherwise.

@@ -92,8 +92,7 @@ class Module {
   // "phase fqn what" (e.g. "fwd layers.3 gemm"), made once and kept for the timeline.
   const char* op_label(const char* phase, const char* what) const;
 
-  ModuleHooks* hooks = nullptr;  // set by fully_shard
-  std::unique_ptr<ModuleHooks> owned_hooks;  // keeps the FSDP state alive with the module
+  ModuleHooks* hooks = nullptr;  // set by fully_shard; owned by owned_hooks below
 
  protected:
   virtual Tensor forward_impl(RunContext& ctx, const Tensor& x) = 0;
@@ -118,6 +117,11 @@ class Module {
   std::vector<std::unique_ptr<Param>> params_;
   std::vector<std::unique_ptr<Module>> children_;
   mutable std::map<std::pair<const char*, const char*>, std::string> labels_;
+
+ public:
+  // Keeps the FSDP state alive with the module. Declared last, so it is destroyed first,
+  // while the params and children it points at still exist (Note [FSDP teardown]).
+  std::unique_ptr<ModuleHooks> owned_hooks;
 };
 
 }  // namespace fsdp

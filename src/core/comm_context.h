@@ -27,6 +27,16 @@ class CommContext {
   EventPool events;
   bool separate_reduce_scatter_group = false;
   std::vector<FsdpState*> post_forward_order;  // this iteration, for backward prefetch
+  // Note [Symmetric collectives]: this iteration's forward hooks in order, and backward's
+  // expected hooks (their reverse) with how far backward has got through them.
+  struct HookCall {
+    FsdpState* state;
+    bool pre;  // pre-forward / pre-backward; else post-
+  };
+  std::vector<HookCall> forward_hooks;
+  std::vector<HookCall> backward_plan;
+  size_t backward_cursor = 0;
+  bool backward_planned = false;
   std::vector<ScheduleEvent>* event_log = nullptr;
   ShardStepFn optimizer_in_backward;  // Note [Optimizer in backward]; empty when off
   // Whether work (accumulation, cast, optimizer) follows the newest ring entry's event on the

@@ -67,10 +67,12 @@ void FsdpModule::set_is_last_backward(bool last) { state_->is_last_backward = la
 void FsdpModule::set_reduce_scatter_max_input_buffers(int k, bool recurse) {
   FSDP_CHECK(k >= 1, "set_reduce_scatter_max_input_buffers: k must be a positive integer, got ", k);
   for_each_state(*state_, recurse, [&](FsdpState& s) { s.reduce_scatter_max_input_buffers = k; });
-  if (state_->ctx && state_->is_root) {
+  // After lazy init (on the root or any unit of its tree) the root's resolved k changes at
+  // once: the next reduce-scatter reserves against it, as in FSDP2.
+  if (FsdpState* root = state_->ctx ? state_->root : nullptr) {
     int resolved = 1;
-    for (FsdpState* s : state_->all_states) resolved = std::max(resolved, s->reduce_scatter_max_input_buffers);
-    state_->ctx->ring.set_capacity(resolved);
+    for (FsdpState* s : root->all_states) resolved = std::max(resolved, s->reduce_scatter_max_input_buffers);
+    root->ctx->ring.set_capacity(resolved);
   }
 }
 
@@ -138,7 +140,7 @@ std::vector<ShardedGroupView> sharded_groups(FsdpModule& root, bool with_grads) 
       for (auto& g : s->groups)
         out.push_back({g->label().empty() ? s->module.fqn() : g->label(), g->shard_param(),
                        with_grads ? g->ensure_grad_shard(init) : nullptr,
-                       g->layout().shard_numel});
+                       g->layout().shard_numel, &g->mesh()});
   });
   root.state().mesh.device().synchronize_stream(init);
   return out;

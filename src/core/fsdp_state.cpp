@@ -72,6 +72,12 @@ FsdpState::FsdpState(Module& m, Mesh& default_mesh, const FullyShardOptions& opt
   }
 }
 
+// Note [FSDP teardown]
+// A Module destroys its FSDP state (Module::owned_hooks, its last member) before its params
+// and children, so the state can still unhook the params it manages. A root's children, and
+// their states, outlive the root's state: the CommContext they use is shared by every
+// ParamGroup of the tree and goes with the last of them. No destruction order is assumed
+// beyond what the members' declarations guarantee.
 FsdpState::~FsdpState() {
   for (ParamHome& h : homes) h.param->grad_sink = nullptr;
   groups.clear();
@@ -87,8 +93,8 @@ void FsdpState::lazy_init(RunContext& run) {
   is_root = true;
   root = this;
   compute = run.compute;
-  owned_ctx_ = std::make_unique<CommContext>(mesh.device());
-  ctx = owned_ctx_.get();
+  shared_ctx_ = std::make_shared<CommContext>(mesh.device());
+  ctx = shared_ctx_.get();
   collect_states(module, all_states);
   int k = 1;
   int ordinal = 0;
@@ -104,7 +110,7 @@ void FsdpState::lazy_init(RunContext& run) {
     for (auto& g : s->groups) {
       std::string label = s->unit_label;
       if (s->groups.size() > 1) label += "[" + g->mesh().name() + "]";
-      g->lazy_init(*ctx, label, ordinal++);
+      g->lazy_init(shared_ctx_, label, ordinal++);
     }
   }
   ctx->ring.set_capacity(k);
@@ -125,8 +131,14 @@ void FsdpState::root_pre_forward(RunContext& run) {
   d.record_event(optimizer_done_, run.compute);
   d.wait_event(ctx->all_gather_stream, optimizer_done_);
   ctx->post_forward_order.clear();
-  for (FsdpState* s : all_states)
+  ctx->forward_hooks.clear();
+  ctx->backward_plan.clear();
+  ctx->backward_cursor = 0;
+  ctx->backward_planned = false;
+  for (FsdpState* s : all_states) {
+    s->ran_forward = false;
     for (auto& g : s->groups) g->reset_backward();
+  }
 }
 
 void FsdpState::unshard(const char* phase) {
@@ -160,6 +172,8 @@ void FsdpState::prefetch(const std::vector<FsdpState*>& targets, const char* pha
 void FsdpState::pre_forward(RunContext& run) {
   if (!ctx || (is_root && training_state == TrainingState::Idle)) root_pre_forward(run);
   training_state = TrainingState::Forward;
+  ctx->forward_hooks.push_back({this, true});
+  ran_forward = true;
   unshard("forward");
   wait_for_unshard(run.compute);
   if (forward_prefetch_set) prefetch(forward_prefetch, "forward");
@@ -168,14 +182,67 @@ void FsdpState::pre_forward(RunContext& run) {
 void FsdpState::post_forward(RunContext& run) {
   if (effective_reshard_after_forward()) reshard(run.compute, "forward");
   ctx->post_forward_order.push_back(this);
+  ctx->forward_hooks.push_back({this, false});
   training_state = TrainingState::Idle;
 }
 
+// Note [Symmetric collectives]
+// Every rank must issue the same collectives in the same order, whatever its backward hooks
+// did: a unit may get no gradient on one rank (a branch taken on some ranks only, an expert
+// no token chose), so its hooks do not run there. Forward must be the same on every rank.
+// Backward is expected to visit the units in the reverse of forward's hook order (each
+// post-forward becomes a pre-backward, each pre-forward a post-backward), which is the order
+// a chain of modules runs its backward in. When a hook runs, every expected hook before it
+// that did not run is run first, in order, as the ranks that used those units run them: the
+// pre-backward all-gathers (and prefetches) and the post-backward reduce-scatters zeros for
+// the grads this rank did not produce, then reshards. So a unit that ran forward is
+// reduce-scattered in every backward, used or not (FSDP2 with reduce-scatter of unused
+// params on); its grads on a rank that skipped it are zeros. A group that got no grad at
+// all in a unit whose backward did run (unused on every rank, or its grads are deferred
+// past the unit's backward, MoeGradOrder::ExpertsDeferred) reduce-scatters when its grads
+// complete, or zeros at the root's finalize; so a group may lack grads on some ranks only
+// if its whole unit's backward is skipped there. A hook that is not expected
+// (a model whose backward visits units in another order) runs as it comes: its unit is
+// reduce-scattered again, which is still correct and still the same on every rank that runs
+// the same model. The root's post-backward is the last expected hook, so nothing is left
+// behind at finalize.
+void FsdpState::catch_up_backward(RunContext& run, bool pre) {
+  CommContext& c = *ctx;
+  if (!c.backward_planned) {
+    c.backward_planned = true;
+    c.backward_plan.clear();
+    for (auto it = c.forward_hooks.rbegin(); it != c.forward_hooks.rend(); ++it)
+      c.backward_plan.push_back({it->state, !it->pre});
+    c.backward_cursor = 0;
+  }
+  size_t p = c.backward_cursor;
+  while (p < c.backward_plan.size() &&
+         !(c.backward_plan[p].state == this && c.backward_plan[p].pre == pre))
+    ++p;
+  if (p == c.backward_plan.size()) return;  // not expected here: run it as it comes
+  while (c.backward_cursor < p) {
+    const CommContext::HookCall skipped = c.backward_plan[c.backward_cursor++];
+    if (skipped.pre) {
+      skipped.state->run_pre_backward(run, /*skipped=*/true);
+    } else {
+      skipped.state->run_post_backward(run, /*skipped=*/true);
+      skipped.state->training_state = TrainingState::Idle;
+    }
+  }
+  c.backward_cursor = p + 1;
+}
+
 void FsdpState::pre_backward(RunContext& run) {
+  catch_up_backward(run, /*pre=*/true);
+  run_pre_backward(run, /*skipped=*/false);
+}
+
+void FsdpState::run_pre_backward(RunContext& run, bool skipped) {
   training_state = TrainingState::PreBackward;
   for (auto& g : groups) g->reset_backward();
   unshard("pre_backward");
-  wait_for_unshard(run.compute);
+  // A skipped unit computes nothing: its all-gather only keeps the ranks in step.
+  if (!skipped) wait_for_unshard(run.compute);
   if (backward_prefetch_set) {
     prefetch(backward_prefetch, "pre_backward");
   } else {
@@ -187,19 +254,35 @@ void FsdpState::pre_backward(RunContext& run) {
 }
 
 void FsdpState::post_backward(RunContext& run) {
-  training_state = TrainingState::PostBackward;
-  // Groups whose grads never all arrived (unused params) reduce what they have now.
-  for (auto it = groups.rbegin(); it != groups.rend(); ++it)
-    if ((*it)->post_backward_pending()) (*it)->post_backward(run);
-  if (reshard_after_backward) reshard(run.compute, "post_backward");
+  catch_up_backward(run, /*pre=*/false);
+  run_post_backward(run, /*skipped=*/false);
   if (is_root) finalize_backward(run);
   training_state = TrainingState::Idle;
 }
 
+void FsdpState::run_post_backward(RunContext& run, bool skipped) {
+  training_state = TrainingState::PostBackward;
+  // Groups with some but not all grads (unused params) reduce-scatter now, zeros for what is
+  // missing; in a unit this rank skipped, every group does. A group with no grad yet in a
+  // unit that ran backward waits: its grads may come later (deferred weight grads), or
+  // finalize reduce-scatters zeros (Note [Symmetric collectives]).
+  for (auto it = groups.rbegin(); it != groups.rend(); ++it)
+    if (skipped ? !(*it)->fired_this_backward() : (*it)->post_backward_pending())
+      (*it)->post_backward(run);
+  if (reshard_after_backward) reshard(run.compute, "post_backward");
+}
+
 void FsdpState::finalize_backward(RunContext& run) {
+  // Groups of units that ran forward and are still waiting for grads reduce-scatter what
+  // they have, zeros if nothing (Note [Symmetric collectives]).
   for (auto it = all_states.rbegin(); it != all_states.rend(); ++it)
     for (auto g = (*it)->groups.rbegin(); g != (*it)->groups.rend(); ++g)
-      if ((*g)->post_backward_pending()) (*g)->post_backward(run);
+      if ((*it)->ran_forward && !(*g)->fired_this_backward()) (*g)->post_backward(run);
+  // A unit gathered again after its post-backward (a backward prefetch of a unit whose
+  // backward already ran) must not carry its gathered params into the next step: the
+  // optimizer is about to change its shards. FSDP2's final callback reshards it too.
+  for (FsdpState* s : all_states)
+    if (s->reshard_after_backward) s->reshard(run.compute, "finalize");
   if (!is_last_backward) return;
   // Every RS finished and accumulated before the optimizer reads the grad shards.
   ctx->ring.drain(mesh.device(), run.compute, ctx->events);

@@ -57,6 +57,7 @@ class FsdpState : public ModuleHooks {
   Stream compute;
   std::string unit_label;  // fqn, or "root"
   TrainingState training_state = TrainingState::Idle;
+  bool ran_forward = false;  // in this iteration (Note [Symmetric collectives])
 
   // Which group and index hold each param (for grads and gathers).
   struct ParamHome {
@@ -75,9 +76,14 @@ class FsdpState : public ModuleHooks {
   void lazy_init(RunContext& ctx);
   void root_pre_forward(RunContext& ctx);
   void finalize_backward(RunContext& ctx);
+  // Note [Symmetric collectives]
+  void catch_up_backward(RunContext& ctx, bool pre);
+  void run_pre_backward(RunContext& ctx, bool skipped);
+  void run_post_backward(RunContext& ctx, bool skipped);
   void prefetch(const std::vector<FsdpState*>& targets, const char* phase);
 
-  std::unique_ptr<CommContext> owned_ctx_;
+  // Shared with every ParamGroup of the tree (Note [FSDP teardown]).
+  std::shared_ptr<CommContext> shared_ctx_;
   Event optimizer_done_;
 };
 

@@ -60,8 +60,10 @@ float* ParamGroup::ensure_grad_shard(Stream s) {
   return shard_grad_;
 }
 
-void ParamGroup::lazy_init(CommContext& ctx, const std::string& label, int ordinal) {
-  ctx_ = &ctx;
+void ParamGroup::lazy_init(std::shared_ptr<CommContext> context, const std::string& label,
+                           int ordinal) {
+  ctx_ = std::move(context);
+  CommContext& ctx = *ctx_;
   label_ = label;
   ordinal_ = ordinal;
   label_optimizer_ = ctx.intern("optimizer " + label);
@@ -186,7 +188,9 @@ void ParamGroup::post_backward(RunContext& ctx) {
   if (!owner_->requires_gradient_sync) {
     if (any_grad) accumulate_unsharded(ctx);
     release_grads();
-  } else if (any_grad) {
+  } else {
+    // With no grad at all this rank still reduce-scatters (zeros): the other ranks may have
+    // grads for the group (Note [Symmetric collectives]).
     std::vector<const void*> srcs(params_.size());
     std::vector<DType> types(params_.size());
     if (unsharded_accum_) {

@@ -2,6 +2,7 @@
 // all-gather and one reduce-scatter (FSDP2's FSDPParamGroup).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,7 @@ class ParamGroup {
   ParamGroup& operator=(const ParamGroup&) = delete;
 
   // Labels are made once the root's context exists (lazy init).
-  void lazy_init(CommContext& ctx, const std::string& label, int ordinal);
+  void lazy_init(std::shared_ptr<CommContext> ctx, const std::string& label, int ordinal);
 
   // Issues the all-gather on the AG stream (copy-in cast + collective); no-op when the
   // params are unsharded or already being gathered.
@@ -38,7 +39,8 @@ class ParamGroup {
   // Grad sink: counts grads; the last one of the group triggers post_backward().
   void on_grad(RunContext& ctx, int param_index, Tensor grad);
   // Reduce-scatters the group's grads (Note [RS ring]); with gradient sync off, accumulates
-  // them unsharded instead. Missing grads count as zeros; a group with no grads is skipped.
+  // them unsharded instead. Missing grads count as zeros, even all of them: the other ranks
+  // may have some (Note [Symmetric collectives]).
   void post_backward(RunContext& ctx);
   bool post_backward_pending() const { return grads_received_ > 0; }
   bool fired_this_backward() const { return fired_; }
@@ -73,7 +75,8 @@ class ParamGroup {
   FsdpState* owner_;
   Mesh* mesh_;
   Device* device_;
-  CommContext* ctx_ = nullptr;
+  // Shared: a child's groups may outlive the root's state (Note [FSDP teardown]).
+  std::shared_ptr<CommContext> ctx_;
   std::vector<Param*> params_;
   int index_;
   GroupLayout layout_;

@@ -1,4 +1,4 @@
-// The reduce-scatter input ring (docs/schedule.md, "The reduce-scatter ring").
+// The reduce-scatter input ring (docs/design.md, "The reduce-scatter ring").
 //
 // Note [RS ring]
 // One ring per root, shared by every param group of every unit. Before a group allocates

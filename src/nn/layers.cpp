@@ -1,9 +1,10 @@
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
 
 #include <cmath>
 #include <utility>
 
 #include "fsdp/error.h"
+#include "fsdp/nn/transformer.h"
 #include "fsdp/synthetic.h"
 
 namespace fsdp::nn {
@@ -179,8 +180,9 @@ Tensor SpinBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
 }
 
 // ---- ResidualMlp
-ResidualMlp::ResidualMlp(int64_t dim, int64_t hidden, Activation f, uint64_t seed)
+ResidualMlp::ResidualMlp(int64_t dim, int64_t hidden, Activation f, uint64_t seed, bool norm)
     : Module("ResidualMlp") {
+  if (norm) add_child("norm", std::make_unique<RMSNorm>(dim, kNormEps));  // runs first
   add_child("fc1", std::make_unique<Linear>(dim, hidden, true, seed * 3 + 1));
   add_child("act", std::make_unique<Act>(f));
   add_child("fc2", std::make_unique<Linear>(hidden, dim, true, seed * 3 + 2));

@@ -1,6 +1,7 @@
-#include "nn/model.h"
+#include "fsdp/nn/model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "fsdp/error.h"
 #include "fsdp/synthetic.h"
@@ -21,17 +22,20 @@ Model::Model(const ModelConfig& c) : Module("Model"), config_(c) {
     const uint64_t seed = c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull;
     std::unique_ptr<Module> block;
     if (c.kind == "mlp") {  // Linear(D, D, bias=False) + ReLU, the ReLU fused into the GEMM
-      auto linear = std::make_unique<Linear>(c.dim, c.dim, false, seed);
+      // He init (variance 2 / D): a ReLU halves the second moment, so the signal keeps its
+      // scale at any depth (with 1 / sqrt(D) it shrank 6x a layer and underflowed by 64).
+      const float bound = std::sqrt(6.0f / static_cast<float>(c.dim));
+      auto linear = std::make_unique<Linear>(c.dim, c.dim, uniform_init(seed, c.dim * c.dim, bound));
       linear->fused_relu = true;
       block = std::move(linear);
     } else if (c.kind == "spin") {
       block = std::make_unique<SpinBlock>(c.dim, c.spin_forward_us, c.spin_backward_us);
     } else if (c.kind == "resmlp") {
       block = std::make_unique<ResidualMlp>(c.dim, c.hidden ? c.hidden : 4 * c.dim,
-                                            Activation::GELU, seed);
+                                            Activation::GELU, seed, c.norm);
     } else {
       block = std::make_unique<MoeBlock>(c.dim, c.hidden ? c.hidden : c.dim, c.experts,
-                                         c.grad_order, seed);
+                                         c.grad_order, seed, c.norm);
     }
     blocks_.push_back(&add_child("layers." + std::to_string(i), std::move(block)));
   }
@@ -68,6 +72,37 @@ Tensor Model::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) 
     if (auto* lin = dynamic_cast<Linear*>(&m)) lin->flush_deferred_grads(ctx);
   });
   return g;
+}
+
+std::vector<int64_t> unit_param_counts(const ModelConfig& c) {
+  std::vector<int64_t> units;
+  const int64_t d = c.dim;
+  int64_t root = c.classes > 0 ? c.classes * d + c.classes : 0;
+  int64_t block = 0;
+  if (c.kind == "transformer") {
+    const TransformerConfig t = transformer_config(c);
+    block = d * (t.heads + 2 * t.kv_heads) * t.head_dim() + t.heads * t.head_dim() * d +
+            3 * d * t.ffn_dim + 2 * d;
+    root = 2 * t.vocab * d + d;
+  } else if (c.kind == "resmlp") {
+    const int64_t h = c.hidden ? c.hidden : 4 * d;
+    block = 2 * d * h + h + d + (c.norm ? d : 0);
+  } else if (c.kind == "moe") {
+    const int64_t h = c.hidden ? c.hidden : d;
+    block = c.experts * d + c.experts * 2 * d * h + (c.norm ? d : 0);
+  } else {  // mlp, spin
+    block = d * d;
+  }
+  units.assign(static_cast<size_t>(c.layers), block);
+  units.push_back(root);
+  return units;
+}
+
+double flops_per_token(const ModelConfig& c) {
+  if (c.kind == "transformer") return transformer_flops_per_token(transformer_config(c));
+  double params = 0;
+  for (int64_t n : unit_param_counts(c)) params += static_cast<double>(n);
+  return 6.0 * params;
 }
 
 std::vector<int32_t> make_labels(const ModelConfig& c, uint64_t seed, int step, int64_t first_row,

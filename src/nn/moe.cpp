@@ -1,7 +1,8 @@
 // The MoE block. Its backward hands grads to FSDP in a chosen order (MoeGradOrder), so tests
 // can fire the dense and expert param groups' post-backward in every order.
 #include "fsdp/error.h"
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
+#include "fsdp/nn/transformer.h"
 
 namespace fsdp::nn {
 
@@ -14,9 +15,11 @@ MoeGradOrder parse_moe_grad_order(const std::string& name) {
             "' (expected dense-first, experts-first, interleaved or experts-deferred)");
 }
 
-MoeBlock::MoeBlock(int64_t dim, int64_t hidden, int experts, MoeGradOrder order, uint64_t seed)
+MoeBlock::MoeBlock(int64_t dim, int64_t hidden, int experts, MoeGradOrder order, uint64_t seed,
+                   bool norm)
     : Module("MoeBlock"), experts_(experts), order_(order) {
   FSDP_CHECK(experts >= 1, "an MoE block needs at least one expert, got ", experts);
+  if (norm) norm_ = &add_child("norm", std::make_unique<RMSNorm>(dim, kNormEps));
   router_ = &add_child("router", std::make_unique<Linear>(dim, experts, false, seed * 7 + 1));
   auto group = std::make_unique<Sequential>();
   for (int e = 0; e < experts; ++e) {
@@ -35,14 +38,16 @@ bool MoeBlock::is_expert_param(const Module& owner) {
   return f.find("experts.") != std::string::npos;
 }
 
-Tensor MoeBlock::forward_impl(RunContext& ctx, const Tensor& x) {
+Tensor MoeBlock::forward_impl(RunContext& ctx, const Tensor& x_in) {
   Device& d = *ctx.device;
+  const Tensor& x_res = x_in;
+  const Tensor x = norm_ ? norm_->forward(ctx, x_in) : x_in;  // the branch's input
   Tensor logits = router_->forward(ctx, x);
   probs_ = empty_tensor(d, ctx.compute, DType::F32, x.rows, experts_, MemTag::Activation);
   d.set_label(op_label("fwd", "router softmax"));
   d.softmax_rows(ctx.compute, logits.data, logits.dtype, probs_.as<float>(), x.rows, experts_);
   Tensor y = empty_tensor(d, ctx.compute, ctx.act_dtype, x.rows, x.cols, MemTag::Activation);
-  d.copy(ctx.compute, y.data, x.data, x.bytes());  // the residual
+  d.copy(ctx.compute, y.data, x_res.data, x_res.bytes());  // the residual
   expert_out_.clear();
   for (int e = 0; e < experts_; ++e) {
     Tensor out = expert_[e]->forward(ctx, x);
@@ -57,8 +62,13 @@ Tensor MoeBlock::forward_impl(RunContext& ctx, const Tensor& x) {
 Tensor MoeBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Device& d = *ctx.device;
   const int64_t rows = dy.rows, cols = dy.cols;
+  // The branch's input grad: with a norm it starts at zero and goes through the norm at the
+  // end; without, the branch adds straight onto the residual's dy.
   Tensor dx = empty_tensor(d, ctx.compute, ctx.act_dtype, rows, cols, MemTag::Activation);
-  d.copy(ctx.compute, dx.data, dy.data, dy.bytes());  // the residual
+  if (norm_)
+    d.fill(ctx.compute, dx.data, dx.dtype, dx.numel(), 0.0f);
+  else
+    d.copy(ctx.compute, dx.data, dy.data, dy.bytes());  // the residual
   // d(loss)/d(prob_e) = <dy, expert_e(x)> per token; needs no expert backward.
   Tensor dprobs = empty_tensor(d, ctx.compute, DType::F32, rows, experts_, MemTag::Activation);
   d.set_label(op_label("bwd", "combine"));
@@ -101,7 +111,12 @@ Tensor MoeBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
       break;
   }
   probs_ = Tensor{};
-  return dx;
+  if (!norm_) return dx;
+  Tensor dnorm = norm_->backward(ctx, dx);
+  Tensor out = empty_tensor(d, ctx.compute, ctx.act_dtype, rows, cols, MemTag::Activation);
+  d.set_label(op_label("bwd", "residual"));
+  d.add(ctx.compute, out.data, dy.data, dnorm.data, out.dtype, out.numel());
+  return out;
 }
 
 }  // namespace fsdp::nn

@@ -7,7 +7,7 @@
 
 #include "fsdp/error.h"
 #include "fsdp/synthetic.h"
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::nn {
 

@@ -5,7 +5,7 @@
 // the inverse rotation applied to its q and k columns.
 #include "fsdp/error.h"
 #include "fsdp/nn/transformer.h"
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::nn {
 

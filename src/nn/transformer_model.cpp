@@ -2,7 +2,7 @@
 // synthetic token batches.
 #include "fsdp/error.h"
 #include "fsdp/synthetic.h"
-#include "nn/model.h"
+#include "fsdp/nn/model.h"
 
 namespace fsdp::nn {
 

@@ -1,7 +1,6 @@
-#include "optim/optimizer.h"
+#include "fsdp/optim.h"
 
-#include <algorithm>
-#include <functional>
+#include <cmath>
 
 #include "fsdp/error.h"
 
@@ -24,39 +23,94 @@ Optimizer::Optimizer(Device& device, Stream stream, std::vector<ParamSpan> param
     }
     tensors_.push_back(t);
   }
-  steps_.assign(tensors_.size(), 0);
+  // Group the tensors by mesh, in order of first appearance, so each mesh's sums are one
+  // contiguous run of grad_sq_ (one all-reduce per mesh).
+  for (const ParamSpan& p : params) {
+    if (!p.grad) continue;
+    MeshTensors* m = nullptr;
+    for (MeshTensors& candidate : meshes_)
+      if (candidate.comm == p.comm) m = &candidate;
+    if (!m) m = &meshes_.emplace_back(MeshTensors{p.comm, 0, {}, {}});
+    m->grads.push_back(p.grad);
+    m->numels.push_back(p.numel);
+  }
+  int next = 0;
+  for (MeshTensors& m : meshes_) {
+    m.first = next;
+    next += static_cast<int>(m.grads.size());
+    for (const ParamSpan& p : params)
+      if (p.grad && p.comm == m.comm) sq_names_.push_back(p.name);
+  }
+  grad_sq_ = static_cast<float*>(
+      device_.alloc(static_cast<size_t>(std::max(next, 1)) * sizeof(float), stream, MemTag::Other));
+  device_.fill(stream, grad_sq_, DType::F32, std::max(next, 1), 0.0f);
+  scalars_ = static_cast<StepScalars*>(device_.alloc(sizeof(StepScalars), stream, MemTag::Other));
 }
 
 Optimizer::~Optimizer() {
   synchronize_in_destructor(device_);
   for (float* p : state_) device_.free(p, Stream{0});
+  device_.free(grad_sq_, Stream{0});
+  device_.free(scalars_, Stream{0});
 }
 
-namespace {
-void launch(Device& d, Stream s, const OptimTensor* t, int count, const OptimizerConfig& c,
-            int64_t step) {
-  if (c.kind == "adamw")
-    d.adamw_step(s, t, count, c.adamw, step);
-  else
-    d.sgd_step(s, t, count, c.sgd_lr, c.sgd_momentum, c.sgd_weight_decay);
+void Optimizer::begin_step(Stream s, float lr) {
+  ++step_;
+  begun_ = true;
+  grad_sq_valid_ = false;
+  StepScalars v;
+  v.lr = lr;
+  if (config_.kind == "adamw") {
+    // Bias corrections in double, as PyTorch computes them in Python floats.
+    const double n = static_cast<double>(step_);
+    v.bias_correction1 = static_cast<float>(1.0 - std::pow(double{config_.adamw.beta1}, n));
+    v.bias_correction2_sqrt =
+        static_cast<float>(std::sqrt(1.0 - std::pow(double{config_.adamw.beta2}, n)));
+  }
+  v.max_grad_norm = config_.max_grad_norm;
+  device_.set_label("optimizer scalars");
+  device_.copy_from_host(s, scalars_, &v, sizeof(v));
 }
-}  // namespace
+
+void Optimizer::compute_grad_squares(Stream s) {
+  device_.set_label("grad norm");
+  for (const MeshTensors& m : meshes_) {
+    float* out = grad_sq_ + m.first;
+    const int count = static_cast<int>(m.grads.size());
+    device_.sum_squares(s, m.grads.data(), m.numels.data(), count, out);
+    if (m.comm && m.comm->size() > 1)
+      m.comm->all_reduce(out, out, count, DType::F32, ReduceOp::Sum, s);
+  }
+  grad_sq_valid_ = true;
+}
+
+void Optimizer::launch(Stream s, const OptimTensor* t, int count, GradSquares sq) {
+  device_.set_label("optimizer");
+  if (config_.kind == "adamw")
+    device_.adamw_step_scalars(s, t, count, config_.adamw, scalars_, sq);
+  else
+    device_.sgd_step_scalars(s, t, count, config_.sgd_momentum, config_.sgd_weight_decay,
+                             scalars_, sq);
+}
 
 void Optimizer::step(Stream s) {
-  for (int64_t& n : steps_) ++n;
-  FSDP_CHECK(std::adjacent_find(steps_.begin(), steps_.end(), std::not_equal_to<>()) == steps_.end(),
-             "step() after step_one() left the tensors at different step counts");
-  device_.set_label("optimizer");
-  launch(device_, s, tensors_.data(), static_cast<int>(tensors_.size()), config_,
-         steps_.empty() ? 0 : steps_[0]);
+  if (!begun_) begin_step(s, config_.base_lr());
+  begun_ = false;
+  FSDP_CHECK(config_.max_grad_norm <= 0 || grad_sq_valid_,
+             "clipping needs compute_grad_squares() before step()");
+  GradSquares sq{grad_sq_, grad_sq_valid_ ? static_cast<int>(sq_names_.size()) : 0};
+  launch(s, tensors_.data(), static_cast<int>(tensors_.size()), sq);
 }
 
 void Optimizer::step_one(Stream s, int index, const float* grad) {
   FSDP_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()), "optimizer tensor ", index,
              " out of range (", tensors_.size(), " tensors)");
+  FSDP_CHECK(begun_, "step_one() needs begin_step() first");
+  FSDP_CHECK(config_.max_grad_norm <= 0,
+             "the optimizer in backward cannot clip gradients: clipping needs every grad first");
   OptimTensor t = tensors_[index];
   t.grad = grad;
-  launch(device_, s, &t, 1, config_, ++steps_[index]);
+  launch(s, &t, 1, GradSquares{});
 }
 
 void Optimizer::zero_grad(Stream s) {

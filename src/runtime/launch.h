@@ -1,20 +1,17 @@
-// Starting ranks: threads on the CPU backend, processes (one per GPU) on CUDA.
+// Starting ranks for the trainer and the tests: the public launcher (include/fsdp/launch.h),
+// with the CPU backend's full options.
 #pragma once
 
-#include <functional>
-#include <memory>
-#include <vector>
-
-#include "backend/cpu/cpu_backend.h"
-#include "fsdp/comm.h"
-#include "fsdp/device.h"
+#include "launch/cpu_ranks.h"
 
 namespace fsdp::runtime {
 
-using RankBody = std::function<void(int rank, Device& device, std::shared_ptr<Comm> world)>;
+using fsdp::RankBody;
 
 // Runs `body` on `world_size` rank threads sharing one CpuWorld. If any rank throws, the
 // world is aborted (so the others stop instead of hanging) and the first error is rethrown.
-void run_cpu_ranks(int world_size, const cpu::CpuOptions& options, const RankBody& body);
+inline void run_cpu_ranks(int world_size, const cpu::CpuOptions& options, const RankBody& body) {
+  launch::run_cpu_world(world_size, options, body);
+}
 
 }  // namespace fsdp::runtime

@@ -1,16 +1,16 @@
-// One process per GPU on this machine (fork), or one process started by an external
-// launcher (torchrun's RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT).
+// The trainer on GPUs: one process per GPU on this machine, or one process started by an
+// external launcher (torchrun), through the public launcher (include/fsdp/launch.h).
 #pragma once
 
 #include <functional>
 #include <vector>
 
+#include "fsdp/launch.h"
 #include "runtime/trainer.h"
 
 namespace fsdp::runtime {
 
-// GPUs visible to a child process; the parent's CUDA stays untouched, so it can still fork.
-int visible_gpu_count();
+using fsdp::visible_gpu_count;
 
 // Trains on `nproc` GPUs (0: all). Rank 0's steps are reported through on_step; returns
 // every rank's result (ranks send theirs to the parent). Sets world_out.

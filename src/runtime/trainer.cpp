@@ -1,9 +1,12 @@
 #include "runtime/trainer.h"
 
 #include <chrono>
+#include <cmath>
+#include <map>
 
 #include "core/fsdp_state.h"
 #include "fsdp/error.h"
+#include "runtime/step_reader.h"
 #include "runtime/trace_metrics.h"
 
 namespace fsdp::runtime {
@@ -13,35 +16,6 @@ namespace {
 double now_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
-}
-
-// Inputs and labels of one micro-batch on the device.
-struct DeviceBatch {
-  Tensor x;
-  Tensor labels;
-};
-
-DeviceBatch make_device_batch(Device& d, Stream s, const nn::ModelConfig& model, uint64_t seed,
-                              int step, int64_t first_row, int64_t rows, DType t) {
-  DeviceBatch out;
-  if (model.kind == "transformer") {  // int32 token ids and next-token labels
-    const nn::TokenBatch tokens = nn::make_token_batch(model, seed, step, first_row, rows);
-    out.x = empty_tensor(d, s, DType::I32, rows, 1, MemTag::Activation);
-    out.labels = empty_tensor(d, s, DType::I32, rows, 1, MemTag::Activation);
-    d.set_label("data");
-    d.copy_from_host(s, out.x.data, tokens.ids.data(), out.x.bytes());
-    d.copy_from_host(s, out.labels.data, tokens.labels.data(), out.labels.bytes());
-    return out;
-  }
-  out.x = empty_tensor(d, s, t, rows, model.dim, MemTag::Activation);
-  d.set_label("data");
-  d.synthetic_batch(s, out.x.data, t, rows, model.dim, seed, step, first_row, nn::kDataBound);
-  const std::vector<int32_t> labels = nn::make_labels(model, seed, step, first_row, rows);
-  if (!labels.empty()) {
-    out.labels = empty_tensor(d, s, DType::F32, rows, 1, MemTag::Activation);  // int32 storage
-    d.copy_from_host(s, out.labels.data, labels.data(), labels.size() * sizeof(int32_t));
-  }
-  return out;
 }
 
 // Loss of y and its gradient; the loss lands in `loss` (device fp32).
@@ -63,13 +37,47 @@ int64_t count_units(nn::Model& model) {
   return n;
 }
 
+std::unique_ptr<BatchSource> make_source(const TrainConfig& c, int rank, int world) {
+  if (c.batch_source) return c.batch_source(rank, world);
+  return c.model.kind == "transformer" ? make_synthetic_tokens(c.model, c.seed)
+                                       : make_synthetic_features(c.model, c.seed);
+}
+
+// Note [Non-finite steps]
+// A step whose loss or global grad norm is not finite ends the run there: nothing after it
+// can be trusted, and continuing would print -nan for every later step. The message names
+// the step (1-based, as the step line counts) and, for a grad, the first unit whose grad
+// norm is not finite. Every rank sees the same all-reduced values, so all ranks stop at the
+// same step and their collectives stay matched.
+std::string nonfinite_message(const StepValues& v, const std::vector<std::string>& names) {
+  if (!std::isfinite(v.loss))
+    return detail::concat("step ", v.step + 1, ": the loss is ", v.loss,
+                          "; training stopped (try a lower --lr)");
+  for (size_t i = 0; i < v.grad_squares.size(); ++i)
+    if (!std::isfinite(v.grad_squares[i]))
+      return detail::concat("step ", v.step + 1, ": the gradient of ",
+                            names[i].empty() ? "the root" : names[i], " is not finite (norm ",
+                            std::sqrt(v.grad_squares[i]), "); training stopped (try a lower --lr)");
+  return {};
+}
+
+float global_norm(const std::vector<float>& squares) {
+  if (squares.empty()) return -1;
+  double sum = 0;
+  for (float s : squares) sum += s;
+  return static_cast<float>(std::sqrt(sum));
+}
+
 }  // namespace
 
 RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
                       const std::function<void(const StepReport&)>& on_step) {
-  FSDP_CHECK(config.steps >= 1, "--steps must be >= 1, got ", config.steps);
-  FSDP_CHECK(config.tokens >= 1, "--tokens must be >= 1, got ", config.tokens);
+  FSDP_USER_CHECK(config.steps >= 1, "--steps must be >= 1, got ", config.steps);
+  FSDP_USER_CHECK(config.tokens >= 1, "--tokens must be >= 1, got ", config.tokens);
   FSDP_CHECK(config.micro_batches >= 1, "micro-batches must be >= 1");
+  FSDP_USER_CHECK(!(config.optimizer_in_backward && config.optimizer.max_grad_norm > 0),
+                  "the optimizer in backward cannot clip gradients (clipping needs every "
+                  "gradient before any step): turn clipping off or the optimizer in backward off");
   const int rank = world->rank();
   RankResult result;
   result.rank = rank;
@@ -102,7 +110,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
 
   std::vector<optim::ParamSpan> spans;
   for (const ShardedGroupView& g : sharded_groups(root, !config.optimizer_in_backward))
-    spans.push_back({g.param, g.grad, g.numel});
+    spans.push_back({g.param, g.grad, g.numel, g.mesh ? &g.mesh->comm() : nullptr, g.name});
   optim::Optimizer optimizer(device, compute, spans, config.optimizer);
   if (config.optimizer_in_backward)
     root.set_optimizer_in_backward(
@@ -110,8 +118,13 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
           optimizer.step_one(s, ordinal, grad);
         });
   result.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
+  std::unique_ptr<BatchSource> source = make_source(config, rank, world->size());
+  const std::vector<std::string>& grad_names = optimizer.grad_square_names();
+  StepReader reader(device, compute, static_cast<int>(grad_names.size()));
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   float* loss_avg = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
+  TrainState state{model, root, optimizer, compute, 0};
+  if (config.on_start) config.on_start(state);
   device.synchronize();
   device.reset_peak_memory();
   const int64_t units = count_units(model);
@@ -125,16 +138,47 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
 
   double host_us_total = 0;
   int host_steps = 0;
-  for (int step = 0; step < config.steps; ++step) {
+  std::map<int, StepReport> issued_steps;  // issued, not yet read
+  double last_done_ms = now_ms();
+  // Reads the oldest unread step: reports it, or stops the run if it was not finite.
+  auto read_one = [&]() -> bool {
+    const StepValues v = reader.pop();
+    StepReport report = issued_steps.at(v.step);
+    issued_steps.erase(v.step);
+    const std::string bad = nonfinite_message(v, grad_names);
+    if (!bad.empty()) {
+      result.error = bad;
+      result.failed_step = v.step;
+      return false;
+    }
+    report.loss = v.loss;
+    report.grad_norm = global_norm(v.grad_squares);
+    report.step_ms = v.done_ms - last_done_ms;
+    last_done_ms = v.done_ms;
+    result.losses.push_back(report.loss);
+    result.lrs.push_back(report.lr);
+    result.grad_norms.push_back(report.grad_norm);
+    result.step_ms.push_back(report.step_ms);
+    if (on_step) on_step(report);
+    return true;
+  };
+
+  bool stopped = false;
+  const float inv_micro = 1.0f / static_cast<float>(config.micro_batches);
+  for (int step = state.next_step; step < config.steps && !stopped; ++step) {
     if (config.timeline && step == config.warmup) device.enable_timeline(true);
-    const double t0 = now_ms();
     double host_us = 0;
-    float loss_sum = 0;
+    StepReport report{};
+    report.step = step;
+    report.lr = config.schedule.at(step, config.optimizer.base_lr());
+    optimizer.begin_step(compute, report.lr);
+    float* step_loss = reader.begin(step);
     for (int mb = 0; mb < config.micro_batches; ++mb) {
       root.set_requires_gradient_sync(mb == config.micro_batches - 1);
-      const int data_step = step * config.micro_batches + mb;
-      DeviceBatch batch = make_device_batch(device, compute, config.model, config.seed, data_step,
-                                            rank * config.tokens, config.tokens, config.param_dtype);
+      const int64_t index = static_cast<int64_t>(step) * config.micro_batches + mb;
+      DeviceBatch batch = source->make(device, compute, index, rank * config.tokens,
+                                       config.tokens, config.param_dtype);
+      report.tokens += batch.tokens;
       const int64_t ag0 = issued(CollectiveKind::AllGather);
       const double h0 = device.now_us();
       Tensor y = model.forward(ctx, batch.x);
@@ -146,38 +190,32 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       const double h1 = device.now_us();
       model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient
       host_us += device.now_us() - h1;
-      if (step == 0 && mb == 0) {
+      if (step == state.next_step && mb == 0) {
         result.all_gathers_forward_first_step = ag1 - ag0;
         result.all_gathers_backward_first_step = issued(CollectiveKind::AllGather) - ag1;
         result.reduce_scatters_first_step = issued(CollectiveKind::ReduceScatter) - rs1;
       }
       device.set_label("loss all-reduce");
       world->all_reduce(loss, loss_avg, 1, DType::F32, ReduceOp::Avg, compute);
-      float value = 0;
-      device.copy_to_host(compute, &value, loss_avg, sizeof(float));
-      device.synchronize_stream(compute);
-      loss_sum += value;
+      device.accumulate(compute, step_loss, loss_avg, DType::F32, 1, inv_micro);
     }
     if (!config.optimizer_in_backward) {
+      optimizer.compute_grad_squares(compute);
       optimizer.step(compute);
       zero_sharded_grads(root);
     }
     // Clears the loss for the next step; on a timeline it marks where this step ends.
     device.set_label(kStepEndLabel);
     device.fill(compute, loss, DType::F32, 1, 0.0f);
-    if (config.prefetch_next_step && step + 1 < config.steps) {
+    if (config.prefetch_next_step && step + 1 < config.steps)
       fsdp_module_of(*model.blocks().front())->unshard(/*async_op=*/true);
-      // Compute has joined the RS stream (finalize); the all-gather runs on past the step.
-      device.synchronize_stream(compute);
-    } else {
-      device.synchronize();
-    }
-    const double ms = now_ms() - t0;
+    reader.end(config.optimizer_in_backward ? nullptr : optimizer.grad_squares());
+    state.next_step = step + 1;
+    if (config.after_step) config.after_step(state);
     if (step >= config.warmup) {
       host_us_total += host_us;
       ++host_steps;
     }
-    StepReport report{step, loss_sum / config.micro_batches, ms};
     if (config.timeline && step >= config.warmup) {
       // Taken every step: the step's own metrics for the per-step line, and the CUDA
       // recorder's event pool stays small.
@@ -189,10 +227,15 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       for (auto& op : part.ops) result.timeline.ops.push_back(std::move(op));
       for (auto& sample : part.memory) result.timeline.memory.push_back(sample);
     }
-    result.losses.push_back(report.loss);
-    result.step_ms.push_back(ms);
-    if (on_step) on_step(report);
+    issued_steps[step] = report;
+    // Note [Asynchronous step read]: the previous step is read once this one is issued (a
+    // traced step was synchronized already, so it is read at once).
+    const int keep = config.timeline ? 0 : 1;
+    while (reader.pending() > keep && !stopped) stopped = !read_one();
   }
+  while (reader.pending() > 0 && !stopped) stopped = !read_one();
+  while (reader.pending() > 0) reader.pop();  // drain what ran after a stop
+  device.synchronize();
   result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;
   if (config.timeline) device.enable_timeline(false);
   result.memory = device.memory_stats();
@@ -200,6 +243,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   device.free(loss, compute);
   device.free(loss_avg, compute);
   device.synchronize();
+  if (!result.error.empty() && !config.return_on_nonfinite) throw UserError(result.error);
   return result;
 }
 
@@ -211,6 +255,10 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
   nn::Model model(config.model);
   std::vector<optim::ParamSpan> spans;
   std::vector<Tensor> grads;
+  std::vector<std::string> names;  // fqns, in all_params() order
+  model.visit([&](Module& m) {
+    for (const auto& p : m.params()) names.push_back(m.fqn().empty() ? p->name() : m.fqn() + "." + p->name());
+  });
   for (Param* p : model.all_params()) {
     p->value = empty_tensor(device, compute, DType::F32, p->rows(), p->cols(), MemTag::ShardedState);
     device.copy_from_host(compute, p->value.data, p->init_values().data(), p->numel() * sizeof(float));
@@ -220,16 +268,19 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
     p->grad_sink = [g](RunContext& c, Param& param, Tensor t) {
       c.device->accumulate(c.compute, g, t.data, t.dtype, param.numel(), 1.0f);
     };
-    spans.push_back({p->value.as<float>(), g, p->numel()});
+    spans.push_back({p->value.as<float>(), g, p->numel(), nullptr, names[spans.size()]});
   }
   optim::Optimizer optimizer(device, compute, spans, config.optimizer);
+  std::unique_ptr<BatchSource> source = make_source(config, 0, 1);
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   const int64_t rows = config.tokens * world_size;
   for (int step = 0; step < config.steps; ++step) {
+    optimizer.begin_step(compute, config.schedule.at(step, config.optimizer.base_lr()));
     float loss_sum = 0;
     for (int mb = 0; mb < config.micro_batches; ++mb) {
-      DeviceBatch batch = make_device_batch(device, compute, config.model, config.seed,
-                                            step * config.micro_batches + mb, 0, rows, DType::F32);
+      DeviceBatch batch = source->make(device, compute,
+                                       static_cast<int64_t>(step) * config.micro_batches + mb, 0,
+                                       rows, DType::F32);
       Tensor y = model.forward(ctx, batch.x);
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
       // Each rank's loss is a mean over its own rows, and FSDP averages the ranks: the same
@@ -240,10 +291,14 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
       device.synchronize_stream(compute);
       loss_sum += value;
     }
+    optimizer.compute_grad_squares(compute);
     optimizer.step(compute);
     optimizer.zero_grad(compute);
+    std::vector<float> squares(optimizer.grad_square_names().size());
+    device.copy_to_host(compute, squares.data(), optimizer.grad_squares(), squares.size() * sizeof(float));
     device.synchronize();
     result.losses.push_back(loss_sum / config.micro_batches);
+    result.grad_norms.push_back(global_norm(squares));
   }
   for (Param* p : model.all_params()) {
     std::vector<float> v(static_cast<size_t>(p->numel()));

@@ -8,10 +8,21 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/fsdp.h"
-#include "nn/model.h"
-#include "optim/optimizer.h"
+#include "fsdp/nn/model.h"
+#include "fsdp/optim.h"
+#include "optim/lr_schedule.h"
+#include "runtime/batch_source.h"
 
 namespace fsdp::runtime {
+
+// What hooks (checkpoints, evaluation) reach during a run.
+struct TrainState {
+  nn::Model& model;
+  FsdpModule& root;
+  optim::Optimizer& optimizer;
+  Stream compute;
+  int next_step = 0;  // the step the loop runs next; on_start may move it (resume)
+};
 
 struct TrainConfig {
   nn::ModelConfig model;
@@ -26,7 +37,15 @@ struct TrainConfig {
   int rs_max_input_buffers = 1;
   bool separate_rs_group = false;
   bool experts_on_own_mesh = true;  // moe: expert params shard over a second mesh
-  optim::OptimizerConfig optimizer;
+  optim::OptimizerConfig optimizer;  // optimizer.max_grad_norm > 0: clipping
+  optim::LrSchedule schedule;        // around the optimizer's lr (its peak)
+  // Inputs of each micro-batch (Note [Batch sources]); empty: the synthetic features.
+  BatchSourceFactory batch_source;
+  // A non-finite loss or grad norm stops the run at that step (Note [Non-finite steps]).
+  // false: train_rank raises a UserError; true: it returns the result so far with `error` set.
+  bool return_on_nonfinite = false;
+  std::function<void(TrainState&)> on_start;    // after the optimizer is made, before step 0
+  std::function<void(TrainState&)> after_step;  // after each step's work is issued
   // Each group's optimizer step runs right after its reduce-scatter (Note [Optimizer in
   // backward]); off: one multi-tensor step after backward, with persistent grad shards.
   bool optimizer_in_backward = false;
@@ -44,6 +63,9 @@ struct TrainConfig {
 struct StepReport {
   int step = 0;
   float loss = 0;
+  float lr = 0;
+  float grad_norm = -1;  // the global norm before clipping; -1: not computed (optimizer in backward)
+  int64_t tokens = 0;    // this rank's tokens in the step
   double step_ms = 0;
   // From this step's timeline, when tracing (config.timeline); -1 otherwise.
   double exposed_comm_ms = -1;
@@ -52,8 +74,14 @@ struct StepReport {
 
 struct RankResult {
   int rank = 0;
-  std::vector<float> losses;
+  std::vector<float> losses;      // one per finished step (finite)
+  std::vector<float> lrs;
+  std::vector<float> grad_norms;  // -1 where not computed
   std::vector<double> step_ms;
+  // Set when a step's loss or grad norm was not finite (with return_on_nonfinite): the
+  // one-line message, and the 0-based step.
+  std::string error;
+  int failed_step = -1;
   double host_schedule_us_per_unit = 0;  // host time in forward+backward calls per unit
   MemStats memory;
   int64_t collectives_first_step[kCollectiveKindCount] = {};  // on the main mesh + RS comms

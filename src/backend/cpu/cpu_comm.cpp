@@ -10,7 +10,7 @@
 //    issued on different streams, as NCCL does, while different communicators progress
 //    independently.
 //  - Checking. When all members of (communicator, n) have arrived, each compares the calls;
-//    any difference is the "same collectives in the same order" violation (docs/schedule.md,
+//    any difference is the "same collectives in the same order" violation (docs/design.md,
 //    invariant 4) and every member raises the same fsdp::Error, instead of the silent hang or
 //    corruption it would cause on NCCL.
 //  - Phases. arrive -> read peers' buffers -> depart -> write what others might still have

@@ -42,6 +42,8 @@
 //  - Collectives are stream tasks too; see Note [CPU collectives] in cpu_comm.cpp.
 #include "backend/cpu/cpu_device.h"
 
+#include <cstdlib>
+#include <new>
 #include <utility>
 
 #include "backend/cpu/cpu_kernels.h"
@@ -253,6 +255,16 @@ MemStats CpuDevice::memory_stats() const {
 }
 void CpuDevice::reset_peak_memory() {
   allocator_.reset_peak();
+}
+
+void* CpuDevice::alloc_host(size_t bytes) {
+  void* p = std::malloc(bytes ? bytes : 1);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void CpuDevice::free_host(void* ptr) {
+  std::free(ptr);
 }
 
 void CpuDevice::sample_memory() {

@@ -39,6 +39,8 @@ class CpuDevice final : public Device {
   void* alloc(size_t bytes, Stream s, MemTag tag) override;
   void free(void* ptr, Stream s) override;
   MemStats memory_stats() const override;
+  void* alloc_host(size_t bytes) override;
+  void free_host(void* ptr) override;
   void reset_peak_memory() override;
 
   // ---- ops (cpu_device_ops.cpp)
@@ -58,6 +60,13 @@ class CpuDevice final : public Device {
                   int64_t step) override;
   void sgd_step(Stream s, const OptimTensor* tensors, int count, float lr, float momentum,
                 float weight_decay) override;
+  void adamw_step_scalars(Stream s, const OptimTensor* tensors, int count, const AdamWConfig& c,
+                          const StepScalars* scalars, GradSquares grad_sq) override;
+  void sgd_step_scalars(Stream s, const OptimTensor* tensors, int count, float momentum,
+                        float weight_decay, const StepScalars* scalars,
+                        GradSquares grad_sq) override;
+  void sum_squares(Stream s, const float* const* tensors, const int64_t* numels, int count,
+                   float* out) override;
   void gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t) override;
   void gemm_relu(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

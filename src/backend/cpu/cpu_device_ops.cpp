@@ -143,6 +143,43 @@ void CpuDevice::sgd_step(Stream s, const OptimTensor* tensors, int count, float 
   });
 }
 
+void CpuDevice::adamw_step_scalars(Stream s, const OptimTensor* tensors, int count,
+                                   const AdamWConfig& c, const StepScalars* scalars,
+                                   GradSquares grad_sq) {
+  FSDP_CHECK(scalars != nullptr, "adamw_step_scalars: null scalars");
+  check_buffer(grad_sq.sums, grad_sq.count, "grad_sq", "adamw_step_scalars");
+  auto copies = copy_optim_tensors("adamw_step_scalars", tensors, count, true, true);
+  enqueue(s, OpKind::Optimizer, [copies = std::move(copies), c, scalars, grad_sq] {
+    kernels::adamw_step_scalars(copies.data(), static_cast<int>(copies.size()), c, *scalars,
+                                grad_sq);
+  });
+}
+
+void CpuDevice::sgd_step_scalars(Stream s, const OptimTensor* tensors, int count, float momentum,
+                                 float weight_decay, const StepScalars* scalars,
+                                 GradSquares grad_sq) {
+  FSDP_CHECK(scalars != nullptr, "sgd_step_scalars: null scalars");
+  check_buffer(grad_sq.sums, grad_sq.count, "grad_sq", "sgd_step_scalars");
+  auto copies = copy_optim_tensors("sgd_step_scalars", tensors, count, momentum != 0.0f, false);
+  enqueue(s, OpKind::Optimizer,
+          [copies = std::move(copies), momentum, weight_decay, scalars, grad_sq] {
+            kernels::sgd_step_scalars(copies.data(), static_cast<int>(copies.size()), momentum,
+                                      weight_decay, *scalars, grad_sq);
+          });
+}
+
+void CpuDevice::sum_squares(Stream s, const float* const* tensors, const int64_t* numels,
+                            int count, float* out) {
+  FSDP_CHECK(count >= 0 && (count == 0 || (tensors && numels)), "sum_squares: bad tensor array");
+  check_buffer(out, count, "out", "sum_squares");
+  std::vector<const float*> ptrs(tensors, tensors + count);
+  std::vector<int64_t> sizes(numels, numels + count);
+  for (int i = 0; i < count; ++i) check_buffer(ptrs[i], sizes[i], "tensor", "sum_squares");
+  enqueue(s, OpKind::Kernel, [ptrs = std::move(ptrs), sizes = std::move(sizes), out] {
+    kernels::sum_squares(ptrs.data(), sizes.data(), static_cast<int>(ptrs.size()), out);
+  });
+}
+
 // ---- compute
 
 void CpuDevice::gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

@@ -102,19 +102,17 @@ void accumulate(float* dst, const void* src, DType src_t, int64_t n, float scale
 
 // ---- optimizers
 
-void adamw_step(const OptimTensor* tensors, int count, const AdamWConfig& c, int64_t step) {
-  FSDP_CHECK(step >= 1, "adamw_step needs a 1-based step count, got ", step);
-  // PyTorch's AdamW (foreach=False) order of operations: decoupled decay first, then the
-  // moments, then the bias-corrected update.
-  const double bias1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(c.lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  const float decay = 1.0f - c.lr * c.weight_decay;
+namespace {
+
+// PyTorch's AdamW (foreach=False) order of operations: decoupled decay first, then the
+// moments, then the bias-corrected update. grad_scale is the clipping coefficient.
+void adamw_apply(const OptimTensor* tensors, int count, const AdamWConfig& c, float lr,
+                 float step_size, float bias2_sqrt, float grad_scale) {
+  const float decay = 1.0f - lr * c.weight_decay;
   for (int t = 0; t < count; ++t) {
     const OptimTensor& o = tensors[t];
     for (int64_t i = 0; i < o.numel; ++i) {
-      const float g = o.grad[i];
+      const float g = o.grad[i] * grad_scale;
       float p = o.param[i] * decay;
       const float m = c.beta1 * o.state0[i] + (1.0f - c.beta1) * g;
       const float v = c.beta2 * o.state1[i] + (1.0f - c.beta2) * g * g;
@@ -126,20 +124,64 @@ void adamw_step(const OptimTensor* tensors, int count, const AdamWConfig& c, int
   }
 }
 
-void sgd_step(const OptimTensor* tensors, int count, float lr, float momentum, float weight_decay) {
-  // PyTorch's SGD with dampening 0. Its first step sets buf = g; with the buffer starting at
-  // zero (the engine zero-fills optimizer state), buf = momentum * 0 + g is the same thing,
-  // so no first-step flag is needed.
+// PyTorch's SGD with dampening 0. Its first step sets buf = g; with the buffer starting at
+// zero (the engine zero-fills optimizer state), buf = momentum * 0 + g is the same thing, so
+// no first-step flag is needed.
+void sgd_apply(const OptimTensor* tensors, int count, float lr, float momentum,
+               float weight_decay, float grad_scale) {
   for (int t = 0; t < count; ++t) {
     const OptimTensor& o = tensors[t];
     for (int64_t i = 0; i < o.numel; ++i) {
-      float g = o.grad[i] + weight_decay * o.param[i];
+      float g = o.grad[i] * grad_scale + weight_decay * o.param[i];
       if (momentum != 0.0f) {
         g = momentum * o.state0[i] + g;
         o.state0[i] = g;
       }
       o.param[i] -= lr * g;
     }
+  }
+}
+
+}  // namespace
+
+float clip_coefficient(const StepScalars& s, GradSquares grad_sq) {
+  if (s.max_grad_norm <= 0.0f) return 1.0f;
+  float total = 0.0f;
+  for (int i = 0; i < grad_sq.count; ++i) total += grad_sq.sums[i];
+  const float coef = s.max_grad_norm / (std::sqrt(total) + 1e-6f);
+  // A non-finite norm gives a NaN coefficient on purpose: the step is poisoned, and the
+  // trainer, which reads the norm, stops the run naming that step.
+  return coef < 1.0f || coef != coef ? coef : 1.0f;
+}
+
+void adamw_step(const OptimTensor* tensors, int count, const AdamWConfig& c, int64_t step) {
+  FSDP_CHECK(step >= 1, "adamw_step needs a 1-based step count, got ", step);
+  const double bias1 = 1.0 - std::pow(static_cast<double>(c.beta1), static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(static_cast<double>(c.beta2), static_cast<double>(step));
+  adamw_apply(tensors, count, c, c.lr, static_cast<float>(c.lr / bias1),
+              static_cast<float>(std::sqrt(bias2)), 1.0f);
+}
+
+void adamw_step_scalars(const OptimTensor* tensors, int count, const AdamWConfig& c,
+                        const StepScalars& s, GradSquares grad_sq) {
+  adamw_apply(tensors, count, c, s.lr, s.lr / s.bias_correction1, s.bias_correction2_sqrt,
+              clip_coefficient(s, grad_sq));
+}
+
+void sgd_step(const OptimTensor* tensors, int count, float lr, float momentum, float weight_decay) {
+  sgd_apply(tensors, count, lr, momentum, weight_decay, 1.0f);
+}
+
+void sgd_step_scalars(const OptimTensor* tensors, int count, float momentum, float weight_decay,
+                      const StepScalars& s, GradSquares grad_sq) {
+  sgd_apply(tensors, count, s.lr, momentum, weight_decay, clip_coefficient(s, grad_sq));
+}
+
+void sum_squares(const float* const* tensors, const int64_t* numels, int count, float* out) {
+  for (int t = 0; t < count; ++t) {
+    double sum = 0;  // in double, in order: the same bits on every run
+    for (int64_t i = 0; i < numels[t]; ++i) sum += static_cast<double>(tensors[t][i]) * tensors[t][i];
+    out[t] = static_cast<float>(sum);
   }
 }
 

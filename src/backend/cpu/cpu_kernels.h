@@ -26,6 +26,13 @@ void accumulate(float* dst, const void* src, DType src_t, int64_t n, float scale
 
 void adamw_step(const OptimTensor* tensors, int count, const AdamWConfig& c, int64_t step);
 void sgd_step(const OptimTensor* tensors, int count, float lr, float momentum, float weight_decay);
+// Note [Step scalars]: s and grad_sq are read when the kernel runs.
+float clip_coefficient(const StepScalars& s, GradSquares grad_sq);
+void adamw_step_scalars(const OptimTensor* tensors, int count, const AdamWConfig& c,
+                        const StepScalars& s, GradSquares grad_sq);
+void sgd_step_scalars(const OptimTensor* tensors, int count, float momentum, float weight_decay,
+                      const StepScalars& s, GradSquares grad_sq);
+void sum_squares(const float* const* tensors, const int64_t* numels, int count, float* out);
 
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           const void* b, DType ab_t, float beta, void* c, DType c_t);

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <memory>
+#include <string>
 
 #include "fsdp/comm.h"
 #include "fsdp/device.h"
@@ -12,6 +13,9 @@ namespace fsdp::cuda {
 
 // True when this binary was built with the CUDA backend (FSDP_WITH_CUDA).
 bool compiled_with_cuda();
+// The CUDA runtime and NCCL versions this binary was built against ("CUDA 13.0, NCCL
+// 2.27.7"), or that it was built without them. Never initializes CUDA.
+std::string build_versions();
 // Number of visible GPUs; 0 when none or when the driver is missing. Never throws.
 // Note: this initializes CUDA in the calling process; a launcher that forks one process per
 // GPU must not call it before fork() (ask the environment, or a child process, instead).

@@ -201,6 +201,19 @@ void CudaDevice::free(void* ptr, Stream s) {
 
 MemStats CudaDevice::memory_stats() const { return ledger_.stats(); }
 
+void* CudaDevice::alloc_host(size_t bytes) {
+  make_current();
+  void* p = nullptr;
+  FSDP_CUDA_CHECK(cudaMallocHost(&p, bytes ? bytes : 1));
+  return p;
+}
+
+void CudaDevice::free_host(void* ptr) {
+  if (!ptr) return;
+  make_current();
+  FSDP_CUDA_CHECK(cudaFreeHost(ptr));
+}
+
 void CudaDevice::reset_peak_memory() {
   ledger_.reset_peak();
   make_current();

@@ -1,6 +1,7 @@
 // CudaDevice: the enqueued compute ops, FSDP's fused copies and the optimizer steps. Each op
 // validates its arguments on the host (cheap, and a clear error beats a device fault), then
 // hands the work to one launcher in cuda_kernels.h (or to cuBLASLt).
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -177,6 +178,78 @@ void CudaDevice::sgd_step(Stream s, const OptimTensor* tensors, int count, float
     kernels::sgd(op.stream(), optim_descs_.data(), device_descs, count, tiles, lr, momentum,
                  weight_decay);
   });
+}
+
+void CudaDevice::adamw_step_scalars(Stream s, const OptimTensor* tensors, int count,
+                                    const AdamWConfig& c, const StepScalars* scalars,
+                                    GradSquares grad_sq) {
+  OpScope op(*this, s, OpKind::Optimizer);
+  FSDP_CHECK(scalars != nullptr, "adamw_step_scalars: null scalars");
+  optim_descs_.assign(count, kernels::OptimDesc{});
+  for (int i = 0; i < count; ++i) {
+    const OptimTensor& t = tensors[i];
+    kernels::OptimDesc& d = optim_descs_[i];
+    d = kernels::OptimDesc{t.param, t.grad, t.state0, t.state1, t.numel, 0, false};
+    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) && pack_aligned(t.state0) &&
+                   pack_aligned(t.state1);
+  }
+  kernels::AdamWParams params{};  // lr and the bias corrections come from `scalars`
+  params.beta1 = c.beta1;
+  params.beta2 = c.beta2;
+  params.eps = c.eps;
+  params.weight_decay = c.weight_decay;
+  const int64_t tiles = kernels::assign_tiles(optim_descs_.data(), count);
+  with_device_descs(op.stream(), optim_descs_, [&](const kernels::OptimDesc* device_descs) {
+    kernels::adamw_scalars(op.stream(), optim_descs_.data(), device_descs, count, tiles, params,
+                           scalars, grad_sq);
+  });
+}
+
+void CudaDevice::sgd_step_scalars(Stream s, const OptimTensor* tensors, int count, float momentum,
+                                  float weight_decay, const StepScalars* scalars,
+                                  GradSquares grad_sq) {
+  OpScope op(*this, s, OpKind::Optimizer);
+  FSDP_CHECK(scalars != nullptr, "sgd_step_scalars: null scalars");
+  optim_descs_.assign(count, kernels::OptimDesc{});
+  for (int i = 0; i < count; ++i) {
+    const OptimTensor& t = tensors[i];
+    FSDP_CHECK(momentum == 0.0f || t.state0 != nullptr || t.numel == 0,
+               "SGD with momentum needs a momentum buffer (tensor ", i, ")");
+    kernels::OptimDesc& d = optim_descs_[i];
+    d = kernels::OptimDesc{t.param, t.grad, t.state0, nullptr, t.numel, 0, false};
+    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
+                   (momentum == 0.0f || pack_aligned(t.state0));
+  }
+  const int64_t tiles = kernels::assign_tiles(optim_descs_.data(), count);
+  with_device_descs(op.stream(), optim_descs_, [&](const kernels::OptimDesc* device_descs) {
+    kernels::sgd_scalars(op.stream(), optim_descs_.data(), device_descs, count, tiles, momentum,
+                         weight_decay, scalars, grad_sq);
+  });
+}
+
+void CudaDevice::sum_squares(Stream s, const float* const* tensors, const int64_t* numels,
+                             int count, float* out) {
+  FSDP_CHECK(count >= 0 && (count == 0 || (tensors && numels && out)),
+             "sum_squares: bad tensor array");
+  if (count == 0) return;
+  optim_descs_.assign(count, kernels::OptimDesc{});
+  for (int i = 0; i < count; ++i) {
+    FSDP_CHECK(numels[i] >= 0 && (numels[i] == 0 || tensors[i]), "sum_squares: tensor ", i,
+               " is null for ", numels[i], " elements");
+    optim_descs_[i] = kernels::OptimDesc{nullptr, tensors[i], nullptr, nullptr, numels[i], 0, false};
+  }
+  const int64_t tiles = kernels::assign_tiles(optim_descs_.data(), count);
+  // Scratch for the per-tile partial sums, stream-ordered like every other buffer.
+  auto* partial = static_cast<float*>(
+      alloc(static_cast<size_t>(std::max<int64_t>(tiles, 1)) * sizeof(float), s, MemTag::Other));
+  {
+    OpScope op(*this, s, OpKind::Kernel);
+    with_device_descs(op.stream(), optim_descs_, [&](const kernels::OptimDesc* device_descs) {
+      kernels::sum_squares(op.stream(), optim_descs_.data(), device_descs, count, tiles, partial,
+                           out);
+    });
+  }
+  free(partial, s);
 }
 
 void CudaDevice::gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

@@ -4,6 +4,7 @@
 
 namespace fsdp::cuda {
 bool compiled_with_cuda() { return false; }
+std::string build_versions() { return "built without CUDA and NCCL"; }
 int device_count() { return 0; }
 UniqueId make_unique_id() { FSDP_FAIL("this build of fsdp has no CUDA backend (nvcc or NCCL missing at build time)"); }
 std::unique_ptr<Device> make_device(int) { FSDP_FAIL("this build of fsdp has no CUDA backend (nvcc or NCCL missing at build time)"); }

@@ -75,6 +75,17 @@ void adamw(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* de
            int count, int64_t total_tiles, const AdamWParams& params);
 void sgd(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs, int count,
          int64_t total_tiles, float lr, float momentum, float weight_decay);
+// Note [Step scalars]: lr, bias corrections and clipping read from device memory.
+void adamw_scalars(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
+                   int count, int64_t total_tiles, const AdamWParams& params,
+                   const StepScalars* scalars, GradSquares grad_sq);
+void sgd_scalars(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
+                 int count, int64_t total_tiles, float momentum, float weight_decay,
+                 const StepScalars* scalars, GradSquares grad_sq);
+// out[i] = sum of squares of descriptor i's grad array (work_numel elements); partial holds
+// total_tiles floats of scratch.
+void sum_squares(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
+                 int count, int64_t total_tiles, float* partial, float* out);
 
 // ---- elementwise
 void fill(cudaStream_t stream, void* dst, DType t, int64_t n, float value);

@@ -8,6 +8,7 @@ namespace {
 
 struct AdamWBody {
   AdamWParams c;
+  float grad_scale = 1.0f;  // the clipping coefficient
 
   template <int W>
   __device__ void run(const OptimDesc& d, int64_t e) const {
@@ -20,6 +21,7 @@ struct AdamWBody {
     const float step_size = c.lr / c.bias_correction1;
 #pragma unroll
     for (int i = 0; i < W; ++i) {
+      g[i] *= grad_scale;
       p[i] *= decay;
       m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * g[i];
       v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * g[i] * g[i];
@@ -30,6 +32,14 @@ struct AdamWBody {
     store_pack<W>(d.state0 + e, m);
     store_pack<W>(d.state1 + e, v);
   }
+
+  // Note [Step scalars]: lr, bias corrections and the clip coefficient from device memory.
+  __device__ void resolve(const StepScalars& s, float clip) {
+    c.lr = s.lr;
+    c.bias_correction1 = s.bias_correction1;
+    c.bias_correction2_sqrt = s.bias_correction2_sqrt;
+    grad_scale = clip;
+  }
 };
 
 // buf = momentum * buf + (g + wd * p); p -= lr * buf. The engine zero-fills the buffer, which
@@ -37,6 +47,7 @@ struct AdamWBody {
 // With momentum 0 there is no buffer (state0 may be null).
 struct SgdBody {
   float lr, momentum, weight_decay;
+  float grad_scale = 1.0f;
 
   template <int W>
   __device__ void run(const OptimDesc& d, int64_t e) const {
@@ -44,7 +55,7 @@ struct SgdBody {
     load_pack<W>(d.param + e, p);
     load_pack<W>(d.grad + e, g);
 #pragma unroll
-    for (int i = 0; i < W; ++i) g[i] += weight_decay * p[i];
+    for (int i = 0; i < W; ++i) g[i] = g[i] * grad_scale + weight_decay * p[i];
     if (momentum != 0.0f) {
       float buf[W];
       load_pack<W>(d.state0 + e, buf);
@@ -59,7 +70,115 @@ struct SgdBody {
     for (int i = 0; i < W; ++i) p[i] -= lr * g[i];
     store_pack<W>(d.param + e, p);
   }
+
+  __device__ void resolve(const StepScalars& s, float clip) {
+    lr = s.lr;
+    grad_scale = clip;
+  }
 };
+
+// PyTorch's clip_grad_norm_ coefficient, min(1, max / (norm + 1e-6)); 1 without clipping. A
+// non-finite norm gives NaN on purpose (the trainer reads the norm and stops at that step).
+__device__ float clip_coefficient(const StepScalars& s, GradSquares grad_sq) {
+  if (s.max_grad_norm <= 0.0f) return 1.0f;
+  float total = 0.0f;
+  for (int i = 0; i < grad_sq.count; ++i) total += grad_sq.sums[i];
+  const float coef = s.max_grad_norm / (sqrtf(total) + 1e-6f);
+  return (coef < 1.0f || isnan(coef)) ? coef : 1.0f;
+}
+
+// multi_tensor_kernel with the body's per-step scalars read once per block from device memory.
+template <typename Body>
+__global__ void __launch_bounds__(kThreads)
+    scalars_kernel(const __grid_constant__ DescBatch<OptimDesc> batch, Body body,
+                   const StepScalars* scalars, GradSquares grad_sq) {
+  __shared__ float shared[4];  // lr, bias corrections, clip coefficient
+  if (threadIdx.x == 0) {
+    const StepScalars s = *scalars;
+    shared[0] = s.lr;
+    shared[1] = s.bias_correction1;
+    shared[2] = s.bias_correction2_sqrt;
+    shared[3] = clip_coefficient(s, grad_sq);
+  }
+  __syncthreads();
+  StepScalars step;
+  step.lr = shared[0];
+  step.bias_correction1 = shared[1];
+  step.bias_correction2_sqrt = shared[2];
+  body.resolve(step, shared[3]);
+  const OptimDesc* descs = batch.device_descs ? batch.device_descs : batch.inline_descs;
+  for (int64_t tile = blockIdx.x; tile < batch.total_tiles; tile += gridDim.x) {
+    const OptimDesc& d = descs[find_desc(descs, batch.count, tile)];
+    const int64_t begin = (tile - d.tile_begin) * kTileElems;
+    const int64_t end = min(begin + kTileElems, d.work_numel);
+    int64_t scalar_begin = begin;
+    if (d.vectorized) {
+      scalar_begin = begin + (end - begin) / kVec * kVec;
+      for (int64_t e = begin + threadIdx.x * kVec; e < scalar_begin; e += blockDim.x * kVec)
+        body.template run<kVec>(d, e);
+    }
+    for (int64_t e = scalar_begin + threadIdx.x; e < end; e += blockDim.x)
+      body.template run<1>(d, e);
+  }
+}
+
+DescBatch<OptimDesc> make_batch(const OptimDesc* host_descs, const OptimDesc* device_descs,
+                                int count, int64_t total_tiles) {
+  DescBatch<OptimDesc> batch;
+  batch.count = count;
+  batch.total_tiles = total_tiles;
+  if (count <= kInlineDescs) {
+    for (int i = 0; i < count; ++i) batch.inline_descs[i] = host_descs[i];
+  } else {
+    FSDP_CHECK(device_descs != nullptr, count, " descriptors need an uploaded device copy");
+    batch.device_descs = device_descs;
+  }
+  return batch;
+}
+
+template <typename Body>
+void launch_scalars(cudaStream_t stream, const OptimDesc* host_descs,
+                    const OptimDesc* device_descs, int count, int64_t total_tiles,
+                    const Body& body, const StepScalars* scalars, GradSquares grad_sq) {
+  if (count <= 0 || total_tiles <= 0) return;
+  const DescBatch<OptimDesc> batch = make_batch(host_descs, device_descs, count, total_tiles);
+  const int blocks = static_cast<int>(std::min<int64_t>(total_tiles, kMaxBlocks));
+  scalars_kernel<Body><<<blocks, kThreads, 0, stream>>>(batch, body, scalars, grad_sq);
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+// Sum of squares, deterministic: each tile's partial sum lands in partial[tile] (a fixed
+// order within the block), then one block per tensor adds its tiles' partials in order.
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_tiles_kernel(const __grid_constant__ DescBatch<OptimDesc> batch, float* partial) {
+  const OptimDesc* descs = batch.device_descs ? batch.device_descs : batch.inline_descs;
+  for (int64_t tile = blockIdx.x; tile < batch.total_tiles; tile += gridDim.x) {
+    const OptimDesc& d = descs[find_desc(descs, batch.count, tile)];
+    const int64_t begin = (tile - d.tile_begin) * kTileElems;
+    const int64_t end = min(begin + kTileElems, d.work_numel);
+    float sum = 0.0f;
+    for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
+      const float x = d.grad[e];
+      sum += x * x;
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) partial[tile] = sum;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_finish_kernel(const __grid_constant__ DescBatch<OptimDesc> batch,
+                              const float* partial, float* out) {
+  const OptimDesc* descs = batch.device_descs ? batch.device_descs : batch.inline_descs;
+  for (int t = blockIdx.x; t < batch.count; t += gridDim.x) {
+    const OptimDesc& d = descs[t];
+    const int64_t tiles = (d.work_numel + kTileElems - 1) / kTileElems;
+    float sum = 0.0f;
+    for (int64_t i = threadIdx.x; i < tiles; i += blockDim.x) sum += partial[d.tile_begin + i];
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) out[t] = sum;
+  }
+}
 
 }  // namespace
 
@@ -72,6 +191,38 @@ void sgd(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* devi
          int64_t total_tiles, float lr, float momentum, float weight_decay) {
   launch_multi_tensor(stream, host_descs, device_descs, count, total_tiles,
                       SgdBody{lr, momentum, weight_decay});
+}
+
+}  // namespace fsdp::cuda::kernels
+
+namespace fsdp::cuda::kernels {
+
+void adamw_scalars(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
+                   int count, int64_t total_tiles, const AdamWParams& params,
+                   const StepScalars* scalars, GradSquares grad_sq) {
+  launch_scalars(stream, host_descs, device_descs, count, total_tiles, AdamWBody{params}, scalars,
+                 grad_sq);
+}
+
+void sgd_scalars(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
+                 int count, int64_t total_tiles, float momentum, float weight_decay,
+                 const StepScalars* scalars, GradSquares grad_sq) {
+  launch_scalars(stream, host_descs, device_descs, count, total_tiles,
+                 SgdBody{0.0f, momentum, weight_decay}, scalars, grad_sq);
+}
+
+void sum_squares(cudaStream_t stream, const OptimDesc* host_descs, const OptimDesc* device_descs,
+                 int count, int64_t total_tiles, float* partial, float* out) {
+  if (count <= 0) return;
+  const DescBatch<OptimDesc> batch = make_batch(host_descs, device_descs, count, total_tiles);
+  if (total_tiles > 0) {
+    const int blocks = static_cast<int>(std::min<int64_t>(total_tiles, kMaxBlocks));
+    sum_squares_tiles_kernel<<<blocks, kThreads, 0, stream>>>(batch, partial);
+    FSDP_CUDA_CHECK_LAUNCH();
+  }
+  const int blocks = static_cast<int>(std::min<int64_t>(count, kMaxBlocks));
+  sum_squares_finish_kernel<<<blocks, kThreads, 0, stream>>>(batch, partial, out);
+  FSDP_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace fsdp::cuda::kernels

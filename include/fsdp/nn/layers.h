@@ -10,6 +10,9 @@
 
 namespace fsdp::nn {
 
+// The RMSNorm epsilon of the resmlp and moe blocks' pre-norms (as the transformer's).
+constexpr float kNormEps = 1e-5f;
+
 // Deterministic init: the same values whatever the world size, so sharded runs can be
 // compared with an unsharded reference. Uniform(-bound, bound).
 std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound);
@@ -66,10 +69,10 @@ class Sequential : public Module {
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 };
 
-// y = x + fc2(act(fc1(x)))
+// y = x + fc2(act(fc1(x))), or with norm: y = x + fc2(act(fc1(rms_norm(x)))).
 class ResidualMlp : public Module {
  public:
-  ResidualMlp(int64_t dim, int64_t hidden, Activation f, uint64_t seed);
+  ResidualMlp(int64_t dim, int64_t hidden, Activation f, uint64_t seed, bool norm = false);
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -96,12 +99,14 @@ class SpinBlock : public Module {
 enum class MoeGradOrder { DenseFirst, ExpertsFirst, Interleaved, ExpertsDeferred };
 MoeGradOrder parse_moe_grad_order(const std::string& name);
 
-// A dense (soft) mixture of experts: y = x + sum_e softmax(router(x))_e * expert_e(x).
+// A dense (soft) mixture of experts: y = x + sum_e softmax(router(h))_e * expert_e(h), with
+// h = x, or h = rms_norm(x) with norm.
 // Every token visits every expert, so no token dispatch is needed; the experts' params form
 // their own param group on the expert mesh (shard_placement_fn), the router is dense.
 class MoeBlock : public Module {
  public:
-  MoeBlock(int64_t dim, int64_t hidden, int experts, MoeGradOrder order, uint64_t seed);
+  MoeBlock(int64_t dim, int64_t hidden, int experts, MoeGradOrder order, uint64_t seed,
+           bool norm = false);
   static bool is_expert_param(const Module& owner);  // owner lives under "experts."
 
  protected:
@@ -111,6 +116,7 @@ class MoeBlock : public Module {
  private:
   int experts_;
   MoeGradOrder order_;
+  Module* norm_ = nullptr;
   Module* router_;
   std::vector<Module*> expert_;
   Tensor probs_;                  // [T, E] fp32

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "fsdp/nn/transformer.h"
-#include "nn/layers.h"
+#include "fsdp/nn/layers.h"
 
 namespace fsdp::nn {
 
@@ -22,6 +22,9 @@ struct ModelConfig {
   int experts = 4;
   int64_t classes = 0;  // >0: a head Linear(D, classes) on the root and cross-entropy loss
   MoeGradOrder grad_order = MoeGradOrder::DenseFirst;
+  // resmlp and moe: a pre-norm (RMSNorm, eps 1e-5) at the start of each block's branch, so
+  // the residual stream's growth does not reach the branch; the command turns it on.
+  bool norm = false;
   double spin_forward_us = 1000, spin_backward_us = 1000;  // kind "spin": SpinBlock durations
   // kind "transformer" (dim and layers above; 0 means the default named)
   int64_t heads = 4;
@@ -31,6 +34,13 @@ struct ModelConfig {
   int64_t vocab = 256;
   uint64_t seed = 1;
 };
+
+// Each FSDP unit's param count, without building the model (for the memory estimate made
+// before any allocation): the blocks in order, then the root's own params (head, embedding).
+std::vector<int64_t> unit_param_counts(const ModelConfig& config);
+// Training FLOPs per token for MFU: 6 x the GEMM params (every token visits every expert of
+// the dense MoE); the transformer adds attention (transformer_flops_per_token).
+double flops_per_token(const ModelConfig& config);
 
 // The transformer's sizes from a ModelConfig, defaults resolved and validated.
 TransformerConfig transformer_config(const ModelConfig& config);

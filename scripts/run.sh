@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# `make run`: a short training run on the best backend this machine has.
+#   scripts/run.sh --plan        one line: the GPUs found, the backend and ranks chosen, and why
+#   scripts/run.sh --setup-flags the flags `make run` passes to scripts/setup.sh and cmake
+#   scripts/run.sh BUILD_DIR     trains with BUILD_DIR/fsdp as planned
+# One process per GPU where there are GPUs; otherwise 4 CPU ranks (threads).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# The model of the run; the same on both backends.
+RUN_ARGS="--model moe --layers 4 --dim 64 --experts 4 --tokens 128 --steps 30
+          --rs-max-input-buffers 2 --separate-rs-group 1"
+CPU_RANKS=4
+
+gpu_names=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null)
+gpus=$(printf '%s' "$gpu_names" | grep -c . || true)
+
+plan() {
+  if [ "$gpus" -gt 0 ]; then
+    local names
+    names=$(printf '%s\n' "$gpu_names" | sort | uniq -c | awk '{c=$1; $1=""; printf "%s%d x%s", (NR>1?", ":""), c, $0}')
+    echo "make run: found $gpus GPU(s) ($names): CUDA backend, $gpus ranks, one process per GPU (every GPU nvidia-smi lists)"
+  else
+    echo "make run: no GPU found (nvidia-smi lists none): CPU backend, $CPU_RANKS ranks as threads of one process"
+  fi
+}
+
+case ${1:-} in
+  --plan) plan; exit 0 ;;
+  --setup-flags) [ "$gpus" -gt 0 ] && echo "--cuda"; exit 0 ;;
+  "") echo "usage: scripts/run.sh --plan | --setup-flags | BUILD_DIR" >&2; exit 2 ;;
+esac
+
+build=$1
+cuda_built=$(sed -n 's/^cuda_backend //p' "$build/build_summary.txt" 2>/dev/null)
+# shellcheck disable=SC2086
+if [ "$gpus" -gt 0 ] && [ "$cuda_built" = ON ]; then
+  exec "$build/fsdp" train --backend cuda --nproc "$gpus" $RUN_ARGS --json "$build/run.json"
+fi
+if [ "$gpus" -gt 0 ]; then
+  echo "make run: changed plan: $build has no CUDA backend (configured without nvcc or NCCL): CPU backend, $CPU_RANKS ranks"
+fi
+exec "$build/fsdp" train --backend cpu --world-size "$CPU_RANKS" $RUN_ARGS --json "$build/run.json"

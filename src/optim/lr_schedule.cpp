@@ -1,0 +1,31 @@
+#include "optim/lr_schedule.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "fsdp/error.h"
+
+namespace fsdp::optim {
+
+float LrSchedule::at(int step, float peak) const {
+  if (step < warmup_steps) return peak * static_cast<float>(step + 1) / static_cast<float>(warmup_steps);
+  if (kind == "constant") return peak;
+  const int decay_steps = total_steps - warmup_steps - 1;
+  if (decay_steps <= 0) return peak;
+  const double progress = std::clamp(static_cast<double>(step - warmup_steps) / decay_steps, 0.0, 1.0);
+  const double factor = kind == "cosine" ? 0.5 * (1.0 + std::cos(std::numbers::pi * progress))
+                                         : 1.0 - progress;
+  return static_cast<float>(min_lr + (static_cast<double>(peak) - min_lr) * factor);
+}
+
+void validate(const LrSchedule& s, float peak) {
+  FSDP_USER_CHECK(s.kind == "constant" || s.kind == "cosine" || s.kind == "linear",
+                  "--lr-schedule must be constant, cosine or linear, not '", s.kind, "'");
+  FSDP_USER_CHECK(std::isfinite(peak) && peak > 0, "--lr must be a positive number, got ", peak);
+  FSDP_USER_CHECK(std::isfinite(s.min_lr) && s.min_lr >= 0 && s.min_lr <= peak,
+                  "--min-lr must be between 0 and --lr (", peak, "), got ", s.min_lr);
+  FSDP_USER_CHECK(s.warmup_steps >= 0, "--warmup-steps must be >= 0, got ", s.warmup_steps);
+}
+
+}  // namespace fsdp::optim

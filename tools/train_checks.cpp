@@ -1,0 +1,240 @@
+// The checks `fsdp train` makes before it starts any rank (Note [Command defaults]).
+//
+// Note [Command defaults]
+// The command's defaults train at every size it accepts: every model has a target (a head of
+// 16 classes and cross-entropy), resmlp and moe blocks have a pre-norm, AdamW's lr warms up
+// over a tenth of the steps and then decays (cosine) to a tenth of the peak, and gradients are
+// clipped to a global norm of 1. Clipping needs every gradient before any step, so the
+// optimizer runs after backward unless clipping is turned off (--clip-grad-norm 0), where the
+// faster optimizer-in-backward schedule is the default.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "backend/cuda/cuda_backend.h"
+#include "fsdp/error.h"
+#include "runtime/launch_cuda.h"
+#include "tools/train_command.h"
+
+namespace fsdp::tools {
+
+namespace {
+
+constexpr int kThreadsPerCpuRank = 6;  // the rank's own thread and its streams' workers
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f GiB", bytes / (1024.0 * 1024.0 * 1024.0));
+  return buf;
+}
+
+// MemAvailable from /proc/meminfo; 0 when unknown.
+int64_t available_host_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+int64_t thread_limit() {
+  int64_t limit = 0;
+  std::ifstream in("/proc/sys/kernel/threads-max");
+  in >> limit;
+  rlimit r{};
+  if (getrlimit(RLIMIT_NPROC, &r) == 0 && r.rlim_cur != RLIM_INFINITY)
+    limit = limit > 0 ? std::min<int64_t>(limit, static_cast<int64_t>(r.rlim_cur))
+                      : static_cast<int64_t>(r.rlim_cur);
+  return limit;
+}
+
+void check_ranges(const TrainOptions& o) {
+  const runtime::TrainConfig& c = o.config;
+  const nn::ModelConfig& m = c.model;
+  FSDP_USER_CHECK(o.world_size >= 1, "--world-size must be >= 1, got ", o.world_size);
+  FSDP_USER_CHECK(o.nproc >= 0, "--nproc must be >= 0 (0: every GPU), got ", o.nproc);
+  FSDP_USER_CHECK(m.layers >= 1, "--layers must be >= 1, got ", m.layers);
+  FSDP_USER_CHECK(m.dim >= 1, "--dim must be >= 1, got ", m.dim);
+  FSDP_USER_CHECK(m.hidden >= 0, "--hidden must be >= 1 (or 0 for the default), got ", m.hidden);
+  FSDP_USER_CHECK(m.experts >= 1, "--experts must be >= 1, got ", m.experts);
+  FSDP_USER_CHECK(m.classes >= 1, "--classes must be >= 1, got ", m.classes);
+  FSDP_USER_CHECK(c.tokens >= 1, "--tokens must be >= 1, got ", c.tokens);
+  FSDP_USER_CHECK(c.steps >= 1, "--steps must be >= 1, got ", c.steps);
+  FSDP_USER_CHECK(c.warmup >= 0 && c.warmup < c.steps, "--warmup must be in [0, --steps), got ",
+                  c.warmup);
+  FSDP_USER_CHECK(c.rs_max_input_buffers >= 1, "--rs-max-input-buffers must be >= 1, got ",
+                  c.rs_max_input_buffers);
+  FSDP_USER_CHECK(!o.lr || (std::isfinite(*o.lr) && *o.lr > 0),
+                  "--lr must be a positive number, got ", o.lr.value_or(0));
+  FSDP_USER_CHECK(!o.min_lr || (std::isfinite(*o.min_lr) && *o.min_lr >= 0),
+                  "--min-lr must be >= 0, got ", o.min_lr.value_or(0));
+  FSDP_USER_CHECK(!o.warmup_steps || *o.warmup_steps >= 0, "--warmup-steps must be >= 0, got ",
+                  o.warmup_steps.value_or(0));
+  FSDP_USER_CHECK(std::isfinite(o.clip_grad_norm) && o.clip_grad_norm >= 0,
+                  "--clip-grad-norm must be >= 0 (0: no clipping), got ", o.clip_grad_norm);
+  FSDP_USER_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+                  "--weight-decay must be >= 0, got ", o.weight_decay);
+  FSDP_USER_CHECK(!o.chaos_seed || *o.chaos_seed >= 0, "--chaos takes a seed >= 0, got ",
+                  o.chaos_seed.value_or(0));
+  FSDP_USER_CHECK(o.log_every >= 1, "--log-every must be >= 1, got ", o.log_every);
+  FSDP_USER_CHECK(std::isfinite(o.peak_tflops) && o.peak_tflops > 0,
+                  "--peak-tflops must be > 0, got ", o.peak_tflops);
+}
+
+// The "auto" defaults (Note [Command defaults]).
+void resolve_defaults(TrainOptions& o) {
+  runtime::TrainConfig& c = o.config;
+  c.param_dtype = parse_dtype(o.param_dtype);
+  c.reshard_after_forward = o.reshard_after_forward != 0;
+  c.separate_rs_group = o.separate_rs_group != 0;
+  c.prefetch_next_step = o.prefetch_next_step != 0;
+  c.model.norm = o.norm != 0;
+  optim::OptimizerConfig& opt = c.optimizer;
+  if (o.lr) opt.adamw.lr = opt.sgd_lr = static_cast<float>(*o.lr);
+  opt.adamw.weight_decay = static_cast<float>(o.weight_decay);
+  opt.max_grad_norm = static_cast<float>(o.clip_grad_norm);
+  c.schedule.total_steps = c.steps;
+  c.schedule.warmup_steps = o.warmup_steps.value_or(c.steps / 10);
+  c.schedule.min_lr = o.min_lr ? static_cast<float>(*o.min_lr) : opt.base_lr() / 10;
+  optim::validate(c.schedule, opt.base_lr());
+  if (o.optimizer_in_backward == -1) {
+    c.optimizer_in_backward = opt.max_grad_norm <= 0;
+  } else {
+    c.optimizer_in_backward = o.optimizer_in_backward != 0;
+    FSDP_USER_CHECK(!(c.optimizer_in_backward && opt.max_grad_norm > 0),
+                    "--optimizer-in-backward 1 cannot clip gradients (clipping needs every "
+                    "gradient before any step); add --clip-grad-norm 0 to use it");
+  }
+  if (c.model.kind == "transformer") {
+    nn::transformer_config(c.model);  // one-line errors for bad sizes, before any rank
+    FSDP_USER_CHECK(c.tokens % c.model.seq_len == 0, "--tokens (", c.tokens,
+                    ") must be a multiple of --seq-len (", c.model.seq_len, ")");
+  }
+  c.timeline = !o.trace_path.empty();
+}
+
+std::string choose_backend(TrainOptions& o, std::string& why) {
+  const bool world_given = o.world_size_opt && o.world_size_opt->count() > 0;
+  const bool nproc_given = o.nproc_opt && o.nproc_opt->count() > 0;
+  const bool chaos_given = o.chaos_seed.has_value();
+  std::string backend = o.backend;
+  int gpus = -1;
+  if (backend == "auto") {
+    if (!cuda::compiled_with_cuda()) {
+      backend = "cpu";
+      why = "this build has no CUDA backend";
+    } else if ((gpus = runtime::visible_gpu_count()) == 0) {
+      backend = "cpu";
+      why = "no GPU is visible";
+    } else {
+      backend = "cuda";
+      why = std::to_string(gpus) + (gpus == 1 ? " GPU is" : " GPUs are") + " visible";
+    }
+  }
+  if (backend == "cpu") {
+    FSDP_USER_CHECK(!nproc_given, "--nproc applies to the CUDA backend; the CPU backend runs "
+                    "--world-size ranks as threads", why.empty() ? "" : " (--backend auto chose cpu: " + why + ")");
+    o.effective_world = o.world_size;
+    return backend;
+  }
+  FSDP_USER_CHECK(cuda::compiled_with_cuda(),
+                  "--backend cuda: this build has no CUDA backend (nvcc or NCCL missing at build time)");
+  FSDP_USER_CHECK(!chaos_given, "--chaos applies to the CPU backend only");
+  if (gpus < 0) gpus = runtime::visible_gpu_count();
+  FSDP_USER_CHECK(gpus > 0, "--backend cuda: no GPU is visible");
+  FSDP_USER_CHECK(o.nproc <= gpus, "--nproc ", o.nproc, " needs ", o.nproc, " GPUs; ", gpus,
+                  gpus == 1 ? " is" : " are", " visible");
+  const int used = o.nproc > 0 ? o.nproc : gpus;
+  FSDP_USER_CHECK(!world_given || o.world_size == used, "--world-size ", o.world_size,
+                  " does not match the ", used, " GPU", used == 1 ? "" : "s",
+                  " the CUDA backend would use (one rank per GPU; pick them with --nproc)");
+  o.effective_world = used;
+  return backend;
+}
+
+void check_capacity(const TrainOptions& o, const std::string& backend) {
+  const int world = o.effective_world;
+  if (backend == "cpu") {
+    const int64_t limit = thread_limit();
+    const int64_t threads = static_cast<int64_t>(world) * kThreadsPerCpuRank;
+    FSDP_USER_CHECK(limit <= 0 || threads <= limit / 2, "--world-size ", world,
+                    " needs about ", threads, " threads on the CPU backend (a thread per rank "
+                    "and per stream); this machine allows ", limit, " in all");
+  }
+  const double per_rank = static_cast<double>(estimate_rank_bytes(o.config, world));
+  if (backend == "cpu") {
+    const double total = per_rank * world;  // every CPU rank lives in this process
+    const int64_t available = available_host_bytes();
+    FSDP_USER_CHECK(available <= 0 || total <= 0.9 * static_cast<double>(available),
+                    "this run needs about ", gib(total), " of memory (", gib(per_rank),
+                    " per rank x ", world, " ranks, docs/memory.md) but the machine has ",
+                    gib(static_cast<double>(available)),
+                    " available; lower --dim, --layers, --tokens or --world-size");
+  }
+}
+
+}  // namespace
+
+int64_t estimate_rank_bytes(const runtime::TrainConfig& c, int world) {
+  // docs/memory.md: sharded state (param, grad, exp_avg, exp_avg_sq in fp32), two units'
+  // all-gather outputs, one unit's grads, k RS inputs; activations kept for backward; and the
+  // host copy of every param's initial value that building the model makes.
+  const std::vector<int64_t> units = nn::unit_param_counts(c.model);
+  const int64_t p = dtype_size(c.param_dtype), r = dtype_size(c.reduce_dtype);
+  int64_t sharded = 0, largest = 0, total = 0;
+  for (int64_t n : units) {
+    sharded += ceil_div(n, world) * 4 * 4;
+    largest = std::max(largest, ceil_div(n, world) * world);
+    total += n;
+  }
+  const int64_t d = c.model.dim;
+  const int64_t hidden = c.model.hidden ? c.model.hidden
+                         : c.model.kind == "resmlp" ? 4 * d
+                         : c.model.kind == "transformer" ? 4 * d : d;
+  const int64_t width = c.model.kind == "moe" ? c.model.experts * (2 * hidden + d) + 2 * d
+                                              : 2 * hidden + 3 * d;
+  const int64_t activations = c.tokens * c.model.layers * width * p;
+  return sharded + 3 * largest * p + c.rs_max_input_buffers * largest * r + activations +
+         total * 4;
+}
+
+void check_writable(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  FSDP_USER_CHECK(!fs::is_directory(path, ec), flag, " '", path, "' is a directory, not a file");
+  if (fs::exists(path, ec)) {
+    FSDP_USER_CHECK(::access(path.c_str(), W_OK) == 0, "cannot write ", flag, " file '", path,
+                    "': ", std::strerror(errno));
+    return;
+  }
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  FSDP_USER_CHECK(fs::is_directory(dir, ec), "cannot write ", flag, " file '", path,
+                  "': the directory '", dir.string(), "' does not exist");
+  FSDP_USER_CHECK(::access(dir.c_str(), W_OK) == 0, "cannot write ", flag, " file '", path,
+                  "': ", std::strerror(errno));
+}
+
+std::string check_train_options(TrainOptions& o, std::string& why) {
+  check_ranges(o);
+  resolve_defaults(o);
+  const std::string backend = choose_backend(o, why);
+  check_capacity(o, backend);
+  check_writable("--json", o.json_path);
+  check_writable("--trace", o.trace_path);
+  return backend;
+}
+
+}  // namespace fsdp::tools
