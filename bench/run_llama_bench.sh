@@ -5,8 +5,8 @@
 #
 #   bench/run_llama_bench.sh OUTDIR [DATA_DIR]
 #
-# DATA_DIR (or $LLAMA_DATA) holds train.bin of a vocab-32000 corpus (`fsdp prepare-data --vocab
-# 32000 ...`). $FSDP_BIN is our binary (default build-gpu/fsdp, already built), $PYTHON the
+# DATA_DIR (or $LLAMA_DATA) is a corpus made by `fsdp prepare-data` (train.bin, meta.json) with a
+# vocabulary of at most 32000, e.g. data/pydocs-4k. $FSDP_BIN is our binary (default build-gpu/fsdp, already built), $PYTHON the
 # interpreter with PyTorch (default python3). $ROWS picks rows (default: all, in this order):
 #   ours4 ours1 ours4_autotune torch4 torch1 compile4 compile1
 # Recipe, both engines: llama1b (22 layers, dim 2048, 32 heads, 4 kv heads, ffn 5632, vocab
@@ -21,8 +21,6 @@
 #
 # Our recipe flags are checked against `fsdp train --help` first: a missing one stops the script
 # with its name, unless LLAMA_BENCH_ALLOW_MISSING=1, which runs without it and says so in the row.
-# Token data is not part of the recipe's cost: when our binary has no --data yet, our rows train
-# on its synthetic tokens (the row's "data" says which) and the torch rows still read DATA_DIR.
 set -u -o pipefail
 
 OUTDIR=${1:?usage: bench/run_llama_bench.sh OUTDIR [DATA_DIR]}
@@ -49,17 +47,11 @@ HELP=$("$FSDP_BIN" train --help 2>&1) || die "'$FSDP_BIN train --help' failed: $
 has_flag() { grep -qE -- "(^|[ ,])$1([ ,=]|$)" <<<"$HELP"; }
 declare -A OUR_VALUE=(
   [--lr]=3e-4 [--min-lr]=3e-5 [--lr-schedule]=cosine [--warmup-steps]=5 [--weight-decay]=0.1
-  [--clip-grad-norm]=1.0)
+  [--clip-grad-norm]=1.0 [--data]="$DATA" [--eval-every]=0)
 MISSING=()
 RECIPE=""
-if has_flag --data; then
-  RECIPE+=" --data $DATA/train.bin"
-  echo "$DATA/train.bin" > "$OUTDIR/ours_data.txt"
-else
-  echo "synthetic tokens (fsdp train has no --data)" > "$OUTDIR/ours_data.txt"
-  echo "run_llama_bench: fsdp train has no --data: our rows use synthetic tokens" >&2
-fi
-for flag in --lr --min-lr --lr-schedule --warmup-steps --weight-decay --clip-grad-norm; do
+for flag in --lr --min-lr --lr-schedule --warmup-steps --weight-decay --clip-grad-norm --data \
+            --eval-every; do
   if has_flag "$flag"; then
     RECIPE+=" $flag ${OUR_VALUE[$flag]}"
   else
@@ -139,7 +131,6 @@ flops_per_token = 6 * (params - V * D) + 12 * L * H * hd * T  # docs/transformer
 PEAK = 989e12  # H200 dense bf16
 GIB = float(1 << 30)
 missing = [l.strip() for l in open(os.path.join(out, "ours_missing_flags.txt")) if l.strip()]
-our_data = open(os.path.join(out, "ours_data.txt")).read().strip()
 
 def read(name):
     path = os.path.join(out, name + ".json")
@@ -178,10 +169,8 @@ for name in rows:
             row["loss_first_last"] = [first, last]
     elif row["status"] == "ok":
         row["status"] = "no json"
-    if ours:
-        row["data"] = our_data
-        if missing:
-            row["missing_flags"] = missing
+    if ours and missing:
+        row["missing_flags"] = missing
     result.append(row)
 
 with open(os.path.join(out, "h200x1.json"), "w") as f:

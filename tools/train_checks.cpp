@@ -231,6 +231,7 @@ std::string check_train_options(TrainOptions& o, std::string& why) {
   check_ranges(o);
   resolve_defaults(o);
   const std::string backend = choose_backend(o, why);
+  attach_token_data(o);
   check_capacity(o, backend);
   check_writable("--json", o.json_path);
   check_writable("--trace", o.trace_path);

@@ -42,7 +42,14 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--ffn-dim", o.config.model.ffn_dim,
                  "transformer: SwiGLU width (0: 8*dim/3 rounded up to 64)");
   app.add_option("--seq-len", o.config.model.seq_len, "transformer: tokens per sequence");
-  app.add_option("--vocab", o.config.model.vocab, "transformer: vocabulary size");
+  o.vocab_opt = app.add_option("--vocab", o.config.model.vocab,
+                               "transformer: vocabulary size [default: the corpus's with --data]");
+  app.add_option("--data", o.data_dir,
+                 "transformer: train on DIR/train.bin, evaluate on DIR/val.bin (fsdp prepare-data)");
+  app.add_option("--eval-every", o.eval_every,
+                 "with --data: validation loss every N steps and after the last [default: steps / 10]");
+  app.add_option("--eval-batches", o.eval_batches,
+                 "with --data: validation batches per evaluation (at most)");
   app.add_option("--tokens", o.config.tokens, "tokens per rank per step");
   app.add_option("--steps", o.config.steps, "training steps");
   app.add_option("--warmup", o.config.warmup,
@@ -97,7 +104,8 @@ nlohmann::json number_or_null(bool has, double v) {
   return has ? nlohmann::json(v) : nlohmann::json();
 }
 
-nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c) {
+nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
+                            double unigram_entropy_nats) {
   nlohmann::json j = {
       {"backend", s.backend},
       {"world_size", s.world_size},
@@ -130,6 +138,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c) {
       {"loss_first", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.front())},
       {"loss_last", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.back())},
       {"losses", s.losses},
+      {"val_losses", s.val_losses},
       {"lrs", s.lrs},
       {"grad_norms", s.grad_norms},
       {"exposed_comm_ms", number_or_null(s.traced, s.exposed_comm_ms)},
@@ -142,6 +151,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c) {
     j["tflops_per_gpu"] = s.tflops_per_gpu;
     j["mfu"] = s.mfu;
   }
+  if (c.eval_every > 0) j["unigram_entropy_nats"] = unigram_entropy_nats;
   if (!s.error.empty()) {
     j["error"] = s.error;
     j["failed_step"] = s.failed_step + 1;  // 1-based, as the step line counts
@@ -198,6 +208,7 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
   s.losses = r0.losses;
   s.lrs = r0.lrs;
   s.grad_norms = r0.grad_norms;
+  s.val_losses = r0.val_losses;
   s.error = r0.error;
   s.failed_step = r0.failed_step;
   return s;
@@ -218,7 +229,14 @@ int run_train(TrainOptions& o) {
     po.peak_tflops = o.peak_tflops;
   }
   StepPrinter printer(po, stdout);
-  auto on_step = [&printer](const runtime::StepReport& r) { printer(r); };
+  auto on_step = [&](const runtime::StepReport& r) {
+    printer(r);
+    if (r.val_loss >= 0 && !o.quiet) {
+      std::printf("  validation loss after step %d: %.4f nats/token (unigram entropy of the corpus: "
+                  "%.4f)\n", r.step + 1, r.val_loss, o.unigram_entropy_nats);
+      std::fflush(stdout);
+    }
+  };
   std::vector<runtime::RankResult> results;
   if (backend == "cpu") {
     results.resize(o.world_size);
@@ -244,7 +262,7 @@ int run_train(TrainOptions& o) {
                 o.config.rs_max_input_buffers, s.losses.front(), s.losses.back());
     std::fflush(stdout);
   }
-  if (!o.json_path.empty()) write_text("--json", o.json_path, summary_json(s, o.config).dump(2) + "\n");
+  if (!o.json_path.empty()) write_text("--json", o.json_path, summary_json(s, o.config, o.unigram_entropy_nats).dump(2) + "\n");
   if (!o.trace_path.empty()) {
     try {
       write_trace_file(o.trace_path, results);

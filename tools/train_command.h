@@ -31,6 +31,12 @@ struct TrainOptions {
   double clip_grad_norm = 1.0, weight_decay = 0.01;
   std::optional<int64_t> chaos_seed;
   std::string json_path, trace_path;
+  // --data DIR: token files of `fsdp prepare-data` (train_data.cpp).
+  std::string data_dir;
+  std::optional<int> eval_every;  // unset: a tenth of the steps with --data, none without
+  int64_t eval_batches = 8;   // at most; fewer when val.bin holds fewer
+  double unigram_entropy_nats = -1;  // of the corpus (meta.json), shown beside the val loss
+  const CLI::Option* vocab_opt = nullptr;
   bool quiet = false;
   int log_every = 1;
   double peak_tflops = 989.0;  // H200 dense bf16, for MFU on GPUs
@@ -54,6 +60,7 @@ struct Summary {
   double exposed_comm_ms = 0, rs_recycle_stall_ms = 0, rs_drain_ms = 0, ag_rs_overlap_ms = 0;
   int streams_used = 0;
   std::vector<float> losses, lrs, grad_norms;  // rank 0's, every finished step
+  std::vector<std::pair<int, float>> val_losses;  // (step, 0-based; validation loss)
   std::string error;                           // a non-finite step stopped the run
   int failed_step = -1;
 };
@@ -68,6 +75,9 @@ void write_trace_file(const std::string& path, const std::vector<runtime::RankRe
 // with a one-line UserError; fills in the "auto" defaults. Returns the backend it chose and
 // sets `why` to the reason, for --backend auto.
 std::string check_train_options(TrainOptions& options, std::string& why);
+// train_data.cpp: with --data, the token-file batch sources, the validation batches and the
+// vocabulary from the corpus's meta.json; one-line errors for bad data files.
+void attach_token_data(TrainOptions& options);
 // Bytes one rank needs, from the formula in docs/memory.md.
 int64_t estimate_rank_bytes(const runtime::TrainConfig& c, int world);
 // Fails with a one-line error if `path` cannot be written (checked before training).

@@ -61,6 +61,32 @@ std::string nonfinite_message(const StepValues& v, const std::vector<std::string
   return {};
 }
 
+// Note [Evaluation]
+// The validation loss is a forward pass per fixed batch, with no backward: FSDP gathers each
+// unit and reshards it after forward as in training, and the next training step's root
+// pre-forward starts a new step as usual. Each batch's loss is averaged over the ranks, then
+// over the batches, on the device; the host waits once, for the mean.
+float evaluate(Device& device, Comm& world, RunContext& ctx, nn::Model& model,
+               BatchSource& source, int64_t batches, int64_t first_row, int64_t rows,
+               float* scratch) {
+  float* loss = scratch;
+  float* loss_avg = scratch + 1;
+  float* mean = scratch + 2;
+  device.fill(ctx.compute, mean, DType::F32, 1, 0.0f);
+  for (int64_t k = 0; k < batches; ++k) {
+    DeviceBatch batch = source.make(device, ctx.compute, k, first_row, rows, ctx.act_dtype);
+    Tensor y = model.forward(ctx, batch.x);
+    loss_and_grad(device, ctx.compute, model, y, batch, loss);
+    device.set_label("eval loss all-reduce");
+    world.all_reduce(loss, loss_avg, 1, DType::F32, ReduceOp::Avg, ctx.compute);
+    device.accumulate(ctx.compute, mean, loss_avg, DType::F32, 1, 1.0f / static_cast<float>(batches));
+  }
+  float value = 0;
+  device.copy_to_host(ctx.compute, &value, mean, sizeof(float));
+  device.synchronize_stream(ctx.compute);
+  return value;
+}
+
 float global_norm(const std::vector<float>& squares) {
   if (squares.empty()) return -1;
   double sum = 0;
@@ -119,6 +145,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
         });
   result.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
   std::unique_ptr<BatchSource> source = make_source(config, rank, world->size());
+  std::unique_ptr<BatchSource> eval_source;
+  if (config.eval_source && config.eval_every > 0 && config.eval_batches > 0)
+    eval_source = config.eval_source(rank, world->size());
+  std::map<int, float> val_by_step;
   const std::vector<std::string>& grad_names = optimizer.grad_square_names();
   StepReader reader(device, compute, static_cast<int>(grad_names.size()));
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
@@ -152,6 +182,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       return false;
     }
     report.loss = v.loss;
+    if (auto it = val_by_step.find(v.step); it != val_by_step.end()) {
+      report.val_loss = it->second;
+      result.val_losses.push_back({v.step, it->second});
+    }
     report.grad_norm = global_norm(v.grad_squares);
     report.step_ms = v.done_ms - last_done_ms;
     last_done_ms = v.done_ms;
@@ -212,6 +246,12 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     reader.end(config.optimizer_in_backward ? nullptr : optimizer.grad_squares());
     state.next_step = step + 1;
     if (config.after_step) config.after_step(state);
+    if (eval_source && ((step + 1) % config.eval_every == 0 || step + 1 == config.steps)) {
+      float* scratch = static_cast<float*>(device.alloc(3 * sizeof(float), compute, MemTag::Other));
+      val_by_step[step] = evaluate(device, *world, ctx, model, *eval_source, config.eval_batches,
+                                   rank * config.tokens, config.tokens, scratch);
+      device.free(scratch, compute);
+    }
     if (step >= config.warmup) {
       host_us_total += host_us;
       ++host_steps;

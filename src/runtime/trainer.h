@@ -44,6 +44,11 @@ struct TrainConfig {
   // A non-finite loss or grad norm stops the run at that step (Note [Non-finite steps]).
   // false: train_rank raises a UserError; true: it returns the result so far with `error` set.
   bool return_on_nonfinite = false;
+  // Validation (Note [Evaluation]): after every eval_every-th step and the last, the mean loss
+  // over batches 0 .. eval_batches-1 of eval_source, forward only. 0 or no source: none.
+  BatchSourceFactory eval_source;
+  int eval_every = 0;
+  int64_t eval_batches = 0;
   std::function<void(TrainState&)> on_start;    // after the optimizer is made, before step 0
   std::function<void(TrainState&)> after_step;  // after each step's work is issued
   // Each group's optimizer step runs right after its reduce-scatter (Note [Optimizer in
@@ -66,6 +71,7 @@ struct StepReport {
   float lr = 0;
   float grad_norm = -1;  // the global norm before clipping; -1: not computed (optimizer in backward)
   int64_t tokens = 0;    // this rank's tokens in the step
+  float val_loss = -1;   // the validation loss after this step; -1: not evaluated
   double step_ms = 0;
   // From this step's timeline, when tracing (config.timeline); -1 otherwise.
   double exposed_comm_ms = -1;
@@ -78,6 +84,7 @@ struct RankResult {
   std::vector<float> lrs;
   std::vector<float> grad_norms;  // -1 where not computed
   std::vector<double> step_ms;
+  std::vector<std::pair<int, float>> val_losses;  // (step, 0-based; validation loss)
   // Set when a step's loss or grad norm was not finite (with return_on_nonfinite): the
   // one-line message, and the 0-based step.
   std::string error;

@@ -242,6 +242,15 @@ void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& 
   const size_t chunk_bytes = static_cast<size_t>(call.count) * dtype_size(call.dtype);
   std::vector<float> reduced;  // reductions: this member's result, written in `finish`
   auto exchange = [&](Rendezvous& rv) {
+    // The simulated link: what this rank receives, at link_gbps. The data lands at the end of
+    // the transfer, so a buffer freed or reused during it is read or written late, as on a
+    // real link (on the virtual clock, certainly so).
+    if (shared.link_gbps > 0) {
+      const double peers = shared.size() - 1;
+      const double bytes = call.op == CollectiveOp::AllReduce ? 2.0 * peers * chunk_bytes / shared.size()
+                           : call.op == CollectiveOp::Broadcast ? chunk_bytes : peers * chunk_bytes;
+      world.pass_time(bytes / (shared.link_gbps * 1e3), &cancel);
+    }
     switch (call.op) {
       case CollectiveOp::AllGather:
         for (int j = 0; j < shared.size(); ++j) {
@@ -264,13 +273,6 @@ void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& 
         break;
       case CollectiveOp::Split:
         FSDP_FAIL("split is not a stream collective");
-    }
-    // The simulated link: what this rank receives, at link_gbps.
-    if (shared.link_gbps > 0) {
-      const double peers = shared.size() - 1;
-      const double bytes = call.op == CollectiveOp::AllReduce ? 2.0 * peers * chunk_bytes / shared.size()
-                           : call.op == CollectiveOp::Broadcast ? chunk_bytes : peers * chunk_bytes;
-      world.pass_time(bytes / (shared.link_gbps * 1e3), &cancel);
     }
   };
   auto finish = [&] {

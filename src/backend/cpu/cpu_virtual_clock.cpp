@@ -26,11 +26,15 @@
 // A host that asks about progress (query_event) gets the answer for the current simulated
 // time once everything due then has happened (VirtualClock::settle), and a "no" moves time on
 // to the next wake-up, so a polling loop steps through simulated time, the same on every run.
-// Simulated time starts when every rank's device exists, so ranks start together. A
-// collective's time is the link model's: all members leave when the last has arrived plus the
-// link time. Timeouts (the collective timeout, the cancellation polls) stay in wall time.
-// With chaos mode on too, the chaos delays are simulated as well, so a seed gives the same
-// interleaving of timed ops whatever the load.
+// Simulated time starts when every rank's device exists, so ranks start together (a timed op
+// fails after the collective timeout if one never does). A collective's time is the link
+// model's: all members leave the link time after the last has arrived, and its data lands at
+// the end, so a buffer freed during the transfer is written after its free for certain.
+// Timeouts (the collective timeout, the cancellation polls) stay in wall time. With chaos
+// mode on too, the chaos delays are simulated as well, so a seed gives the same timeline
+// whatever the load, and a schedule bug that one seed exposes, it exposes on every run.
+// Work that takes no simulated time can still tie with other work at one instant; its order
+// there is the OS's, as before, but no simulated time depends on it.
 #include "backend/cpu/cpu_virtual_clock.h"
 
 #include <algorithm>

@@ -1,0 +1,57 @@
+// `fsdp train --data DIR`: the transformer trains on the token files of `fsdp prepare-data`
+// (DIR/train.bin, DIR/val.bin, DIR/meta.json) and reports the validation loss beside the
+// corpus's unigram entropy (docs/data.md).
+#include <algorithm>
+#include <filesystem>
+
+#include "fsdp/data.h"
+#include "fsdp/error.h"
+#include "runtime/token_file_source.h"
+#include "tools/train_command.h"
+
+namespace fsdp::tools {
+
+void attach_token_data(TrainOptions& o) {
+  FSDP_USER_CHECK(!o.eval_every || *o.eval_every >= 0, "--eval-every must be >= 0 (0: never), got ",
+                  o.eval_every.value_or(0));
+  FSDP_USER_CHECK(o.eval_batches >= 1, "--eval-batches must be >= 1, got ", o.eval_batches);
+  if (o.data_dir.empty()) {
+    FSDP_USER_CHECK(o.eval_every.value_or(0) == 0, "--eval-every needs --data (the validation tokens)");
+    return;
+  }
+  namespace fs = std::filesystem;
+  nn::ModelConfig& m = o.config.model;
+  FSDP_USER_CHECK(m.kind == "transformer", "--data trains a token model: use --model transformer "
+                  "(got --model ", m.kind, ")");
+  std::error_code ec;
+  FSDP_USER_CHECK(fs::is_directory(o.data_dir, ec), "--data '", o.data_dir,
+                  "' is not a directory (make one with `fsdp prepare-data`)");
+  const std::string meta_path = o.data_dir + "/meta.json";
+  FSDP_USER_CHECK(fs::exists(meta_path, ec), "--data '", o.data_dir,
+                  "' has no meta.json: not made by `fsdp prepare-data`");
+  const data::CorpusMeta meta = data::read_corpus_meta(meta_path);
+  if (!o.vocab_opt || o.vocab_opt->count() == 0) m.vocab = meta.vocab;
+  FSDP_USER_CHECK(m.vocab >= meta.vocab, "--vocab ", m.vocab, " is smaller than the tokenizer's ",
+                  meta.vocab, " in ", meta_path);
+  o.unigram_entropy_nats = meta.unigram_entropy_nats;
+
+  const std::string train = o.data_dir + "/train.bin", val = o.data_dir + "/val.bin";
+  // Opening validates each file (one line naming the file and the problem); a sampler of this
+  // run's shape checks there is at least one global batch.
+  o.config.batch_source = runtime::token_file_batches(train, m, o.config.seed);
+  const data::BatchShape shape{o.config.tokens / m.seq_len, m.seq_len, o.effective_world};
+  data::BatchSampler(std::make_shared<const data::TokenFile>(train, m.vocab), shape, o.config.seed);
+
+  const int every = o.eval_every.value_or(std::max(1, o.config.steps / 10));
+  if (every > 0) {
+    const int64_t count = runtime::validation_batch_count(val, m, shape.batch, shape.world_size,
+                                                          o.eval_batches);
+    FSDP_USER_CHECK(count > 0, val, ": fewer tokens than one validation batch of ",
+                    shape.global_sequences(), " x ", m.seq_len, " (+1)");
+    o.config.eval_source = runtime::validation_batches(val, m);
+    o.config.eval_every = every;
+    o.config.eval_batches = count;
+  }
+}
+
+}  // namespace fsdp::tools
