@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r1 = std::min(rows, r0 + rows_per_block);
   for (int64_t r = r0; r < r1; ++r) {
     const float inv = rstd[r];
-    float xh[K][kVec], dv[K][kVec];
+    float xh[K][kVec], dv[K][kVec], res[K][kVec];
     float dot = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -103,6 +103,12 @@ __global__ void __launch_bounds__(kThreads)
       if (q >= packs) continue;
       load_pack<kVec>(x + r * cols + q * kVec, xh[k]);
       load_pack<kVec>(dy + r * cols + q * kVec, dv[k]);
+      // Loaded with x and dy, so its latency is not paid again after the reduction.
+      if (dresidual)
+        load_pack<kVec>(dresidual + r * cols + q * kVec, res[k]);
+      else
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) res[k][j] = 0.0f;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         xh[k][j] *= inv;
@@ -116,15 +122,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < K; ++k) {
       const int64_t q = threadIdx.x + k * kThreads;
       if (q >= packs) continue;
-      float out[kVec], res[kVec];
-      if (dresidual)
-        load_pack<kVec>(dresidual + r * cols + q * kVec, res);
-      else
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) res[j] = 0.0f;
+      float out[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
-        out[j] = inv * (dv[k][j] * wv[k][j] - xh[k][j] * mean_gx) + res[j];
+        out[j] = inv * (dv[k][j] * wv[k][j] - xh[k][j] * mean_gx) + res[k][j];
       store_pack<kVec>(dx + r * cols + q * kVec, out);
     }
   }
