@@ -19,9 +19,15 @@ done
 # 1. Everything present, nothing installable: exit 0, no package tool called.
 out=$(PATH="$tmp/fake:$PATH" bash "$repo/scripts/setup.sh" 2>&1); rc=$?
 echo "$out"
-[ $rc -eq 0 ] || fail "setup.sh exited $rc on a machine with everything present"
-[ ! -s "$tmp/calls.log" ] || fail "setup.sh called a package tool: $(cat "$tmp/calls.log")"
-grep -q "nothing to install" <<<"$out" || fail "setup.sh did not say that nothing needs installing"
+[ $rc -eq 0 ] || fail "setup.sh exited $rc on a machine with everything needed present"
+if grep -q "^setup: optional .* is missing" <<<"$out"; then
+  # A machine without an optional library (rapidcheck, Gloo): set-up may try to install it,
+  # and must go on when it cannot.
+  grep -q "everything needed is present" <<<"$out" || fail "setup.sh did not say the needed part is present"
+else
+  [ ! -s "$tmp/calls.log" ] || fail "setup.sh called a package tool: $(cat "$tmp/calls.log")"
+  grep -q "nothing to install" <<<"$out" || fail "setup.sh did not say that nothing needs installing"
+fi
 
 # 2. The same PATH without cmake: exit non-zero and name CMake.
 mkdir -p "$tmp/nocmake"

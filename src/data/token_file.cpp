@@ -33,7 +33,8 @@ void write_token_file(const std::string& path, std::span<const uint16_t> tokens)
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
   const bool ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size() &&
-                  std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size();
+                  (tokens.empty() ||  // fwrite's buffer must not be null, even for 0 items
+                   std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size());
   const int saved_errno = errno;
   if (std::fclose(f) != 0 || !ok) {
     std::remove(tmp.c_str());
