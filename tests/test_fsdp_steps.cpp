@@ -190,7 +190,7 @@ TEST_P(RsStreamTail, FinalizeJoinsItBeforeTheOptimizerInManyShortRuns) {
   expect_matches_reference(synced, run_reference_loop(make, o), c.bf16_reduce ? 1e-2 : 1e-6,
                            "host synced");
   o.host_sync_every_step = false;
-  for (int run = 0; run < 20; ++run) {
+  for (int run = 0; run < 40; ++run) {
     const LoopResult got = run_sharded_loop(make, o);
     ASSERT_EQ(got.params, synced.params) << "run " << run;
   }
@@ -199,6 +199,7 @@ TEST_P(RsStreamTail, FinalizeJoinsItBeforeTheOptimizerInManyShortRuns) {
 INSTANTIATE_TEST_SUITE_P(Paths, RsStreamTail,
                          ::testing::Values(TailCase{"bf16CastTwoRanks", 2, true},
                                            TailCase{"bf16CastThreeRanks", 3, true},
+                                           TailCase{"bf16CastFourRanks", 4, true},
                                            TailCase{"accumulationTwoRanks", 2, false},
                                            TailCase{"accumulationThreeRanks", 3, false}),
                          [](const ::testing::TestParamInfo<TailCase>& info) { return info.param.name; });
