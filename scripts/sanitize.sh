@@ -15,7 +15,9 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-poin
 
 if [ ! -f "$BUILD/build.ninja" ]; then
   # -O1: the sanitizers' own advice; fast enough to run, much cheaper to compile than -O3.
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=OFF \
+  # Warnings are the main build's business (-Werror in CI): at -O1 with instrumentation
+  # GCC's flow-sensitive warnings are noisy and say nothing new.
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=OFF -DFSDP_WERROR=OFF \
     -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1 -DNDEBUG" -DCMAKE_CXX_FLAGS="$SAN" \
     -DCMAKE_EXE_LINKER_FLAGS="$SAN" >/dev/null
 fi

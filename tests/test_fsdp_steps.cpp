@@ -137,5 +137,99 @@ TEST(BackToBackDeep, Bf16ReduceWithAccumulationOnThreeRanks) {
   }
 }
 
+// The bf16 cast alone (fresh grads every step, no accumulation): it follows the ring's last
+// entry on the RS stream, and finalize must join it before the optimizer reads the shard.
+TEST(BackToBackDeep, Bf16ReduceCastOnThreeRanks) {
+  const ModelFactory make = chain(4, 13);
+  LoopOptions o;
+  o.world = 3;
+  o.steps = 4;
+  o.mp.reduce_dtype = DType::BF16;
+  o.host_sync_every_step = true;
+  const LoopResult synced = run_sharded_loop(make, o);
+  expect_matches_reference(synced, run_reference_loop(make, o), 1e-2, "host synced");
+  o.host_sync_every_step = false;
+  o.cpu.chaos = true;
+  o.cpu.chaos_max_us = 300;
+  for (uint64_t seed = 21; seed <= 26; ++seed) {
+    o.cpu.chaos_seed = seed;
+    o.rs_max_input_buffers = 1 + static_cast<int>(seed % 2);
+    EXPECT_EQ(run_sharded_loop(make, o).params, synced.params) << "seed " << seed;
+  }
+}
+
+// Work that follows the ring's last entry on the RS stream (the bf16 cast into the grad
+// shard; the accumulation of a second micro-batch's grads), with one small unit, in many
+// short runs without chaos: with little queued on compute, an optimizer that does not wait
+// for that work often runs ahead of it, and in a run's first step it then reads the fresh
+// (poisoned) grad shard.
+struct TailCase {
+  std::string name;
+  int world;
+  bool bf16_reduce;  // else fp32 with two synced micro-batches (accumulation)
+};
+
+void PrintTo(const TailCase& c, std::ostream* os) { *os << c.name; }
+
+class RsStreamTail : public ::testing::TestWithParam<TailCase> {};
+
+TEST_P(RsStreamTail, FinalizeJoinsItBeforeTheOptimizerInManyShortRuns) {
+  const TailCase c = GetParam();
+  const ModelFactory make = chain(1, 8);
+  LoopOptions o;
+  o.world = c.world;
+  o.steps = 2;
+  if (c.bf16_reduce) {
+    o.mp.reduce_dtype = DType::BF16;
+  } else {
+    o.micro_batches = 2;
+    o.sync_every_micro_batch = true;
+  }
+  o.host_sync_every_step = true;
+  const LoopResult synced = run_sharded_loop(make, o);
+  expect_matches_reference(synced, run_reference_loop(make, o), c.bf16_reduce ? 1e-2 : 1e-6,
+                           "host synced");
+  o.host_sync_every_step = false;
+  for (int run = 0; run < 40; ++run) {
+    const LoopResult got = run_sharded_loop(make, o);
+    ASSERT_EQ(got.params, synced.params) << "run " << run;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, RsStreamTail,
+                         ::testing::Values(TailCase{"bf16CastTwoRanks", 2, true},
+                                           TailCase{"bf16CastThreeRanks", 3, true},
+                                           TailCase{"bf16CastFourRanks", 4, true},
+                                           TailCase{"accumulationTwoRanks", 2, false},
+                                           TailCase{"accumulationThreeRanks", 3, false}),
+                         [](const ::testing::TestParamInfo<TailCase>& info) { return info.param.name; });
+
+// unshard(async_op) then reshard() of every unit, several times between steps: the reshard
+// must wait for the all-gather it cancels before freeing its buffer. The unchecked allocator
+// returns freed memory to the system at once, so an all-gather still writing there corrupts
+// the heap (or, under AddressSanitizer, is reported as a use after free).
+TEST(ExplicitUnshard, AsyncUnshardThenReshardOfEveryUnitUnderChaos) {
+  const ModelFactory make = chain(3, 16);
+  LoopOptions o;
+  o.steps = 3;
+  const LoopResult ref = run_reference_loop(make, o);
+  o.before_forward = [](LoopModel& m, FsdpModule&, int step, int) {
+    if (step == 0) return;  // FSDP initializes at the first forward
+    for (int round = 0; round < 4; ++round)
+      for (Module* unit : m.units()) {
+        FsdpModule* u = fsdp_module_of(*unit);
+        u->unshard(/*async_op=*/true);
+        u->reshard();
+      }
+  };
+  o.cpu.chaos = true;
+  o.cpu.chaos_max_us = 200;
+  o.cpu.checked = false;
+  for (uint64_t seed = 31; seed <= 33; ++seed) {
+    o.cpu.chaos_seed = seed;
+    expect_matches_reference(run_sharded_loop(make, o), ref, 1e-6, "seed " + std::to_string(seed));
+  }
+}
+
 }  // namespace
 }  // namespace fsdp::testing

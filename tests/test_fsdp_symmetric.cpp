@@ -58,6 +58,27 @@ TEST_P(SkippedUnit, EveryRankIssuesTheSameCollectivesAndTrainingMatchesTheRefere
 
 INSTANTIATE_TEST_SUITE_P(Ranks, SkippedUnit, ::testing::ValuesIn(skip_cases()), skip_case_name);
 
+// The same with reduce-scatters on their own communicator: the order must match across both
+// communicators too, or the ranks wait on each other's streams (a cross-communicator
+// deadlock, which no single communicator's order check sees).
+TEST(SkippedUnitSeparateRsGroup, BothCommunicatorsSeeTheSameOrder) {
+  for (int skipper : {0, 2}) {
+    const ModelFactory make = [=] {
+      auto m = std::make_unique<BranchModel>(9);
+      m->skip_rank = skipper;
+      return m;
+    };
+    LoopOptions o;
+    o.world = 3;
+    o.reshard_after_forward = true;
+    o.rs_max_input_buffers = 2;
+    o.customize = [](LoopModel&, FsdpModule& root) { root.set_separate_reduce_scatter_group(true); };
+    const LoopResult got = run_sharded_loop(make, o);
+    expect_same_collectives_on_every_rank(got);
+    expect_matches_reference(got, run_reference_loop(make, o), 1e-6, "skipper " + std::to_string(skipper));
+  }
+}
+
 // No rank runs b's backward: b is still reduce-scattered (zeros) by every rank.
 TEST(UnusedUnit, UnusedInBackwardOnEveryRankReducesZeros) {
   const ModelFactory make = [] {
