@@ -21,8 +21,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   app.add_option("--world-size", o.world_size, "ranks (CPU backend: threads)");
   app.add_option("--nproc", o.nproc, "processes, one per GPU (CUDA backend; default: all GPUs)");
-  app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer")
-      ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer"}));
+  app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer | moe-transformer")
+      ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer", "moe-transformer"}));
   app.add_option("--layers", o.config.model.layers, "blocks");
   app.add_option("--dim", o.config.model.dim, "model width");
   app.add_option("--hidden", o.config.model.hidden, "expert hidden size (default: dim)");
@@ -34,6 +34,16 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "transformer: SwiGLU width (default: 8*dim/3 rounded up to 64)");
   app.add_option("--seq-len", o.config.model.seq_len, "transformer: tokens per sequence");
   app.add_option("--vocab", o.config.model.vocab, "transformer: vocabulary size");
+  app.add_option("--ep", o.config.model.ep, "moe-transformer: expert-parallel ranks (divides the ranks)");
+  app.add_option("--top-k", o.config.model.top_k, "moe-transformer: experts per token");
+  app.add_option("--moe-every", o.config.model.moe_every,
+                 "moe-transformer: block i has the MoE layer when (i + 1) % N == 0 (default 2)");
+  app.add_option("--expert-ffn-dim", o.config.model.expert_ffn_dim,
+                 "moe-transformer: SwiGLU width of one expert (default: ffn-dim)");
+  app.add_option("--capacity-factor", o.config.model.capacity_factor,
+                 "moe-transformer: expert capacity factor (0: dropless)");
+  app.add_option("--aux-loss-weight", o.config.model.aux_loss_weight,
+                 "moe-transformer: load-balancing loss weight");
   app.add_option("--tokens", o.config.tokens, "tokens per rank per step");
   app.add_option("--steps", o.config.steps, "training steps");
   app.add_option("--warmup", o.config.warmup, "steps left out of the timing statistics");
@@ -73,7 +83,16 @@ void validate(TrainOptions& o) {
   FSDP_CHECK(o.config.tokens >= 1, "--tokens must be >= 1, got ", o.config.tokens);
   o.config.param_dtype = parse_dtype(o.param_dtype);
   if (o.lr > 0) o.config.optimizer.adamw.lr = o.config.optimizer.sgd_lr = static_cast<float>(o.lr);
-  if (o.config.model.kind == "transformer") {
+  const bool moe_transformer = o.config.model.kind == "moe-transformer";
+  FSDP_CHECK(moe_transformer || o.config.model.ep == 1,
+             "--ep applies to --model moe-transformer only");
+  if (moe_transformer) {
+    FSDP_CHECK(o.config.model.ep >= 1, "--ep must be >= 1, got ", o.config.model.ep);
+    FSDP_CHECK(o.backend != "cpu" || o.world_size % o.config.model.ep == 0, "--world-size (",
+               o.world_size, ") must be divisible by --ep (", o.config.model.ep, ")");
+    nn::moe_config(o.config.model);  // one-line errors (experts divisible by ep, top-k, ...)
+  }
+  if (o.config.model.kind == "transformer" || moe_transformer) {
     nn::transformer_config(o.config.model);  // one-line errors for bad sizes, before any rank
     FSDP_CHECK(o.config.tokens % o.config.model.seq_len == 0, "--tokens (", o.config.tokens,
                ") must be a multiple of --seq-len (", o.config.model.seq_len, ")");
@@ -124,6 +143,7 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
   s.losses = r0.losses;
   s.loss_first = r0.losses.front();
   s.loss_last = r0.losses.back();
+  s.max_expert_load = r0.max_expert_loads.empty() ? -1 : r0.max_expert_loads.back();
   return s;
 }
 
@@ -132,6 +152,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c, con
           {"world_size", s.world_size},
           {"model", model},
           {"layers", c.model.layers},
+          {"ep", c.model.ep},
           {"dim", c.model.dim},
           {"tokens_per_rank", c.tokens},
           {"steps", c.steps},
@@ -151,6 +172,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c, con
           {"loss_first", s.loss_first},
           {"loss_last", s.loss_last},
           {"losses", s.losses},
+          {"max_expert_load", s.max_expert_load >= 0 ? nlohmann::json(s.max_expert_load) : nlohmann::json()},
           {"exposed_comm_ms", s.traced ? nlohmann::json(s.exposed_comm_ms) : nlohmann::json()},
           {"rs_recycle_stall_ms", s.traced ? nlohmann::json(s.rs_recycle_stall_ms) : nlohmann::json()},
           {"rs_drain_ms", s.traced ? nlohmann::json(s.rs_drain_ms) : nlohmann::json()},
@@ -170,6 +192,7 @@ int run_train(TrainOptions& o) {
     std::fprintf(stdout, "[%.*s%*s] step %d/%d  loss %.6g  step_ms %.2f  tokens/s %.0f", done,
                  "####################", width - done, "", r.step + 1, steps, r.loss, r.step_ms,
                  r.step_ms > 0 ? o.config.tokens * o.effective_world * 1000.0 / r.step_ms : 0);
+    if (r.max_expert_load >= 0) std::fprintf(stdout, "  max_expert_load %.3f", r.max_expert_load);
     if (r.exposed_comm_ms >= 0)
       std::fprintf(stdout, "  exposed_comm_ms %.3f  rs_recycle_stall_ms %.3f", r.exposed_comm_ms,
                    r.rs_recycle_stall_ms);

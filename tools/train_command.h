@@ -41,6 +41,7 @@ struct Summary {
   int streams_used = 0;
   float loss_first = 0, loss_last = 0;
   std::vector<float> losses;  // rank 0's, every step
+  double max_expert_load = -1;  // moe-transformer: rank 0's, last step
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);

@@ -43,7 +43,9 @@ const char* mem_tag_name(MemTag tag) {
 }
 
 const char* collective_name(CollectiveKind kind) {
-  static const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
+  static const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                "all_to_all"};
+  static_assert(sizeof(names) / sizeof(names[0]) == kCollectiveKindCount);
   return names[static_cast<int>(kind)];
 }
 
@@ -67,6 +69,18 @@ void Comm::broadcast(void* buf, int64_t count, DType t, int root, Stream s) {
   FSDP_CHECK(root >= 0 && root < size(), "broadcast root ", root, " outside [0, ", size(), ")");
   ++issued_[static_cast<int>(CollectiveKind::Broadcast)];
   do_broadcast(buf, count, t, root, s);
+}
+void Comm::all_to_all(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                      const std::vector<int64_t>& recv_counts, DType t, Stream s) {
+  FSDP_CHECK(static_cast<int>(send_counts.size()) == size() &&
+                 static_cast<int>(recv_counts.size()) == size(),
+             "all_to_all on communicator '", name(), "' of ", size(), " members needs ", size(),
+             " send and recv counts, got ", send_counts.size(), " and ", recv_counts.size());
+  for (int j = 0; j < size(); ++j)
+    FSDP_CHECK(send_counts[j] >= 0 && recv_counts[j] >= 0, "all_to_all on communicator '",
+               name(), "': negative count for member ", j);
+  ++issued_[static_cast<int>(CollectiveKind::AllToAll)];
+  do_all_to_all(send, send_counts, recv, recv_counts, t, s);
 }
 // Note [Transformer ops]
 // The transformer's ops (include/fsdp/device.h) have these defaults so a backend can add them

@@ -48,12 +48,16 @@ struct StepReport {
   // From this step's timeline, when tracing (config.timeline); -1 otherwise.
   double exposed_comm_ms = -1;
   double rs_recycle_stall_ms = -1;
+  // MoE transformer: the busiest expert's share of this rank's routed tokens (max over MoE
+  // layers, last micro-batch); -1 for other models.
+  double max_expert_load = -1;
 };
 
 struct RankResult {
   int rank = 0;
   std::vector<float> losses;
   std::vector<double> step_ms;
+  std::vector<double> max_expert_loads;  // per step (StepReport::max_expert_load)
   double host_schedule_us_per_unit = 0;  // host time in forward+backward calls per unit
   MemStats memory;
   int64_t collectives_first_step[kCollectiveKindCount] = {};  // on the main mesh + RS comms
