@@ -124,6 +124,29 @@ TEST(MoeTransformerOptions, CapacityFactorAndSeparateRsGroupKeepParity) {
     EXPECT_LE(relative_error(results[r].params, as_held_by(ref.params, results[r].params, r, 2)), 2e-6);
 }
 
+// The other grad paths under a divide factor: no-sync micro-batches (unsharded accumulation,
+// then one reduce-scatter) and the optimizer in backward (a transient grad shard).
+TEST(MoeTransformerOptions, MicroBatchesAndOptimizerInBackwardKeepParity) {
+  runtime::TrainConfig c = moe_config(2);
+  c.optimizer.kind = "sgd";
+  c.optimizer.sgd_lr = 0.5f;
+  const auto init = initial_params(c);
+  for (bool in_backward : {false, true}) {
+    c.micro_batches = in_backward ? 1 : 2;
+    c.optimizer_in_backward = in_backward;
+    const auto ref = run_reference(c, 4);
+    const auto results = run_fsdp(4, c);
+    for (int r = 0; r < 4; ++r) {
+      const auto& held = results[r].params;
+      const auto init_held = as_held_by(init, held, r, 2);
+      EXPECT_LE(relative_error(minus(held, init_held),
+                               minus(as_held_by(ref.params, held, r, 2), init_held)),
+                1e-5)
+          << "optimizer in backward " << in_backward << " rank " << r;
+    }
+  }
+}
+
 // ---- the RS ring: a block's dense group (dp) and expert group (efsdp) share the root's ring
 using nn::MoeGradOrder;
 const MoeGradOrder kOrders[] = {MoeGradOrder::DenseFirst, MoeGradOrder::ExpertsFirst,

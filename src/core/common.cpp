@@ -82,6 +82,21 @@ void Comm::all_to_all(const void* send, const std::vector<int64_t>& send_counts,
   ++issued_[static_cast<int>(CollectiveKind::AllToAll)];
   do_all_to_all(send, send_counts, recv, recv_counts, t, s);
 }
+// Note [Grouped GEMM] in include/fsdp/device.h: the default, one gemm per group.
+void Device::grouped_gemm(Stream s, bool trans_a, bool trans_b, const GemmGroup* groups, int count,
+                          DType ab_t, DType c_t) {
+  for (int i = 0; i < count; ++i) {
+    const GemmGroup& g = groups[i];
+    FSDP_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "grouped_gemm group ", i, " shape ", g.m, "x",
+               g.n, "x", g.k);
+    if (g.m == 0 || g.n == 0) continue;
+    if (g.k == 0)
+      fill(s, g.c, c_t, g.m * g.n, 0.0f);
+    else
+      gemm(s, trans_a, trans_b, g.m, g.n, g.k, 1.0f, g.a, g.b, ab_t, 0.0f, g.c, c_t);
+  }
+}
+
 // Note [Transformer ops]
 // The transformer's ops (include/fsdp/device.h) have these defaults so a backend can add them
 // one at a time; both backends override every one of them, and the tests compare the two.

@@ -66,29 +66,31 @@ Tensor GroupedExperts::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor h = new_act(ctx, rows, 2 * ffn_), act = new_act(ctx, rows, ffn_), out = new_act(ctx, rows, dim_);
   void* w13 = params()[0]->value.data;
   void* w2 = params()[1]->value.data;
-  d.set_label(op_label("fwd", "expert gemm"));
+  // Note [Grouped GEMM]: every local expert in one call per projection.
+  std::vector<Device::GemmGroup> g(static_cast<size_t>(local_));
   int64_t off = 0;
   for (int l = 0; l < local_; ++l) {
     const int64_t n = counts[l];
-    if (n > 0)
-      d.gemm(ctx.compute, false, true, n, 2 * ffn_, dim_, 1.0f, at(x.data, off * dim_, t),
-             at(w13, l * 2 * ffn_ * dim_, t), t, 0.0f, at(h.data, off * 2 * ffn_, t), t);
+    g[l] = {n, 2 * ffn_, dim_, at(x.data, off * dim_, t), at(w13, l * 2 * ffn_ * dim_, t),
+            at(h.data, off * 2 * ffn_, t)};
     off += n;
   }
   FSDP_CHECK(off == rows, "GroupedExperts ", fqn(), ": counts sum to ", off, ", input has ", rows, " rows");
+  d.set_label(op_label("fwd", "expert gemm"));
+  if (rows > 0) d.grouped_gemm(ctx.compute, false, true, g.data(), local_, t, t);
   if (rows > 0) {
     d.set_label(op_label("fwd", "expert swiglu"));
     d.swiglu_forward(ctx.compute, h.data, t, rows, ffn_, act.data);
   }
-  d.set_label(op_label("fwd", "expert gemm"));
   off = 0;
   for (int l = 0; l < local_; ++l) {
     const int64_t n = counts[l];
-    if (n > 0)
-      d.gemm(ctx.compute, false, true, n, dim_, ffn_, 1.0f, at(act.data, off * ffn_, t),
-             at(w2, l * dim_ * ffn_, t), t, 0.0f, at(out.data, off * dim_, t), t);
+    g[l] = {n, dim_, ffn_, at(act.data, off * ffn_, t), at(w2, l * dim_ * ffn_, t),
+            at(out.data, off * dim_, t)};
     off += n;
   }
+  d.set_label(op_label("fwd", "expert gemm"));
+  if (rows > 0) d.grouped_gemm(ctx.compute, false, true, g.data(), local_, t, t);
   saved_x_ = x;
   saved_h_ = std::move(h);
   saved_act_ = std::move(act);
@@ -105,41 +107,35 @@ Tensor GroupedExperts::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Tensor dw13 = empty_tensor(d, ctx.compute, t, p13.rows(), p13.cols(), MemTag::Grad);
   Tensor dw2 = empty_tensor(d, ctx.compute, t, p2.rows(), p2.cols(), MemTag::Grad);
   Tensor dact = new_act(ctx, rows, ffn_), dh = new_act(ctx, rows, 2 * ffn_), dx = new_act(ctx, rows, dim_);
-  // An expert without tokens has a zero grad (FSDP reduces every param of the group).
-  if (std::count(saved_counts_.begin(), saved_counts_.end(), 0) > 0) {
-    d.fill(ctx.compute, dw13.data, t, dw13.numel(), 0.0f);
-    d.fill(ctx.compute, dw2.data, t, dw2.numel(), 0.0f);
-  }
-  d.set_label(op_label("bwd", "expert gemm"));
+  // Weight grads: one group per local expert, k = its rows (0 rows: a zero grad, which FSDP
+  // reduces like any other). Input grads: m = its rows.
+  std::vector<Device::GemmGroup> dw(static_cast<size_t>(local_)), dx_groups(static_cast<size_t>(local_));
   int64_t off = 0;
   for (int l = 0; l < local_; ++l) {
     const int64_t n = saved_counts_[l];
-    if (n > 0) {
-      const void* dout = at(dy.data, off * dim_, t);
-      d.gemm(ctx.compute, true, false, dim_, ffn_, n, 1.0f, dout, at(saved_act_.data, off * ffn_, t),
-             t, 0.0f, at(dw2.data, l * dim_ * ffn_, t), t);
-      d.gemm(ctx.compute, false, false, n, ffn_, dim_, 1.0f, dout,
-             at(p2.value.data, l * dim_ * ffn_, t), t, 0.0f, at(dact.data, off * ffn_, t), t);
-    }
+    const void* dout = at(dy.data, off * dim_, t);
+    dw[l] = {dim_, ffn_, n, dout, at(saved_act_.data, off * ffn_, t), at(dw2.data, l * dim_ * ffn_, t)};
+    dx_groups[l] = {n, ffn_, dim_, dout, at(p2.value.data, l * dim_ * ffn_, t), at(dact.data, off * ffn_, t)};
     off += n;
   }
+  d.set_label(op_label("bwd", "expert gemm"));
+  d.grouped_gemm(ctx.compute, true, false, dw.data(), local_, t, t);
+  if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
   if (rows > 0) {
     d.set_label(op_label("bwd", "expert swiglu"));
     d.swiglu_backward(ctx.compute, saved_h_.data, dact.data, t, rows, ffn_, dh.data);
   }
-  d.set_label(op_label("bwd", "expert gemm"));
   off = 0;
   for (int l = 0; l < local_; ++l) {
     const int64_t n = saved_counts_[l];
-    if (n > 0) {
-      const void* dhl = at(dh.data, off * 2 * ffn_, t);
-      d.gemm(ctx.compute, true, false, 2 * ffn_, dim_, n, 1.0f, dhl, at(saved_x_.data, off * dim_, t),
-             t, 0.0f, at(dw13.data, l * 2 * ffn_ * dim_, t), t);
-      d.gemm(ctx.compute, false, false, n, dim_, 2 * ffn_, 1.0f, dhl,
-             at(p13.value.data, l * 2 * ffn_ * dim_, t), t, 0.0f, at(dx.data, off * dim_, t), t);
-    }
+    const void* dhl = at(dh.data, off * 2 * ffn_, t);
+    dw[l] = {2 * ffn_, dim_, n, dhl, at(saved_x_.data, off * dim_, t), at(dw13.data, l * 2 * ffn_ * dim_, t)};
+    dx_groups[l] = {n, dim_, 2 * ffn_, dhl, at(p13.value.data, l * 2 * ffn_ * dim_, t), at(dx.data, off * dim_, t)};
     off += n;
   }
+  d.set_label(op_label("bwd", "expert gemm"));
+  d.grouped_gemm(ctx.compute, true, false, dw.data(), local_, t, t);
+  if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
   saved_x_ = saved_h_ = saved_act_ = Tensor{};
   if (hold_grads) {
     held_.push_back(std::move(dw2));

@@ -27,7 +27,7 @@ struct CollectiveCall {
   const void* send = nullptr;
   void* recv = nullptr;
   int color = 0, key = 0;  // Split
-  std::vector<int64_t> send_counts, recv_counts;  // AllToAll, per member
+  std::vector<int64_t> send_counts = {}, recv_counts = {};  // AllToAll, per member
 };
 
 struct CommShared;
