@@ -18,13 +18,13 @@ MoeConfig moe_config(const ModelConfig& m) {
   c.ep_rank = m.ep_rank;
   c.group_tokens = m.moe_group_tokens;
   c.validate();
+  FSDP_CHECK(m.moe_every >= 1, "--moe-every must be >= 1, got ", m.moe_every);
   return c;
 }
 
 void Model::build_moe_transformer() {
   const TransformerConfig c = transformer_config(config_);
   const MoeConfig m = moe_config(config_);
-  FSDP_CHECK(config_.moe_every >= 1, "--moe-every must be >= 1, got ", config_.moe_every);
   embedding_ = &add_child(
       "tok_embeddings",
       std::make_unique<Embedding>(c.vocab, c.dim,
