@@ -4,6 +4,7 @@
 // chaos schedules, and the command.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -71,6 +72,31 @@ std::vector<std::vector<float>> as_held_by(const std::vector<std::vector<float>>
                      ref[i].begin() + static_cast<std::ptrdiff_t>(first + n));
   }
   return out;
+}
+
+TEST(MoeTransformerModel, ExpertParamsAndActiveParamsPerEpLayout) {
+  runtime::TrainConfig c = moe_config(1);
+  const int64_t per_expert = 3 * 16 * 8;  // w13 and w2 of one expert: 3 * dim * expert ffn
+  nn::Model all(c.model);
+  int64_t expert_params = 0;
+  for (Param* p : all.all_params())
+    if (p->shape().size() == 3) expert_params += p->numel();
+  EXPECT_EQ(expert_params, 4 * per_expert);  // one MoE block (layer 1), 4 experts
+  EXPECT_EQ(all.active_param_count(), all.param_count() - 2 * per_expert);  // top-2 of 4
+  c.model.ep = 2;
+  c.model.ep_rank = 1;
+  nn::Model half(c.model);
+  EXPECT_EQ(half.param_count(), all.param_count() - 2 * per_expert);  // 2 local experts
+  EXPECT_EQ(half.active_param_count(), all.active_param_count());
+  // Ep rank 1 holds global experts 2 and 3: the same values as the unsharded model's.
+  const auto held = [](nn::Model& m, const std::string& fqn) {
+    for (Param* p : m.all_params())
+      if (p->shape().size() == 3 && fqn.ends_with(p->name())) return p->init_values();
+    return std::vector<float>{};
+  };
+  const std::vector<float> w2_all = held(all, "w2"), w2_half = held(half, "w2");
+  ASSERT_EQ(w2_half.size() * 2, w2_all.size());
+  EXPECT_TRUE(std::equal(w2_half.begin(), w2_half.end(), w2_all.begin() + w2_half.size()));
 }
 
 struct Layout {

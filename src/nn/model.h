@@ -66,6 +66,9 @@ class Model : public Module {
     return is_transformer() ? config_.vocab : config_.classes > 0 ? config_.classes : config_.dim;
   }
   int64_t param_count();
+  // The params one token's forward uses (for FLOPs): an MoE layer counts K of its experts; the
+  // others all of their params. Equals param_count() for models without MoE layers.
+  int64_t active_param_count();
   // The MoE transformer's expert parallelism: the ep communicator its MoE layers dispatch over
   // (nullptr with ep 1), the auxiliary loss of the last forward (summed over MoE layers; 0 for
   // other models), the largest expert load of the last forward (max over MoE layers; -1 for

@@ -54,6 +54,16 @@ void Model::build_moe_transformer() {
                                 c.vocab * c.dim, kTransformerInitStd)));
 }
 
+int64_t Model::active_param_count() {
+  int64_t n = 0;
+  visit([&](Module& m) {
+    const bool experts = dynamic_cast<GroupedExperts*>(&m) != nullptr;
+    for (const auto& p : m.params())
+      n += experts ? p->numel() / p->rows() * config_.top_k : p->numel();  // rows: local experts
+  });
+  return n;
+}
+
 void Model::set_expert_comm(Comm* ep) {
   visit([&](Module& m) {
     if (auto* moe = dynamic_cast<MoeFeedForward*>(&m)) moe->set_expert_comm(ep);

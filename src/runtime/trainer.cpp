@@ -100,7 +100,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   if (ep > 1) ep_comm = world->split(rank / ep, rank, "ep");
   nn::Model model(model_config);
   model.set_expert_comm(ep_comm.get());
-  result.param_count = model.param_count();
+  result.param_count = model.active_param_count();
   Mesh mesh("dp", device, world);
   std::unique_ptr<Mesh> expert_mesh;
   FullyShardOptions options;

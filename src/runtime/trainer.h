@@ -64,7 +64,7 @@ struct RankResult {
   int64_t all_gathers_forward_first_step = 0;
   int64_t all_gathers_backward_first_step = 0;
   int64_t reduce_scatters_first_step = 0;
-  int64_t param_count = 0;
+  int64_t param_count = 0;  // active params (Model::active_param_count)
   int64_t sharded_state_bytes = 0;
   std::vector<std::vector<float>> params;  // when collect_params
   Timeline timeline;
