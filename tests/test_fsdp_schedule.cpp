@@ -179,25 +179,45 @@ TEST(BadInput, ClearErrors) {
   EXPECT_THROW(runtime::run_cpu_ranks(0, {}, [](int, Device&, std::shared_ptr<Comm>) {}), Error);
 }
 
-TEST(BadInput, MeshThatDoesNotCoverTheRanks) {
+// Note [Sub-meshes]: a param group's mesh may be a subset of the module's mesh (the experts'
+// efsdp mesh inside dp), but not reach past it.
+TEST(BadInput, PlacementMeshOutsideTheModulesMesh) {
   try {
     runtime::run_cpu_ranks(2, {}, [](int rank, Device& device, std::shared_ptr<Comm> world) {
-      Mesh dp("dp", device, world);
-      // rank 0 alone: a mesh of one rank where the module's mesh spans two
-      Mesh lonely("lonely", device, world->split(rank == 0 ? 0 : 1, 0, "lonely"));
+      Mesh world_mesh("world", device, world);
+      // each rank alone: the module's mesh spans one rank, the placement mesh two
+      Mesh lonely("lonely", device, world->split(rank, 0, "lonely"));
       nn::ModelConfig mc;
       mc.kind = "mlp";
       mc.layers = 1;
       mc.dim = 4;
       nn::Model model(mc);
       FullyShardOptions o;
-      o.shard_placement_fn = [&](const Module&, const Param&) { return &lonely; };
-      fully_shard(model, dp, o);
+      o.shard_placement_fn = [&](const Module&, const Param&) { return &world_mesh; };
+      fully_shard(model, lonely, o);
     });
     FAIL() << "accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("must cover all data-parallel ranks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is not a subset of mesh 'lonely'"), std::string::npos)
+        << e.what();
   }
+}
+
+TEST(SubMesh, APlacementMeshInsideTheModulesMeshIsAccepted) {
+  runtime::run_cpu_ranks(2, {}, [](int rank, Device& device, std::shared_ptr<Comm> world) {
+    Mesh dp("dp", device, world);
+    Mesh lonely("lonely", device, world->split(rank, 0, "lonely"));
+    nn::ModelConfig mc;
+    mc.kind = "mlp";
+    mc.layers = 1;
+    mc.dim = 4;
+    nn::Model model(mc);
+    FullyShardOptions o;
+    o.shard_placement_fn = [&](const Module&, const Param&) { return &lonely; };
+    FsdpModule& root = fully_shard(model, dp, o);
+    // one rank per mesh: the whole param on each
+    EXPECT_EQ(sharded_groups(root, false).at(0).numel, 16);
+  });
 }
 
 }  // namespace

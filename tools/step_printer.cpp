@@ -46,6 +46,7 @@ void StepPrinter::operator()(const runtime::StepReport& r) {
     const double tflops = o_.flops_per_token * r.tokens / (r.step_ms * 1e-3) / 1e12;
     std::fprintf(out_, "  mfu %.1f%%", 100.0 * tflops / o_.peak_tflops);
   }
+  if (r.max_expert_load >= 0) std::fprintf(out_, "  max_expert_load %.3f", r.max_expert_load);
   std::fprintf(out_, "  eta %s", eta);
   if (r.exposed_comm_ms >= 0)
     std::fprintf(out_, "  exposed_comm_ms %.3f  rs_recycle_stall_ms %.3f", r.exposed_comm_ms,

@@ -104,7 +104,7 @@ void resolve_defaults(TrainOptions& o) {
   optim::OptimizerConfig& opt = c.optimizer;
   if (o.lr)
     opt.adamw.lr = opt.sgd_lr = static_cast<float>(*o.lr);
-  else if (c.model.kind != "transformer")
+  else if (c.model.kind != "transformer" && c.model.kind != "moe-transformer")
     opt.adamw.lr = optim::default_adamw_lr(c.model.dim);
   opt.adamw.weight_decay = static_cast<float>(o.weight_decay);
   opt.max_grad_norm = static_cast<float>(o.clip_grad_norm);
@@ -120,7 +120,15 @@ void resolve_defaults(TrainOptions& o) {
                     "--optimizer-in-backward 1 cannot clip gradients (clipping needs every "
                     "gradient before any step); add --clip-grad-norm 0 to use it");
   }
-  if (c.model.kind == "transformer") {
+  const bool moe_transformer = c.model.kind == "moe-transformer";
+  FSDP_USER_CHECK(moe_transformer || c.model.ep == 1, "--ep applies to --model moe-transformer only");
+  if (moe_transformer) {
+    FSDP_USER_CHECK(c.model.ep >= 1, "--ep must be >= 1, got ", c.model.ep);
+    FSDP_USER_CHECK(o.backend != "cpu" || o.world_size % c.model.ep == 0, "--world-size (",
+                    o.world_size, ") must be divisible by --ep (", c.model.ep, ")");
+    nn::moe_config(c.model);  // one-line errors (experts divisible by ep, top-k, ...)
+  }
+  if (c.model.kind == "transformer" || moe_transformer) {
     nn::transformer_config(c.model);  // one-line errors for bad sizes, before any rank
     FSDP_USER_CHECK(c.tokens % c.model.seq_len == 0, "--tokens (", c.tokens,
                     ") must be a multiple of --seq-len (", c.model.seq_len, ")");

@@ -26,8 +26,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       "ranks; CPU backend: threads; CUDA backend: must equal the GPUs used (see --nproc)");
   o.nproc_opt = app.add_option("--nproc", o.nproc,
                                "CUDA backend: processes, one per GPU (0: every visible GPU)");
-  app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer")
-      ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer"}));
+  app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer | moe-transformer")
+      ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer", "moe-transformer"}));
   app.add_option("--layers", o.config.model.layers, "blocks");
   app.add_option("--dim", o.config.model.dim, "model width");
   app.add_option("--hidden", o.config.model.hidden,
@@ -50,6 +50,16 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "with --data: validation loss every N steps and after the last [default: steps / 10]");
   app.add_option("--eval-batches", o.eval_batches,
                  "with --data: validation batches per evaluation (at most)");
+  app.add_option("--ep", o.config.model.ep, "moe-transformer: expert-parallel ranks (divides the ranks)");
+  app.add_option("--top-k", o.config.model.top_k, "moe-transformer: experts per token");
+  app.add_option("--moe-every", o.config.model.moe_every,
+                 "moe-transformer: block i has the MoE layer when (i + 1) % N == 0 (default 2)");
+  app.add_option("--expert-ffn-dim", o.config.model.expert_ffn_dim,
+                 "moe-transformer: SwiGLU width of one expert (default: ffn-dim)");
+  app.add_option("--capacity-factor", o.config.model.capacity_factor,
+                 "moe-transformer: expert capacity factor (0: dropless)");
+  app.add_option("--aux-loss-weight", o.config.model.aux_loss_weight,
+                 "moe-transformer: load-balancing loss weight");
   app.add_option("--tokens", o.config.tokens, "tokens per rank per step");
   app.add_option("--steps", o.config.steps, "training steps");
   app.add_option("--warmup", o.config.warmup,
@@ -139,6 +149,8 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"loss_last", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.back())},
       {"losses", s.losses},
       {"val_losses", s.val_losses},
+      {"ep", c.model.ep},
+      {"max_expert_load", number_or_null(s.max_expert_load >= 0, s.max_expert_load)},
       {"lrs", s.lrs},
       {"grad_norms", s.grad_norms},
       {"exposed_comm_ms", number_or_null(s.traced, s.exposed_comm_ms)},
@@ -211,6 +223,7 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
   s.val_losses = r0.val_losses;
   s.error = r0.error;
   s.failed_step = r0.failed_step;
+  s.max_expert_load = r0.max_expert_loads.empty() ? -1 : r0.max_expert_loads.back();
   return s;
 }
 

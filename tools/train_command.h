@@ -63,6 +63,7 @@ struct Summary {
   std::vector<std::pair<int, float>> val_losses;  // (step, 0-based; validation loss)
   std::string error;                           // a non-finite step stopped the run
   int failed_step = -1;
+  double max_expert_load = -1;  // moe-transformer: rank 0's, last step
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);

@@ -21,8 +21,9 @@ void attach_token_data(TrainOptions& o) {
   }
   namespace fs = std::filesystem;
   nn::ModelConfig& m = o.config.model;
-  FSDP_USER_CHECK(m.kind == "transformer", "--data trains a token model: use --model transformer "
-                  "(got --model ", m.kind, ")");
+  FSDP_USER_CHECK(m.kind == "transformer" || m.kind == "moe-transformer",
+                  "--data trains a token model: use --model transformer or moe-transformer (got "
+                  "--model ", m.kind, ")");
   std::error_code ec;
   FSDP_USER_CHECK(fs::is_directory(o.data_dir, ec), "--data '", o.data_dir,
                   "' is not a directory (make one with `fsdp prepare-data`)");

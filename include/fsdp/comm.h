@@ -21,7 +21,7 @@
 namespace fsdp {
 
 enum class ReduceOp : uint8_t { Sum, Avg };
-enum class CollectiveKind : uint8_t { AllGather, ReduceScatter, AllReduce, Broadcast, Count };
+enum class CollectiveKind : uint8_t { AllGather, ReduceScatter, AllReduce, Broadcast, AllToAll, Count };
 constexpr int kCollectiveKindCount = static_cast<int>(CollectiveKind::Count);
 const char* collective_name(CollectiveKind kind);
 
@@ -42,6 +42,13 @@ class Comm {
                       Stream s);
   void all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op, Stream s);
   void broadcast(void* buf, int64_t count, DType t, int root, Stream s);
+  // All-to-all with per-peer counts (elements; uneven and zero counts allowed): send holds
+  // send_counts[0] elements for member 0, then send_counts[1] for member 1, ...; recv gets
+  // recv_counts[j] elements from member j, in member order. recv_counts[j] must equal member
+  // j's send_counts[rank()]; send and recv must not overlap. Both backends check the counts
+  // of every pair (the CPU backend raises a one-line error on a mismatch).
+  void all_to_all(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                  const std::vector<int64_t>& recv_counts, DType t, Stream s);
 
   // Collective over this communicator: ranks with the same color form a new communicator,
   // ordered by (key, rank). A negative color takes no part and gets nullptr.
@@ -63,6 +70,9 @@ class Comm {
   virtual void do_all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
                              Stream s) = 0;
   virtual void do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) = 0;
+  virtual void do_all_to_all(const void* send, const std::vector<int64_t>& send_counts,
+                             void* recv, const std::vector<int64_t>& recv_counts, DType t,
+                             Stream s) = 0;
   virtual std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) = 0;
 
  private:

@@ -201,6 +201,20 @@ class Device {
   virtual void gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                     float alpha, const void* a, const void* b, DType ab_t, float beta, void* c,
                     DType c_t) = 0;
+  // Note [Grouped GEMM]
+  // `count` independent GEMMs in one call, each C_i = op(A_i) op(B_i) (alpha 1, beta 0) with
+  // the gemm contract above and its own m, n, k; trans flags and dtypes are shared. A group
+  // with m or n 0 does nothing; one with k 0 writes zeros. The MoE layer runs all its local
+  // experts with it (one launch on CUDA: cuBLAS grouped-batched GEMM); the default loops
+  // over gemm(), which is what the CPU backend uses.
+  struct GemmGroup {
+    int64_t m = 0, n = 0, k = 0;
+    const void* a = nullptr;
+    const void* b = nullptr;
+    void* c = nullptr;
+  };
+  virtual void grouped_gemm(Stream s, bool trans_a, bool trans_b, const GemmGroup* groups,
+                            int count, DType ab_t, DType c_t);
   // C = relu(op(A) op(B)), fused into the GEMM's epilogue where the backend can.
   virtual void gemm_relu(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                          const void* a, const void* b, DType ab_t, void* c, DType c_t) = 0;

@@ -99,6 +99,15 @@ class FsdpModule {
   void set_reduce_scatter_max_input_buffers(int k, bool recurse = true);
   // RS on its own communicator (one per distinct rank set), so it overlaps AG (#186335).
   void set_separate_reduce_scatter_group(bool enable, bool recurse = true);
+  // Note [Gradient divide factor]
+  // By default a group's reduce-scatter averages over its mesh: the grad of the mean of the
+  // ranks' losses when every rank of the mesh saw its own data. A group whose mesh is not the
+  // data-parallel one needs another divisor: an expert sharded over efsdp = dp / ep ranks
+  // already sums the grads of its whole ep group's tokens (the all-to-all brought them), so
+  // its grad of the global mean loss is sum over efsdp / dp, not the efsdp average
+  // (docs/moe.md). With a factor F set, the RS sums and scales by 1 / F (FSDP2's
+  // set_gradient_divide_factor); a group whose mesh size equals F keeps the plain average.
+  void set_gradient_divide_factor(double factor, bool recurse = true);
   void set_modules_to_forward_prefetch(const std::vector<FsdpModule*>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FsdpModule*>& modules);
   // Explicit unshard/reshard (not recursive), as FSDP2's FSDPModule.unshard()/reshard().

@@ -43,7 +43,9 @@ const char* mem_tag_name(MemTag tag) {
 }
 
 const char* collective_name(CollectiveKind kind) {
-  static const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast"};
+  static const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
+                                "all_to_all"};
+  static_assert(sizeof(names) / sizeof(names[0]) == kCollectiveKindCount);
   return names[static_cast<int>(kind)];
 }
 
@@ -68,6 +70,33 @@ void Comm::broadcast(void* buf, int64_t count, DType t, int root, Stream s) {
   ++issued_[static_cast<int>(CollectiveKind::Broadcast)];
   do_broadcast(buf, count, t, root, s);
 }
+void Comm::all_to_all(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                      const std::vector<int64_t>& recv_counts, DType t, Stream s) {
+  FSDP_CHECK(static_cast<int>(send_counts.size()) == size() &&
+                 static_cast<int>(recv_counts.size()) == size(),
+             "all_to_all on communicator '", name(), "' of ", size(), " members needs ", size(),
+             " send and recv counts, got ", send_counts.size(), " and ", recv_counts.size());
+  for (int j = 0; j < size(); ++j)
+    FSDP_CHECK(send_counts[j] >= 0 && recv_counts[j] >= 0, "all_to_all on communicator '",
+               name(), "': negative count for member ", j);
+  ++issued_[static_cast<int>(CollectiveKind::AllToAll)];
+  do_all_to_all(send, send_counts, recv, recv_counts, t, s);
+}
+// Note [Grouped GEMM] in include/fsdp/device.h: the default, one gemm per group.
+void Device::grouped_gemm(Stream s, bool trans_a, bool trans_b, const GemmGroup* groups, int count,
+                          DType ab_t, DType c_t) {
+  for (int i = 0; i < count; ++i) {
+    const GemmGroup& g = groups[i];
+    FSDP_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0, "grouped_gemm group ", i, " shape ", g.m, "x",
+               g.n, "x", g.k);
+    if (g.m == 0 || g.n == 0) continue;
+    if (g.k == 0)
+      fill(s, g.c, c_t, g.m * g.n, 0.0f);
+    else
+      gemm(s, trans_a, trans_b, g.m, g.n, g.k, 1.0f, g.a, g.b, ab_t, 0.0f, g.c, c_t);
+  }
+}
+
 // Note [Transformer ops]
 // The transformer's ops (include/fsdp/device.h) have these defaults so a backend can add them
 // one at a time; both backends override every one of them, and the tests compare the two.

@@ -82,6 +82,11 @@ void FsdpModule::set_separate_reduce_scatter_group(bool enable, bool recurse) {
   for_each_state(*state_, recurse, [&](FsdpState& s) { s.separate_reduce_scatter_group = enable; });
 }
 
+void FsdpModule::set_gradient_divide_factor(double factor, bool recurse) {
+  FSDP_CHECK(factor > 0, "set_gradient_divide_factor: the factor must be positive, got ", factor);
+  for_each_state(*state_, recurse, [&](FsdpState& s) { s.gradient_divide_factor = factor; });
+}
+
 namespace {
 std::vector<FsdpState*> states_of(const std::vector<FsdpModule*>& modules) {
   std::vector<FsdpState*> out;

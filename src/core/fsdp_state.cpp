@@ -1,6 +1,7 @@
 #include "core/fsdp_state.h"
 
 #include <algorithm>
+#include <string>
 
 #include "fsdp/error.h"
 
@@ -18,6 +19,28 @@ void collect_managed_params(Module& module, bool is_top, std::vector<std::pair<M
 void collect_states(Module& module, std::vector<FsdpState*>& out) {
   if (FsdpState* s = state_of(module)) out.push_back(s);
   for (const auto& c : module.children()) collect_states(*c, out);
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string out;
+  for (size_t i = 0; i < ranks.size(); ++i) out += (i ? ", " : "") + std::to_string(ranks[i]);
+  return out;
+}
+
+// Note [Sub-meshes]
+// A param group may shard over a mesh that spans a subset of the module's mesh's ranks (the
+// experts' efsdp mesh inside dp, docs/moe.md). Each rank then runs the group's collectives with
+// the members of its own sub-mesh; the sub-meshes of different ranks may differ (one per ep
+// rank) as long as each is inside the module's mesh. The Mesh's communicator comes from
+// Comm::split, so it always contains this rank.
+void check_placement_mesh(Mesh& target, Mesh& module_mesh, const Module& owner, const Param& param) {
+  std::vector<int> a = target.comm().world_ranks(), b = module_mesh.comm().world_ranks();
+  std::sort(a.begin(), a.end());
+  std::sort(b.begin(), b.end());
+  FSDP_CHECK(std::includes(b.begin(), b.end(), a.begin(), a.end()), "param '", owner.fqn(), ".",
+             param.name(), "' is placed on mesh '", target.name(), "' (ranks ", rank_list(a),
+             "), which is not a subset of mesh '", module_mesh.name(), "' (ranks ", rank_list(b),
+             "): a param group's mesh must lie within its module's mesh");
 }
 
 }  // namespace
@@ -40,13 +63,7 @@ FsdpState::FsdpState(Module& m, Mesh& default_mesh, const FullyShardOptions& opt
     FSDP_CHECK(&target->device() == &default_mesh.device(), "param '", owner->fqn(), ".",
                param->name(), "' is placed on mesh '", target->name(),
                "', which lives on another device than mesh '", default_mesh.name(), "'");
-    std::vector<int> a = target->comm().world_ranks(), b = default_mesh.comm().world_ranks();
-    std::sort(a.begin(), a.end());
-    std::sort(b.begin(), b.end());
-    FSDP_CHECK(a == b, "mesh '", target->name(), "' spans ", a.size(), " ranks but mesh '",
-               default_mesh.name(), "' spans ", b.size(),
-               ": every param group's mesh must cover all data-parallel ranks (HSDP is not "
-               "supported)");
+    check_placement_mesh(*target, default_mesh, *owner, *param);
     auto it = std::find(meshes.begin(), meshes.end(), target);
     if (it == meshes.end()) {
       meshes.push_back(target);

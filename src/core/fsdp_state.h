@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,7 @@ class FsdpState : public ModuleHooks {
   bool is_last_backward = true;  // root only
   int reduce_scatter_max_input_buffers = 1;
   bool separate_reduce_scatter_group = false;
+  std::optional<double> gradient_divide_factor;  // Note [Gradient divide factor]
   bool forward_prefetch_set = false, backward_prefetch_set = false;
   std::vector<FsdpState*> forward_prefetch, backward_prefetch;
   RsReclaimPolicy rs_policy = RsReclaimPolicy::BoundedRing;

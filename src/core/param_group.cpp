@@ -251,6 +251,12 @@ void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
   const DType rt = owner_->mp.reduce_dtype;
   const int64_t n = layout_.shard_numel;
   Comm& comm = ctx_->reduce_scatter_comm(*mesh_);
+  // Note [Gradient divide factor]: the RS averages over the mesh unless the module asked for
+  // another divisor; then it sums and the result is scaled by 1 / factor on the way out.
+  const std::optional<double> factor = owner_->gradient_divide_factor;
+  const bool custom = factor && *factor != static_cast<double>(mesh_->size());
+  const ReduceOp op = custom ? ReduceOp::Sum : ReduceOp::Avg;
+  const float scale = custom ? static_cast<float>(1.0 / *factor) : 1.0f;
   // The ring's event follows the collective alone: reclaiming rs_in needs nothing more.
   auto push_ring_entry = [&] {
     Event done = ctx_->events.acquire();
@@ -258,18 +264,24 @@ void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
     ctx_->ring.push({rs_in, done, index_});
     ctx_->rs_work_after_ring = false;
   };
-  auto reduce_to = [&](void* out, DType out_t) {  // out gets the averaged grad shard
+  // out (fp32) gets (overwrite) or adds (!overwrite) the reduced grad shard.
+  auto reduce_to = [&](float* out, bool overwrite) {
     device_->set_label(label_rs_);
-    if (rt == out_t) {
-      comm.reduce_scatter(rs_in, out, n, rt, ReduceOp::Avg, rs_stream);
+    if (overwrite && !custom && rt == DType::F32) {
+      comm.reduce_scatter(rs_in, out, n, rt, op, rs_stream);
       push_ring_entry();
       return;
     }
     void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream, MemTag::RsOutput);
-    comm.reduce_scatter(rs_in, rs_out, n, rt, ReduceOp::Avg, rs_stream);
+    comm.reduce_scatter(rs_in, rs_out, n, rt, op, rs_stream);
     push_ring_entry();
     device_->set_label(label_rs_accumulate_);
-    device_->cast(rs_stream, out, out_t, rs_out, rt, n);
+    if (overwrite && !custom) {
+      device_->cast(rs_stream, out, DType::F32, rs_out, rt, n);
+    } else {
+      if (overwrite) device_->fill(rs_stream, out, DType::F32, n, 0.0f);
+      device_->accumulate(rs_stream, out, rs_out, rt, n, scale);
+    }
     device_->free(rs_out, rs_stream);
     ctx_->rs_work_after_ring = true;
   };
@@ -278,7 +290,7 @@ void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
     // Note [Optimizer in backward]: a transient grad, consumed at once on the same stream.
     float* grad = static_cast<float*>(
         device_->alloc(static_cast<size_t>(n) * sizeof(float), rs_stream, MemTag::RsOutput));
-    reduce_to(grad, DType::F32);
+    reduce_to(grad, true);
     device_->set_label(label_optimizer_);
     ctx_->optimizer_in_backward(rs_stream, ordinal_, shard_param_, grad, n);
     device_->free(grad, rs_stream);
@@ -286,20 +298,9 @@ void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
     return;
   }
   ensure_grad_shard(rs_stream);
-  if (grad_shard_zero_) {
-    // Note [Lazy zero grad]: the first reduce-scatter after zero_grad writes the grad shard
-    // itself: no zero fill, no accumulation pass (and, in fp32, no RS output buffer).
-    reduce_to(shard_grad_, DType::F32);
-  } else {
-    void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream, MemTag::RsOutput);
-    device_->set_label(label_rs_);
-    comm.reduce_scatter(rs_in, rs_out, n, rt, ReduceOp::Avg, rs_stream);
-    push_ring_entry();
-    device_->set_label(label_rs_accumulate_);
-    device_->accumulate(rs_stream, shard_grad_, rs_out, rt, n, 1.0f);
-    device_->free(rs_out, rs_stream);
-    ctx_->rs_work_after_ring = true;
-  }
+  // Note [Lazy zero grad]: the first reduce-scatter after zero_grad writes the grad shard
+  // itself: no zero fill, no accumulation pass (and, in fp32, no RS output buffer).
+  reduce_to(shard_grad_, grad_shard_zero_);
   grad_shard_zero_ = false;
 }
 

@@ -12,10 +12,15 @@ Model::Model(const ModelConfig& c) : Module("Model"), config_(c) {
   FSDP_CHECK(c.layers >= 1, "--layers must be >= 1, got ", c.layers);
   FSDP_CHECK(c.dim >= 1, "--dim must be >= 1, got ", c.dim);
   FSDP_CHECK(c.kind == "mlp" || c.kind == "resmlp" || c.kind == "moe" || c.kind == "spin" ||
-                 c.kind == "transformer",
-             "unknown model '", c.kind, "' (expected mlp, resmlp, moe, spin or transformer)");
+                 c.kind == "transformer" || c.kind == "moe-transformer",
+             "unknown model '", c.kind,
+             "' (expected mlp, resmlp, moe, spin, transformer or moe-transformer)");
   if (c.kind == "transformer") {
     build_transformer();
+    return;
+  }
+  if (c.kind == "moe-transformer") {
+    build_moe_transformer();
     return;
   }
   for (int i = 0; i < c.layers; ++i) {
@@ -71,6 +76,7 @@ Tensor Model::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) 
   visit([&](Module& m) {
     if (auto* lin = dynamic_cast<Linear*>(&m)) lin->flush_deferred_grads(ctx);
   });
+  release_deferred_expert_grads(ctx);
   return g;
 }
 

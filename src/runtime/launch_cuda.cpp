@@ -43,7 +43,8 @@ nlohmann::json to_json(const RankResult& r) {
           {"host_us", r.host_schedule_us_per_unit},
           {"peak", m.peak_bytes},
           {"rs_live", m.tag_peak_live[static_cast<int>(MemTag::RsInput)]},
-          {"params", r.param_count}};
+          {"params", r.param_count},
+          {"max_expert_loads", r.max_expert_loads}};
 }
 
 RankResult from_json(const nlohmann::json& j) {
@@ -59,6 +60,7 @@ RankResult from_json(const nlohmann::json& j) {
   r.memory.peak_bytes = j["peak"];
   r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)] = j["rs_live"];
   r.param_count = j["params"];
+  r.max_expert_loads = j["max_expert_loads"].get<std::vector<double>>();
   r.timeline = timeline_from_json(j["timeline"]);
   return r;
 }

@@ -31,6 +31,17 @@ Tensor loss_and_grad(Device& d, Stream s, const nn::Model& model, const Tensor& 
   return dy;
 }
 
+// The MoE transformer's auxiliary loss (host value, Note [MoE routing]) joins the rank's loss
+// before the ranks average it; its gradient is the MoE layers' own business.
+void add_aux_loss(Device& d, Stream s, nn::Model& model, float* loss) {
+  if (model.config().kind != "moe-transformer") return;
+  const float aux = model.aux_loss();
+  float* value = static_cast<float*>(d.alloc(sizeof(float), s, MemTag::Other));
+  d.copy_from_host(s, value, &aux, sizeof(float));
+  d.accumulate(s, loss, value, DType::F32, 1, 1.0f);
+  d.free(value, s);
+}
+
 int64_t count_units(nn::Model& model) {
   int64_t n = 0;
   model.visit([&](Module& m) { n += core::state_of(m) != nullptr; });
@@ -39,7 +50,7 @@ int64_t count_units(nn::Model& model) {
 
 std::unique_ptr<BatchSource> make_source(const TrainConfig& c, int rank, int world) {
   if (c.batch_source) return c.batch_source(rank, world);
-  return c.model.kind == "transformer" ? make_synthetic_tokens(c.model, c.seed)
+  return c.model.kind == "transformer" || c.model.kind == "moe-transformer" ? make_synthetic_tokens(c.model, c.seed)
                                        : make_synthetic_features(c.model, c.seed);
 }
 
@@ -110,8 +121,20 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   const Stream compute = device.create_stream("compute", StreamPriority::Normal);
   RunContext ctx{&device, compute, config.param_dtype};
 
-  nn::Model model(config.model);
-  result.param_count = model.param_count();
+  // Expert parallelism (docs/moe.md): ep groups of consecutive ranks; the experts shard over
+  // the efsdp mesh, the ranks with the same ep rank.
+  nn::ModelConfig model_config = config.model;
+  const bool moe_transformer = model_config.kind == "moe-transformer";
+  const int ep = moe_transformer ? model_config.ep : 1;
+  FSDP_CHECK(ep >= 1 && world->size() % ep == 0, "--ep (", ep,
+             ") must divide the number of data-parallel ranks (", world->size(), ")");
+  model_config.ep_rank = rank % ep;
+  model_config.moe_group_tokens = config.tokens;
+  std::unique_ptr<Comm> ep_comm;
+  if (ep > 1) ep_comm = world->split(rank / ep, rank, "ep");
+  nn::Model model(model_config);
+  model.set_expert_comm(ep_comm.get());
+  result.param_count = model.active_param_count();
   Mesh mesh("dp", device, world);
   std::unique_ptr<Mesh> expert_mesh;
   FullyShardOptions options;
@@ -124,6 +147,13 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       return nn::MoeBlock::is_expert_param(owner) ? em : nullptr;
     };
   }
+  if (moe_transformer) {
+    expert_mesh = std::make_unique<Mesh>("efsdp", device, world->split(rank % ep, rank, "efsdp"));
+    Mesh* em = expert_mesh.get();
+    options.shard_placement_fn = [em](const Module& owner, const Param&) -> Mesh* {
+      return dynamic_cast<const nn::GroupedExperts*>(&owner) ? em : nullptr;
+    };
+  }
   for (Module* block : model.blocks()) fully_shard(*block, mesh, options);
   FullyShardOptions root_options = options;
   root_options.reshard_after_forward.reset();  // FSDP2's default: the root stays unsharded
@@ -131,6 +161,8 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   root.set_reduce_scatter_max_input_buffers(config.rs_max_input_buffers);
   root.set_separate_reduce_scatter_group(config.separate_rs_group);
   root.set_rs_reclaim_policy_for_testing(config.rs_policy);
+  // Note [Gradient divide factor]: every group's grad is of the mean loss over all dp ranks.
+  if (moe_transformer) root.set_gradient_divide_factor(world->size());
   if (rank == 0 && config.event_log) root.set_event_log(config.event_log);
   if (config.customize) config.customize(model, root);
 
@@ -162,6 +194,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   auto issued = [&](CollectiveKind k) {
     int64_t n = world->issued(k);
     if (expert_mesh) n += expert_mesh->comm().issued(k);
+    if (ep_comm) n += ep_comm->issued(k);
     n += core::state_of(model)->ctx ? core::state_of(model)->ctx->separate_comm_issued(k) : 0;
     return n;
   };
@@ -192,6 +225,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     result.losses.push_back(report.loss);
     result.lrs.push_back(report.lr);
     result.grad_norms.push_back(report.grad_norm);
+    result.max_expert_loads.push_back(report.max_expert_load);
     result.step_ms.push_back(report.step_ms);
     if (on_step) on_step(report);
     return true;
@@ -220,6 +254,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       const int64_t ag1 = issued(CollectiveKind::AllGather);
       const int64_t rs1 = issued(CollectiveKind::ReduceScatter);
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
+      add_aux_loss(device, compute, model, loss);
       y = Tensor{};
       const double h1 = device.now_us();
       model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient
@@ -246,6 +281,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       fsdp_module_of(*model.blocks().front())->unshard(/*async_op=*/true);
     reader.end(config.optimizer_in_backward ? nullptr : optimizer.grad_squares());
     state.next_step = step + 1;
+    report.max_expert_load = model.max_expert_load();  // before an evaluation routes again
     if (config.after_step) config.after_step(state);
     if (eval_source && ((step + 1) % config.eval_every == 0 || step + 1 == config.steps)) {
       float* scratch = static_cast<float*>(device.alloc(3 * sizeof(float), compute, MemTag::Other));
@@ -293,7 +329,10 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
   RankResult result;
   const Stream compute = device.create_stream("compute", StreamPriority::Normal);
   RunContext ctx{&device, compute, DType::F32};
-  nn::Model model(config.model);
+  nn::ModelConfig model_config = config.model;
+  model_config.ep = 1;  // every expert here
+  model_config.moe_group_tokens = config.tokens;  // route each rank's tokens as its own group
+  nn::Model model(model_config);
   std::vector<optim::ParamSpan> spans;
   std::vector<Tensor> grads;
   std::vector<std::string> names;  // fqns, in all_params() order
@@ -324,6 +363,7 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
                                        rows, DType::F32);
       Tensor y = model.forward(ctx, batch.x);
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
+      add_aux_loss(device, compute, model, loss);
       // Each rank's loss is a mean over its own rows, and FSDP averages the ranks: the same
       // as the mean over all rows.
       model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient

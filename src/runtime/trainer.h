@@ -79,6 +79,9 @@ struct StepReport {
   // From this step's timeline, when tracing (config.timeline); -1 otherwise.
   double exposed_comm_ms = -1;
   double rs_recycle_stall_ms = -1;
+  // MoE transformer: the busiest expert's share of this rank's routed tokens (max over MoE
+  // layers, last micro-batch); -1 for other models.
+  double max_expert_load = -1;
 };
 
 struct RankResult {
@@ -92,13 +95,14 @@ struct RankResult {
   // one-line message, and the 0-based step.
   std::string error;
   int failed_step = -1;
+  std::vector<double> max_expert_loads;  // per step (StepReport::max_expert_load)
   double host_schedule_us_per_unit = 0;  // host time in forward+backward calls per unit
   MemStats memory;
   int64_t collectives_first_step[kCollectiveKindCount] = {};  // on the main mesh + RS comms
   int64_t all_gathers_forward_first_step = 0;
   int64_t all_gathers_backward_first_step = 0;
   int64_t reduce_scatters_first_step = 0;
-  int64_t param_count = 0;
+  int64_t param_count = 0;  // active params (Model::active_param_count)
   int64_t sharded_state_bytes = 0;
   std::vector<std::vector<float>> params;  // when collect_params
   Timeline timeline;

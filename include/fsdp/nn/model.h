@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/comm.h"
+#include "fsdp/nn/moe.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/nn/layers.h"
 
@@ -33,6 +35,17 @@ struct ModelConfig {
   int64_t seq_len = 32;
   int64_t vocab = 256;
   uint64_t seed = 1;
+  // kind "moe-transformer" (docs/moe.md): the transformer above with an MoE layer in every
+  // other block; `experts` above, and:
+  int top_k = 2;
+  int moe_every = 2;           // is_moe_layer: every other block
+  int64_t expert_ffn_dim = 0;  // 0: ffn_dim
+  double capacity_factor = 0;  // 0: dropless
+  float aux_loss_weight = 0.01f;
+  int ep = 1;                  // expert-parallel ranks
+  int ep_rank = 0;             // set per rank by the trainer
+  int64_t moe_group_tokens = 0;  // Note [MoE routing]: a rank's tokens (set by the trainer)
+  MoeGradOrder expert_grad_order = MoeGradOrder::ExpertsFirst;  // tests: every firing order
 };
 
 // Each FSDP unit's param count, without building the model (for the memory estimate made
@@ -41,6 +54,8 @@ std::vector<int64_t> unit_param_counts(const ModelConfig& config);
 // Training FLOPs per token for MFU: 6 x the GEMM params (every token visits every expert of
 // the dense MoE); the transformer adds attention (transformer_flops_per_token).
 double flops_per_token(const ModelConfig& config);
+// The MoE layer's settings from a ModelConfig (kind "moe-transformer"), validated.
+MoeConfig moe_config(const ModelConfig& config);
 
 // The transformer's sizes from a ModelConfig, defaults resolved and validated.
 TransformerConfig transformer_config(const ModelConfig& config);
@@ -52,12 +67,25 @@ class Model : public Module {
   explicit Model(const ModelConfig& config);
   const ModelConfig& config() const { return config_; }
   const std::vector<Module*>& blocks() const { return blocks_; }
-  bool is_transformer() const { return config_.kind == "transformer"; }
+  bool is_transformer() const {
+    return config_.kind == "transformer" || config_.kind == "moe-transformer";
+  }
   bool uses_cross_entropy() const { return config_.classes > 0 || is_transformer(); }
   int64_t output_dim() const {
     return is_transformer() ? config_.vocab : config_.classes > 0 ? config_.classes : config_.dim;
   }
   int64_t param_count();
+  // The params one token's forward uses (for FLOPs): an MoE layer counts K of its experts; the
+  // others all of their params. Equals param_count() for models without MoE layers.
+  int64_t active_param_count();
+  // The MoE transformer's expert parallelism: the ep communicator its MoE layers dispatch over
+  // (nullptr with ep 1), the auxiliary loss of the last forward (summed over MoE layers; 0 for
+  // other models), the largest expert load of the last forward (max over MoE layers; -1 for
+  // other models), and the expert grads held for the end of backward (ExpertsDeferred).
+  void set_expert_comm(Comm* ep);
+  float aux_loss();
+  float max_expert_load();
+  void release_deferred_expert_grads(RunContext& ctx);
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -65,6 +93,7 @@ class Model : public Module {
 
  private:
   void build_transformer();  // transformer_model.cpp
+  void build_moe_transformer();  // moe_transformer_model.cpp
 
   ModelConfig config_;
   Module* embedding_ = nullptr;   // transformer: token ids -> [tokens, dim]

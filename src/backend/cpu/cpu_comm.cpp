@@ -61,6 +61,8 @@ const char* op_name(CollectiveOp op) {
       return "all_reduce";
     case CollectiveOp::Broadcast:
       return "broadcast";
+    case CollectiveOp::AllToAll:
+      return "all_to_all";
     case CollectiveOp::Split:
       return "split";
   }
@@ -73,6 +75,7 @@ bool is_reduction(CollectiveOp op) {
 
 std::string describe(const CollectiveCall& c) {
   if (c.op == CollectiveOp::Split) return "split";
+  if (c.op == CollectiveOp::AllToAll) return detail::concat("all_to_all(", dtype_name(c.dtype), ")");
   std::string out = detail::concat(op_name(c.op), "(count=", c.count, ", ", dtype_name(c.dtype));
   if (is_reduction(c.op)) out += c.reduce == ReduceOp::Sum ? ", sum" : ", avg";
   if (c.op == CollectiveOp::Broadcast) out += detail::concat(", root=", c.root);
@@ -82,6 +85,7 @@ std::string describe(const CollectiveCall& c) {
 bool same_collective(const CollectiveCall& a, const CollectiveCall& b) {
   if (a.op != b.op) return false;
   if (a.op == CollectiveOp::Split) return true;
+  if (a.op == CollectiveOp::AllToAll) return a.dtype == b.dtype;
   if (a.count != b.count || a.dtype != b.dtype) return false;
   if (is_reduction(a.op) && a.reduce != b.reduce) return false;
   if (a.op == CollectiveOp::Broadcast && a.root != b.root) return false;
@@ -99,6 +103,15 @@ std::string describe_mismatch(const CommShared& shared, int64_t seq,
         m, " (rank ", shared.world_ranks[m], ") issued ", describe(calls[m]),
         "; every rank must issue the same collectives in the same order on a communicator");
   }
+  if (calls[0].op == CollectiveOp::AllToAll)
+    for (int m = 0; m < shared.size(); ++m)
+      for (int j = 0; j < shared.size(); ++j)
+        if (calls[m].send_counts[j] != calls[j].recv_counts[m])
+          return detail::concat("all_to_all on communicator '", shared.name, "' at its collective #",
+                                seq, ": member ", m, " (rank ", shared.world_ranks[m], ") sends ",
+                                calls[m].send_counts[j], " elements to member ", j, " (rank ",
+                                shared.world_ranks[j], "), which expects ",
+                                calls[j].recv_counts[m]);
   return {};
 }
 
@@ -247,7 +260,12 @@ void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& 
     // real link (on the virtual clock, certainly so).
     if (shared.link_gbps > 0) {
       const double peers = shared.size() - 1;
-      const double bytes = call.op == CollectiveOp::AllReduce ? 2.0 * peers * chunk_bytes / shared.size()
+      int64_t from_peers = 0;  // all_to_all: what the others send us
+      for (int j = 0; j < static_cast<int>(call.recv_counts.size()); ++j)
+        if (j != member) from_peers += call.recv_counts[j];
+      const double bytes = call.op == CollectiveOp::AllToAll
+                               ? static_cast<double>(from_peers * dtype_size(call.dtype))
+                           : call.op == CollectiveOp::AllReduce ? 2.0 * peers * chunk_bytes / shared.size()
                            : call.op == CollectiveOp::Broadcast ? chunk_bytes : peers * chunk_bytes;
       world.pass_time(bytes / (shared.link_gbps * 1e3), &cancel);
     }
@@ -271,6 +289,20 @@ void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& 
         if (member != call.root && chunk_bytes)
           std::memcpy(call.recv, rv.calls[call.root].send, chunk_bytes);
         break;
+      case CollectiveOp::AllToAll: {
+        // Only our own recv is written, and no peer reads it: safe before departure.
+        const size_t elem = dtype_size(call.dtype);
+        char* dst = static_cast<char*>(call.recv);
+        for (int j = 0; j < shared.size(); ++j) {
+          const CollectiveCall& peer = rv.calls[j];
+          int64_t offset = 0;  // where peer j's chunk for us starts in its send buffer
+          for (int m = 0; m < member; ++m) offset += peer.send_counts[m];
+          const size_t bytes = static_cast<size_t>(call.recv_counts[j]) * elem;
+          if (bytes) std::memcpy(dst, static_cast<const char*>(peer.send) + offset * elem, bytes);
+          dst += bytes;
+        }
+        break;
+      }
       case CollectiveOp::Split:
         FSDP_FAIL("split is not a stream collective");
     }
@@ -323,6 +355,28 @@ void CpuComm::do_all_reduce(const void* send, void* recv, int64_t count, DType t
 void CpuComm::do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) {
   FSDP_CHECK(count >= 0, "broadcast count ", count);
   launch(s, {CollectiveOp::Broadcast, count, t, ReduceOp::Sum, root, buf, buf});
+}
+
+void CpuComm::do_all_to_all(const void* send, const std::vector<int64_t>& send_counts,
+                            void* recv, const std::vector<int64_t>& recv_counts, DType t,
+                            Stream s) {
+  CollectiveCall call;
+  call.op = CollectiveOp::AllToAll;
+  call.dtype = t;
+  call.send = send;
+  call.recv = recv;
+  call.send_counts = send_counts;
+  call.recv_counts = recv_counts;
+  int64_t sent = 0, received = 0;
+  for (int64_t c : send_counts) sent += c;
+  for (int64_t c : recv_counts) received += c;
+  FSDP_CHECK((send || sent == 0) && (recv || received == 0), "all_to_all on communicator '",
+             name(), "': null buffer for ", sent, " elements sent and ", received, " received");
+  const int64_t seq = next_seq_++;
+  device_.enqueue(
+      s, OpKind::Collective,
+      [shared = shared_, member = member_, seq, call = std::move(call), world = device_.world().get(),
+       cancel = &device_.cancellation()] { execute(*shared, member, seq, call, *world, *cancel); });
 }
 
 std::unique_ptr<Comm> CpuComm::do_split(int color, int key, const std::string& name) {

@@ -14,7 +14,7 @@
 
 namespace fsdp::cpu {
 
-enum class CollectiveOp : uint8_t { AllGather, ReduceScatter, AllReduce, Broadcast, Split };
+enum class CollectiveOp : uint8_t { AllGather, ReduceScatter, AllReduce, Broadcast, AllToAll, Split };
 
 // What one member brings to a rendezvous: enough to check that every member issued the same
 // collective, and the buffers that the others read directly.
@@ -27,6 +27,7 @@ struct CollectiveCall {
   const void* send = nullptr;
   void* recv = nullptr;
   int color = 0, key = 0;  // Split
+  std::vector<int64_t> send_counts = {}, recv_counts = {};  // AllToAll, per member
 };
 
 struct CommShared;
@@ -81,6 +82,8 @@ class CpuComm final : public Comm {
   void do_all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
                      Stream s) override;
   void do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) override;
+  void do_all_to_all(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                     const std::vector<int64_t>& recv_counts, DType t, Stream s) override;
   std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) override;
 
  private:

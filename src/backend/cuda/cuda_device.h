@@ -32,6 +32,8 @@
 
 namespace fsdp::cuda {
 
+class CublasHandle;
+
 class CudnnAttention;
 
 class CudaDevice final : public Device {
@@ -88,6 +90,9 @@ class CudaDevice final : public Device {
                  const void* a, const void* b, DType ab_t, void* c, DType c_t) override;
   void gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
             const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t) override;
+  // Note [Grouped GEMM]: one cuBLAS grouped-batched call (cuda_moe_ops.cpp).
+  void grouped_gemm(Stream s, bool trans_a, bool trans_b, const GemmGroup* groups, int count,
+                    DType ab_t, DType c_t) override;
   void activation_forward(Stream s, Activation f, const void* x, void* y, DType t,
                           int64_t n) override;
   void activation_backward(Stream s, Activation f, const void* x, const void* dy, void* dx, DType t,
@@ -201,6 +206,7 @@ class CudaDevice final : public Device {
   core::AllocationLedger ledger_;
 
   std::unique_ptr<LtGemm> gemm_;
+  std::shared_ptr<CublasHandle> cublas_;  // made at the first grouped_gemm
   std::unique_ptr<CudnnAttention> cudnn_attention_;  // made at the first bf16 attention
   bool attention_simt_ = false;                       // FSDP_ATTENTION=simt
   std::unique_ptr<StagingRing> staging_;

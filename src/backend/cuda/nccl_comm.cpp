@@ -19,7 +19,7 @@ namespace {
 static_assert(sizeof(ncclUniqueId) == sizeof(UniqueId::bytes), "NCCL unique id size changed");
 
 ncclDataType_t nccl_type(DType t) {
-  return t == DType::F32 ? ncclFloat32 : ncclBfloat16;
+  return t == DType::F32 ? ncclFloat32 : t == DType::I32 ? ncclInt32 : ncclBfloat16;
 }
 ncclRedOp_t nccl_op(ReduceOp op) {
   return op == ReduceOp::Avg ? ncclAvg : ncclSum;
@@ -81,6 +81,29 @@ class NcclComm final : public Comm {
     CudaDevice::OpScope op(device_, s, OpKind::Collective);
     FSDP_NCCL_CHECK(ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(t), root, comm_,
                                   op.stream()));
+  }
+
+  // NCCL's ncclAlltoAll takes one count for every peer; uneven counts go through grouped
+  // point-to-point calls, which NCCL runs as one operation.
+  void do_all_to_all(const void* send, const std::vector<int64_t>& send_counts, void* recv,
+                     const std::vector<int64_t>& recv_counts, DType t, Stream s) override {
+    CudaDevice::OpScope op(device_, s, OpKind::Collective);
+    const size_t elem = dtype_size(t);
+    FSDP_NCCL_CHECK(ncclGroupStart());
+    size_t send_offset = 0, recv_offset = 0;
+    for (int peer = 0; peer < size(); ++peer) {
+      const size_t n_send = static_cast<size_t>(send_counts[peer]);
+      const size_t n_recv = static_cast<size_t>(recv_counts[peer]);
+      if (n_send)
+        FSDP_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + send_offset * elem, n_send,
+                                 nccl_type(t), peer, comm_, op.stream()));
+      if (n_recv)
+        FSDP_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + recv_offset * elem, n_recv,
+                                 nccl_type(t), peer, comm_, op.stream()));
+      send_offset += n_send;
+      recv_offset += n_recv;
+    }
+    FSDP_NCCL_CHECK(ncclGroupEnd());
   }
 
   std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) override {

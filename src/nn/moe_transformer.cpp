@@ -1,0 +1,332 @@
+// The MoE transformer's modules: the grouped experts, the MoE feed-forward (router, dispatch,
+// combine) and the block that holds it. Routing and dispatch are in moe_transformer_routing.cpp.
+#include <algorithm>
+
+#include "fsdp/error.h"
+#include "fsdp/nn/moe.h"
+#include "fsdp/synthetic.h"
+#include "fsdp/nn/layers.h"
+#include "nn/moe_transformer_rows.h"
+
+namespace fsdp::nn {
+
+namespace {
+
+Tensor new_act(RunContext& ctx, int64_t rows, int64_t cols) {
+  return empty_tensor(*ctx.device, ctx.compute, ctx.act_dtype, rows, cols, MemTag::Activation);
+}
+
+void* at(void* base, int64_t elements, DType t) {
+  return static_cast<char*>(base) + static_cast<size_t>(elements) * dtype_size(t);
+}
+
+// A role past InitRole's: the experts' streams (one per global expert) from the model's seed.
+constexpr int kExpertRoleBase = 8;
+
+// x with one more row of zeros (what the padding slots of static shapes read).
+Tensor with_zero_row(RunContext& ctx, const Tensor& x) {
+  Tensor out = empty_tensor(*ctx.device, ctx.compute, ctx.act_dtype, x.rows + 1, x.cols,
+                            MemTag::Activation);
+  ctx.device->copy(ctx.compute, out.data, x.data, x.bytes());
+  ctx.device->fill(ctx.compute, at(out.data, x.numel(), ctx.act_dtype), ctx.act_dtype, x.cols, 0.0f);
+  return out;
+}
+
+}  // namespace
+
+uint64_t expert_param_seed(uint64_t seed, int layer, int expert) {
+  return splitmix64_at(transformer_param_seed(seed, layer, static_cast<InitRole>(kExpertRoleBase)),
+                       static_cast<uint64_t>(expert));
+}
+
+// ---- GroupedExperts
+
+GroupedExperts::GroupedExperts(const TransformerConfig& c, const MoeConfig& m, int layer)
+    : Module("GroupedExperts"), dim_(c.dim), ffn_(m.expert_ffn_dim), local_(m.local_experts()) {
+  std::vector<float> w13, w2;
+  const float w2_std = residual_projection_init_std(layer);
+  for (int l = 0; l < local_; ++l) {
+    const uint64_t seed = expert_param_seed(c.seed, layer, m.ep_rank * local_ + l);
+    const std::vector<float> a = normal_init(seed * 2 + 1, 2 * ffn_ * dim_, kTransformerInitStd);
+    const std::vector<float> b = normal_init(seed * 2 + 2, dim_ * ffn_, w2_std);
+    w13.insert(w13.end(), a.begin(), a.end());
+    w2.insert(w2.end(), b.begin(), b.end());
+  }
+  add_param("w13", {local_, 2 * ffn_, dim_}, std::move(w13));
+  add_param("w2", {local_, dim_, ffn_}, std::move(w2));
+}
+
+// out_l = w2_l(silu(x_l w1_l^T) * (x_l w3_l^T)) for each local expert l's rows x_l.
+Tensor GroupedExperts::forward_impl(RunContext& ctx, const Tensor& x) {
+  Device& d = *ctx.device;
+  const DType t = ctx.act_dtype;
+  FSDP_CHECK(static_cast<int>(counts.size()) == local_, "GroupedExperts ", fqn(), ": ",
+             counts.size(), " counts for ", local_, " local experts");
+  const int64_t rows = x.rows;
+  Tensor h = new_act(ctx, rows, 2 * ffn_), act = new_act(ctx, rows, ffn_), out = new_act(ctx, rows, dim_);
+  void* w13 = params()[0]->value.data;
+  void* w2 = params()[1]->value.data;
+  // Note [Grouped GEMM]: every local expert in one call per projection.
+  std::vector<Device::GemmGroup> g(static_cast<size_t>(local_));
+  int64_t off = 0;
+  for (int l = 0; l < local_; ++l) {
+    const int64_t n = counts[l];
+    g[l] = {n, 2 * ffn_, dim_, at(x.data, off * dim_, t), at(w13, l * 2 * ffn_ * dim_, t),
+            at(h.data, off * 2 * ffn_, t)};
+    off += n;
+  }
+  FSDP_CHECK(off == rows, "GroupedExperts ", fqn(), ": counts sum to ", off, ", input has ", rows, " rows");
+  d.set_label(op_label("fwd", "expert gemm"));
+  if (rows > 0) d.grouped_gemm(ctx.compute, false, true, g.data(), local_, t, t);
+  if (rows > 0) {
+    d.set_label(op_label("fwd", "expert swiglu"));
+    d.swiglu_forward(ctx.compute, h.data, t, rows, ffn_, act.data);
+  }
+  off = 0;
+  for (int l = 0; l < local_; ++l) {
+    const int64_t n = counts[l];
+    g[l] = {n, dim_, ffn_, at(act.data, off * ffn_, t), at(w2, l * dim_ * ffn_, t),
+            at(out.data, off * dim_, t)};
+    off += n;
+  }
+  d.set_label(op_label("fwd", "expert gemm"));
+  if (rows > 0) d.grouped_gemm(ctx.compute, false, true, g.data(), local_, t, t);
+  saved_x_ = x;
+  saved_h_ = std::move(h);
+  saved_act_ = std::move(act);
+  saved_counts_ = counts;
+  return out;
+}
+
+Tensor GroupedExperts::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
+  Device& d = *ctx.device;
+  const DType t = ctx.act_dtype;
+  const int64_t rows = saved_x_.rows;
+  Param& p13 = *params()[0];
+  Param& p2 = *params()[1];
+  Tensor dw13 = empty_tensor(d, ctx.compute, t, p13.rows(), p13.cols(), MemTag::Grad);
+  Tensor dw2 = empty_tensor(d, ctx.compute, t, p2.rows(), p2.cols(), MemTag::Grad);
+  Tensor dact = new_act(ctx, rows, ffn_), dh = new_act(ctx, rows, 2 * ffn_), dx = new_act(ctx, rows, dim_);
+  // Weight grads: one group per local expert, k = its rows (0 rows: a zero grad, which FSDP
+  // reduces like any other). Input grads: m = its rows.
+  std::vector<Device::GemmGroup> dw(static_cast<size_t>(local_)), dx_groups(static_cast<size_t>(local_));
+  int64_t off = 0;
+  for (int l = 0; l < local_; ++l) {
+    const int64_t n = saved_counts_[l];
+    const void* dout = at(dy.data, off * dim_, t);
+    dw[l] = {dim_, ffn_, n, dout, at(saved_act_.data, off * ffn_, t), at(dw2.data, l * dim_ * ffn_, t)};
+    dx_groups[l] = {n, ffn_, dim_, dout, at(p2.value.data, l * dim_ * ffn_, t), at(dact.data, off * ffn_, t)};
+    off += n;
+  }
+  d.set_label(op_label("bwd", "expert gemm"));
+  d.grouped_gemm(ctx.compute, true, false, dw.data(), local_, t, t);
+  if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
+  if (rows > 0) {
+    d.set_label(op_label("bwd", "expert swiglu"));
+    d.swiglu_backward(ctx.compute, saved_h_.data, dact.data, t, rows, ffn_, dh.data);
+  }
+  off = 0;
+  for (int l = 0; l < local_; ++l) {
+    const int64_t n = saved_counts_[l];
+    const void* dhl = at(dh.data, off * 2 * ffn_, t);
+    dw[l] = {2 * ffn_, dim_, n, dhl, at(saved_x_.data, off * dim_, t), at(dw13.data, l * 2 * ffn_ * dim_, t)};
+    dx_groups[l] = {n, dim_, 2 * ffn_, dhl, at(p13.value.data, l * 2 * ffn_ * dim_, t), at(dx.data, off * dim_, t)};
+    off += n;
+  }
+  d.set_label(op_label("bwd", "expert gemm"));
+  d.grouped_gemm(ctx.compute, true, false, dw.data(), local_, t, t);
+  if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
+  saved_x_ = saved_h_ = saved_act_ = Tensor{};
+  if (hold_grads) {
+    held_.push_back(std::move(dw2));
+    held_.push_back(std::move(dw13));
+  } else {
+    p2.set_grad(ctx, std::move(dw2));
+    p13.set_grad(ctx, std::move(dw13));
+  }
+  return dx;
+}
+
+void GroupedExperts::release_held_grads(RunContext& ctx) {
+  if (held_.empty()) return;
+  params()[1]->set_grad(ctx, std::move(held_[0]));
+  params()[0]->set_grad(ctx, std::move(held_[1]));
+  held_.clear();
+}
+
+// ---- MoeFeedForward
+
+MoeFeedForward::MoeFeedForward(const TransformerConfig& c, const MoeConfig& m, int layer)
+    : Module("MoeFeedForward"), config_(m) {
+  m.validate();
+  router_ = &add_child(
+      "router", std::make_unique<Linear>(
+                    c.dim, m.experts,
+                    normal_init(transformer_param_seed(c.seed, layer, static_cast<InitRole>(kExpertRoleBase + 1)),
+                                m.experts * c.dim, kTransformerInitStd)));
+  experts_ = &add_child("experts", std::make_unique<GroupedExperts>(c, m, layer));
+}
+
+Tensor MoeFeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
+  Device& d = *ctx.device;
+  const int64_t tokens = x.rows, dim = x.cols;
+  const int E = config_.experts, K = config_.top_k;
+  FSDP_CHECK(!ep_ || ep_->size() == config_.ep, "MoE layer ", fqn(), " was built for ep ",
+             config_.ep, " but its ep communicator has ", ep_->size(), " ranks");
+  FSDP_CHECK(config_.ep == 1 || ep_, "MoE layer ", fqn(), " needs its ep communicator (ep ",
+             config_.ep, ")");
+  Tensor logits = router_->forward(ctx, x);
+  probs_ = empty_tensor(d, ctx.compute, DType::F32, tokens, E, MemTag::Activation);
+  d.set_label(op_label("fwd", "router softmax"));
+  d.softmax_rows(ctx.compute, logits.data, logits.dtype, probs_.as<float>(), tokens, E);
+  logits = Tensor{};
+  probs_host_.resize(static_cast<size_t>(tokens * E));
+  d.copy_to_host(ctx.compute, probs_host_.data(), probs_.data, probs_host_.size() * sizeof(float));
+  d.synchronize_stream(ctx.compute);  // Note [MoE routing]: routing runs on the host
+  plan_ = route_tokens(probs_host_, tokens, config_);
+  aux_loss_ = plan_.aux_loss;
+  max_load_ = plan_.max_load;
+
+  const int64_t groups = config_.group_tokens > 0 ? tokens / config_.group_tokens : 1;
+  dispatcher_.plan(ctx, ep_, E, plan_.expert, plan_.capacity * groups);
+  const std::vector<int32_t>& order = dispatcher_.send_assignments();
+  const int64_t sent = dispatcher_.sent_rows();
+  // Padding slots (static shapes) read token `tokens`: a zero row past the real ones.
+  padded_ = plan_.capacity > 0;
+  std::vector<int32_t> token(order.size());
+  std::vector<float> weight(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    token[i] = order[i] >= 0 ? order[i] / K : static_cast<int32_t>(tokens);
+    weight[i] = order[i] >= 0 ? plan_.weight[static_cast<size_t>(order[i])] : 0.0f;
+  }
+  send_tokens_ = device_ids(ctx, token);
+  send_weights_ = empty_tensor(d, ctx.compute, DType::F32, sent, 1, MemTag::Activation);
+  if (sent > 0) d.copy_from_host(ctx.compute, send_weights_.data, weight.data(), send_weights_.bytes());
+
+  d.set_label(op_label("fwd", "moe gather"));
+  Tensor expert_in = dispatcher_.to_experts(
+      ctx, gather_rows(ctx, padded_ ? with_zero_row(ctx, x) : x, send_tokens_, sent, dim), dim);
+  experts_->counts = dispatcher_.local_counts();
+  Tensor expert_out = experts_->forward(ctx, expert_in);
+  expert_in = Tensor{};
+  combined_ = dispatcher_.from_experts(ctx, expert_out, dim);
+  expert_out = Tensor{};
+  Tensor weighted = new_act(ctx, sent, dim);
+  d.set_label(op_label("fwd", "moe combine"));
+  if (sent > 0)
+    d.scale_rows(ctx.compute, weighted.data, combined_.data, ctx.act_dtype, send_weights_.as<float>(),
+                 1, sent, dim, false);
+  Tensor y = scatter_add_rows(ctx, weighted, send_tokens_, sent, dim, tokens + (padded_ ? 1 : 0));
+  y.rows = tokens;  // the padding row (weight 0) is left out
+  return y;
+}
+
+Tensor MoeFeedForward::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
+  Device& d = *ctx.device;
+  const int64_t tokens = dy.rows, dim = dy.cols;
+  const int E = config_.experts, K = config_.top_k;
+  const int64_t sent = dispatcher_.sent_rows();
+  // y = sum_i w_i z_i: dz_i = w_i dy[token_i], dw_i = <dy[token_i], z_i>.
+  d.set_label(op_label("bwd", "moe combine"));
+  Tensor dy_sent = gather_rows(ctx, padded_ ? with_zero_row(ctx, dy) : dy, send_tokens_, sent, dim);
+  Tensor dweight = empty_tensor(d, ctx.compute, DType::F32, sent, 1, MemTag::Activation);
+  Tensor dz = new_act(ctx, sent, dim);
+  if (sent > 0) {
+    d.row_dot(ctx.compute, dy_sent.data, combined_.data, ctx.act_dtype, dweight.as<float>(), 1,
+              sent, dim);
+    d.scale_rows(ctx.compute, dz.data, dy_sent.data, ctx.act_dtype, send_weights_.as<float>(), 1,
+                 sent, dim, false);
+  }
+  dy_sent = combined_ = Tensor{};
+  Tensor dexpert_out = dispatcher_.to_experts(ctx, dz, dim);  // from_experts' backward
+  dz = Tensor{};
+  Tensor dexpert_in = experts_->backward(ctx, dexpert_out);
+  dexpert_out = Tensor{};
+  Tensor dx_sent = dispatcher_.from_experts(ctx, dexpert_in, dim);  // to_experts' backward
+  dexpert_in = Tensor{};
+  d.set_label(op_label("bwd", "moe gather"));
+  Tensor dx = scatter_add_rows(ctx, dx_sent, send_tokens_, sent, dim, tokens + (padded_ ? 1 : 0));
+  dx.rows = tokens;
+  dx_sent = Tensor{};
+
+  // The router: through the renormalized top-k weights and the auxiliary loss.
+  std::vector<float> dw(static_cast<size_t>(sent));
+  if (sent > 0) d.copy_to_host(ctx.compute, dw.data(), dweight.data, dw.size() * sizeof(float));
+  d.synchronize_stream(ctx.compute);
+  std::vector<float> dw_assignment(static_cast<size_t>(tokens * K), 0.0f);
+  const std::vector<int32_t>& order = dispatcher_.send_assignments();
+  for (size_t i = 0; i < order.size(); ++i)
+    if (order[i] >= 0) dw_assignment[static_cast<size_t>(order[i])] = dw[i];
+  std::vector<float> dprobs(static_cast<size_t>(tokens * E), 0.0f);
+  const int64_t group = config_.group_tokens > 0 ? config_.group_tokens : tokens;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* p = probs_host_.data() + t * E;
+    float* dp = dprobs.data() + t * E;
+    const float* aux = plan_.aux_grad.data() + (t / group) * E;
+    for (int e = 0; e < E; ++e) dp[e] = aux[e];
+    // w_j = p_j / S over the top-k: dL/dp_j = (dw_j - sum_k dw_k w_k) / S.
+    float sum = 0, dot = 0;
+    for (int k = 0; k < K; ++k) {
+      const size_t a = static_cast<size_t>(t * K + k);
+      sum += p[plan_.chosen[a]];
+      dot += dw_assignment[a] * plan_.weight[a];
+    }
+    for (int k = 0; k < K; ++k) {
+      const size_t a = static_cast<size_t>(t * K + k);
+      dp[plan_.chosen[a]] += (dw_assignment[a] - dot) / sum;
+    }
+  }
+  Tensor dprobs_dev = empty_tensor(d, ctx.compute, DType::F32, tokens, E, MemTag::Activation);
+  d.copy_from_host(ctx.compute, dprobs_dev.data, dprobs.data(), dprobs_dev.bytes());
+  Tensor dlogits = new_act(ctx, tokens, E);
+  d.set_label(op_label("bwd", "router softmax"));
+  d.softmax_rows_backward(ctx.compute, probs_.as<float>(), dprobs_dev.as<float>(), dlogits.data,
+                          ctx.act_dtype, tokens, E);
+  probs_ = dprobs_dev = Tensor{};
+  Tensor dx_router = router_->backward(ctx, dlogits);
+  d.set_label(op_label("bwd", "residual"));
+  d.add(ctx.compute, dx.data, dx.data, dx_router.data, ctx.act_dtype, dx.numel());
+  send_tokens_ = send_weights_ = Tensor{};
+  return dx;
+}
+
+// ---- MoeTransformerBlock
+
+MoeTransformerBlock::MoeTransformerBlock(const TransformerConfig& c, const MoeConfig& m, int layer)
+    : Module("MoeTransformerBlock") {
+  attention_norm_ = &add_child("attention_norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
+  attention_ = &add_child("attention", std::make_unique<Attention>(c, layer));
+  ffn_norm_ = &add_child("ffn_norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
+  moe_ = &add_child("moe", std::make_unique<MoeFeedForward>(c, m, layer));
+}
+
+Tensor MoeTransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
+  Device& d = *ctx.device;
+  Tensor attn = attention_->forward(ctx, attention_norm_->forward(ctx, x));
+  Tensor h = new_act(ctx, x.rows, x.cols);
+  d.set_label(op_label("fwd", "residual"));
+  d.add(ctx.compute, h.data, x.data, attn.data, ctx.act_dtype, h.numel());
+  attn = Tensor{};
+  Tensor ffn = moe_->forward(ctx, ffn_norm_->forward(ctx, h));
+  Tensor out = new_act(ctx, x.rows, x.cols);
+  d.set_label(op_label("fwd", "residual"));
+  d.add(ctx.compute, out.data, h.data, ffn.data, ctx.act_dtype, out.numel());
+  return out;
+}
+
+Tensor MoeTransformerBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
+  Device& d = *ctx.device;
+  Tensor g = ffn_norm_->backward(ctx, moe_->backward(ctx, dy));
+  Tensor dh = new_act(ctx, dy.rows, dy.cols);
+  d.set_label(op_label("bwd", "residual"));
+  d.add(ctx.compute, dh.data, dy.data, g.data, ctx.act_dtype, dh.numel());
+  g = attention_norm_->backward(ctx, attention_->backward(ctx, dh));
+  Tensor dx = new_act(ctx, dy.rows, dy.cols);
+  d.set_label(op_label("bwd", "residual"));
+  d.add(ctx.compute, dx.data, dh.data, g.data, ctx.act_dtype, dx.numel());
+  // Dense group first (MoeGradOrder::DenseFirst): the experts' grads were held until now.
+  if (moe_->experts().hold_grads && !defer_expert_grads_to_root) moe_->experts().release_held_grads(ctx);
+  return dx;
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,95 @@
+// The MoE transformer as the engine's root Model (kind "moe-transformer", docs/moe.md): the
+// transformer's tree with an MoeFeedForward ("layers.{i}.moe") in every other block.
+#include <algorithm>
+
+#include "fsdp/error.h"
+#include "fsdp/nn/model.h"
+
+namespace fsdp::nn {
+
+MoeConfig moe_config(const ModelConfig& m) {
+  MoeConfig c;
+  c.experts = m.experts;
+  c.top_k = m.top_k;
+  c.expert_ffn_dim = m.expert_ffn_dim > 0 ? m.expert_ffn_dim : transformer_config(m).ffn_dim;
+  c.capacity_factor = m.capacity_factor;
+  c.aux_loss_weight = m.aux_loss_weight;
+  c.ep = m.ep;
+  c.ep_rank = m.ep_rank;
+  c.group_tokens = m.moe_group_tokens;
+  c.validate();
+  FSDP_USER_CHECK(m.moe_every >= 1, "--moe-every must be >= 1, got ", m.moe_every);
+  return c;
+}
+
+void Model::build_moe_transformer() {
+  const TransformerConfig c = transformer_config(config_);
+  const MoeConfig m = moe_config(config_);
+  embedding_ = &add_child(
+      "tok_embeddings",
+      std::make_unique<Embedding>(c.vocab, c.dim,
+                                  transformer_param_seed(c.seed, -1, InitRole::Embedding)));
+  int moe_index = 0;
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string name = "layers." + std::to_string(i);
+    if (!is_moe_layer(i, config_.moe_every)) {
+      blocks_.push_back(&add_child(name, std::make_unique<TransformerBlock>(c, i)));
+      continue;
+    }
+    auto block = std::make_unique<MoeTransformerBlock>(c, m, i);
+    // Which of the block's two param groups gets all its grads first (tests use every order).
+    const MoeGradOrder order = config_.expert_grad_order;
+    const bool dense_first = order == MoeGradOrder::DenseFirst ||
+                             (order == MoeGradOrder::Interleaved && moe_index % 2 == 1);
+    block->moe().experts().hold_grads = dense_first || order == MoeGradOrder::ExpertsDeferred;
+    block->defer_expert_grads_to_root = order == MoeGradOrder::ExpertsDeferred;
+    ++moe_index;
+    blocks_.push_back(&add_child(name, std::move(block)));
+  }
+  final_norm_ = &add_child("norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
+  head_ = &add_child(
+      "output", std::make_unique<Linear>(
+                    c.dim, c.vocab,
+                    normal_init(transformer_param_seed(c.seed, -1, InitRole::Output),
+                                c.vocab * c.dim, kTransformerInitStd)));
+}
+
+int64_t Model::active_param_count() {
+  int64_t n = 0;
+  visit([&](Module& m) {
+    const bool experts = dynamic_cast<GroupedExperts*>(&m) != nullptr;
+    for (const auto& p : m.params())
+      n += experts ? p->numel() / p->rows() * config_.top_k : p->numel();  // rows: local experts
+  });
+  return n;
+}
+
+void Model::set_expert_comm(Comm* ep) {
+  visit([&](Module& m) {
+    if (auto* moe = dynamic_cast<MoeFeedForward*>(&m)) moe->set_expert_comm(ep);
+  });
+}
+
+float Model::aux_loss() {
+  float sum = 0;
+  visit([&](Module& m) {
+    if (auto* moe = dynamic_cast<MoeFeedForward*>(&m)) sum += moe->aux_loss();
+  });
+  return sum;
+}
+
+float Model::max_expert_load() {
+  float load = -1;
+  visit([&](Module& m) {
+    if (auto* moe = dynamic_cast<MoeFeedForward*>(&m)) load = std::max(load, moe->max_load());
+  });
+  return load;
+}
+
+void Model::release_deferred_expert_grads(RunContext& ctx) {
+  for (Module* b : blocks_)
+    if (auto* block = dynamic_cast<MoeTransformerBlock*>(b))
+      if (block->defer_expert_grads_to_root) block->moe().experts().release_held_grads(ctx);
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,87 @@
+// The MoE layer's grouped GEMM (Note [Grouped GEMM]): cuBLAS's grouped-batched call on CUDA
+// against the CPU backend's per-group GEMMs, for the three transposes the experts use, with
+// groups of no rows (an expert without tokens) and of k = 0 (its weight grad: zeros).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+
+namespace fsdp {
+namespace {
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+// Every group's C (fp32 on the host, concatenated) for random A and B made on `d`.
+std::vector<float> grouped_on(Device& d, bool trans_a, bool trans_b, const std::vector<Shape>& shapes,
+                              DType t) {
+  const Stream s = d.create_stream("compute", StreamPriority::Normal);
+  std::vector<Device::GemmGroup> groups;
+  std::vector<void*> owned;
+  int64_t total_c = 0;
+  uint64_t seed = 21;
+  for (const Shape& sh : shapes) {
+    void* a = d.alloc(static_cast<size_t>(sh.m * sh.k + 1) * dtype_size(t), s, MemTag::Other);
+    void* b = d.alloc(static_cast<size_t>(sh.n * sh.k + 1) * dtype_size(t), s, MemTag::Other);
+    void* c = d.alloc(static_cast<size_t>(sh.m * sh.n + 1) * dtype_size(t), s, MemTag::Other);
+    if (sh.m * sh.k > 0) d.synthetic_batch(s, a, t, sh.m, sh.k, seed++, 0, 0, 1.0f);
+    if (sh.n * sh.k > 0) d.synthetic_batch(s, b, t, sh.n, sh.k, seed++, 0, 0, 1.0f);
+    d.fill(s, c, t, sh.m * sh.n + 1, std::nanf(""));  // every element of C must be written
+    groups.push_back({sh.m, sh.n, sh.k, a, b, c});
+    owned.insert(owned.end(), {a, b, c});
+    total_c += sh.m * sh.n;
+  }
+  d.grouped_gemm(s, trans_a, trans_b, groups.data(), static_cast<int>(groups.size()), t, t);
+  std::vector<float> out;
+  for (const Device::GemmGroup& g : groups) {
+    if (g.m * g.n == 0) continue;
+    void* c32 = d.alloc(static_cast<size_t>(g.m * g.n) * 4, s, MemTag::Other);
+    d.cast(s, c32, DType::F32, g.c, t, g.m * g.n);
+    std::vector<float> part(static_cast<size_t>(g.m * g.n));
+    d.copy_to_host(s, part.data(), c32, part.size() * 4);
+    d.synchronize();
+    d.free(c32, s);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(static_cast<int64_t>(out.size()), total_c);
+  for (void* p : owned) d.free(p, s);
+  d.synchronize();
+  return out;
+}
+
+TEST(CudaMoe, GroupedGemmMatchesTheCpuBackendPerGroup) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  // forward (x w^T), input grad (dy w), weight grad (dy^T x): the experts' three forms.
+  const struct {
+    bool trans_a, trans_b;
+    std::vector<Shape> shapes;
+  } cases[] = {
+      {false, true, {{37, 48, 32}, {0, 48, 32}, {5, 48, 32}, {64, 48, 32}}},
+      {false, false, {{37, 32, 48}, {0, 32, 48}, {5, 32, 48}, {64, 32, 48}}},
+      {true, false, {{32, 48, 37}, {32, 48, 0}, {32, 48, 5}, {32, 48, 64}}},
+  };
+  for (DType t : {DType::F32, DType::BF16})
+    for (const auto& c : cases) {
+      cpu::CpuWorld world(1, {});
+      auto cpu_device = world.make_device(0);
+      auto cuda_device = cuda::make_device(0);
+      const std::vector<float> want = grouped_on(*cpu_device, c.trans_a, c.trans_b, c.shapes, t);
+      const std::vector<float> got = grouped_on(*cuda_device, c.trans_a, c.trans_b, c.shapes, t);
+      ASSERT_EQ(got.size(), want.size());
+      double diff = 0, norm = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_FALSE(std::isnan(got[i])) << "element " << i << " not written";
+        diff += (got[i] - want[i]) * (got[i] - want[i]);
+        norm += want[i] * want[i];
+      }
+      EXPECT_LE(std::sqrt(diff / norm), t == DType::F32 ? 1e-5 : 1e-2)
+          << dtype_name(t) << " trans_a " << c.trans_a << " trans_b " << c.trans_b;
+    }
+}
+
+}  // namespace
+}  // namespace fsdp
