@@ -231,9 +231,13 @@ TEST(MoeTransformerMemory, PeakOfTheLastStepEqualsTheThird) {
       device.reset_peak_memory();
     });
   });
+  // Steps are read one step late (Note [Asynchronous step read]): the window before step s's
+  // report holds the issue of step s + 1, and the last report comes after the loop, when
+  // nothing is issued any more. So the last full window is the one before the last report.
   for (int r = 0; r < world; ++r) {
     ASSERT_EQ(peaks[r].size(), 30u);
-    EXPECT_EQ(peaks[r].back(), peaks[r][2]) << "rank " << r;
+    EXPECT_EQ(peaks[r][28], peaks[r][2]) << "rank " << r;
+    EXPECT_GT(peaks[r][2], 0) << "rank " << r;
   }
 }
 
