@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 PACKAGES := cmake ninja-build g++ libopenblas-dev libcli11-dev nlohmann-json3-dev \
-            libgtest-dev librapidcheck-dev
+            libgtest-dev librapidcheck-dev zlib1g-dev
 CMAKE_FLAGS ?=
 
 .PHONY: all deps build run test clean format

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include "fsdp/error.h"
+#include "tools/export_command.h"
 #include "tools/report_command.h"
 #include "tools/train_command.h"
 
@@ -17,6 +18,8 @@ int main(int argc, char** argv) {
   fsdp::tools::add_train_options(*train_cmd, train);
   fsdp::tools::ReportOptions report;
   CLI::App* report_cmd = fsdp::tools::add_report_command(app, report);
+  fsdp::tools::ExportOptions export_options;
+  CLI::App* export_cmd = fsdp::tools::add_export_command(app, export_options);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -30,6 +33,7 @@ int main(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) return fsdp::tools::run_train(train);
     if (report_cmd->parsed()) return fsdp::tools::run_report(report);
+    if (export_cmd->parsed()) return fsdp::tools::run_export(export_options);
   } catch (const fsdp::Error& e) {
     std::fprintf(stderr, "fsdp: error: %s\n", e.what());
     return 1;

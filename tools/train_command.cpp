@@ -47,6 +47,16 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--json", o.json_path, "write a summary object to this file");
   app.add_option("--trace", o.trace_path, "write a Chrome trace of the timed steps");
   app.add_flag("--quiet", o.quiet, "no per-step lines");
+  // ---- checkpoints (docs/checkpoint.md)
+  app.add_option("--save-dir", o.config.checkpoint.save_dir, "save sharded checkpoints here");
+  app.add_option("--save-every", o.config.checkpoint.save_every,
+                 "save every N steps (and after the last); 0: after the last only");
+  app.add_option("--keep-last", o.config.checkpoint.keep_last,
+                 "keep the newest N complete checkpoints (0: all)");
+  app.add_option("--resume", o.config.checkpoint.resume,
+                 "a checkpoint, or a save dir (its latest complete checkpoint)");
+  app.add_option("--init-from", o.config.checkpoint.init_from,
+                 "full weights (safetensors; fqn or Hugging Face Llama names)");
 }
 
 namespace {
@@ -89,7 +99,9 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
   s.backend = backend;
   s.world_size = world;
   const runtime::RankResult& r0 = ranks.at(0);
-  std::vector<double> timed(r0.step_ms.begin() + c.warmup, r0.step_ms.end());
+  // A resumed run has fewer steps than c.steps.
+  std::vector<double> timed(
+      r0.step_ms.begin() + std::min<size_t>(c.warmup, r0.step_ms.size()), r0.step_ms.end());
   s.step_ms_median = median(timed);
   s.tokens_per_s = s.step_ms_median > 0 ? c.tokens * world * 1000.0 / s.step_ms_median : 0;
   s.tflops_per_gpu = s.step_ms_median > 0
@@ -149,6 +161,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c, con
 
 int run_train(TrainOptions& o) {
   validate(o);
+  o.config.checkpoint.verbose = !o.quiet;
   const std::string backend = resolve_backend(o.backend);
   std::mutex print_mutex;
   const int steps = o.config.steps;
@@ -195,6 +208,11 @@ int run_train(TrainOptions& o) {
   }
   if (!o.trace_path.empty()) write_trace_file(o.trace_path, results);
   return 0;
+}
+
+nn::ModelConfig model_config_of(TrainOptions& options) {
+  validate(options);
+  return options.config.model;
 }
 
 }  // namespace fsdp::tools

@@ -31,6 +31,10 @@ class Optimizer {
   void step_one(Stream s, int index, const float* grad);
   void zero_grad(Stream s);
   int64_t state_bytes() const;
+  // For checkpoints: each tensor's buffers (state0/state1) and its step count.
+  const std::vector<OptimTensor>& tensors() const { return tensors_; }
+  std::vector<int64_t>& step_counts() { return steps_; }
+  const OptimizerConfig& config() const { return config_; }
 
  private:
   Device& device_;

@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "checkpoint/trainer_checkpoint.h"
 #include "core/fsdp_state.h"
 #include "fsdp/error.h"
 #include "runtime/trace_metrics.h"
@@ -114,9 +115,17 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     return n;
   };
 
+  // ---- checkpoints: load before the first step (Note [Checkpoint hooks])
+  checkpoint::TrainerCheckpoint ckpt(
+      config.checkpoint,
+      {config.model, config.param_dtype, config.reduce_dtype, config.optimizer.kind,
+       world->size(), config.tokens, config.seed, config.micro_batches},
+      device, compute, root, optimizer);
+  const int first_step = ckpt.start(config.steps);
+
   double host_us_total = 0;
   int host_steps = 0;
-  for (int step = 0; step < config.steps; ++step) {
+  for (int step = first_step; step < config.steps; ++step) {
     if (config.timeline && step == config.warmup) device.enable_timeline(true);
     const double t0 = now_ms();
     double host_us = 0;
@@ -182,8 +191,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     }
     result.losses.push_back(report.loss);
     result.step_ms.push_back(ms);
+    ckpt.after_step(step + 1, config.steps, nlohmann::json::object());  // saves when due
     if (on_step) on_step(report);
   }
+  ckpt.finish();  // the last save is on disk
   result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;
   if (config.timeline) device.enable_timeline(false);
   result.memory = device.memory_stats();

@@ -1,0 +1,163 @@
+#include "checkpoint/trainer_checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+
+#include "fsdp/error.h"
+#include "io/file_io.h"
+
+namespace fsdp::checkpoint {
+
+namespace {
+double now_ms() {
+  using namespace std::chrono;
+  return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const RunDescription& run,
+                                     Device& device, Stream stream, FsdpModule& root,
+                                     optim::Optimizer& optimizer)
+    : options_(options), run_(run), run_json_(run_config_json(run)), device_(device),
+      stream_(stream), state_(collect_sharded_state(root, &optimizer)) {
+  FSDP_CHECK(options_.save_every >= 0, "--save-every must be >= 0, got ", options_.save_every);
+  FSDP_CHECK(options_.keep_last >= 0, "--keep-last must be >= 0, got ", options_.keep_last);
+  FSDP_CHECK(options_.resume.empty() || options_.init_from.empty(),
+             "--resume and --init-from cannot be used together");
+  FSDP_CHECK(!options_.save_dir.empty() || (options_.save_every == 0 && options_.keep_last == 0),
+             "--save-every and --keep-last need --save-dir");
+  if (!options_.save_dir.empty())
+    writer_ = std::make_unique<CheckpointWriter>(options_.save_dir, state_.rank, state_.world,
+                                                 options_.keep_last,
+                                                 options_.verbose && state_.rank == 0);
+}
+
+TrainerCheckpoint::~TrainerCheckpoint() = default;
+
+int TrainerCheckpoint::start(int total_steps) {
+  int64_t start_step = 0;
+  std::optional<CheckpointIndex> ckpt;
+  if (!options_.resume.empty()) {
+    ckpt = open_checkpoint(resolve_checkpoint_dir(options_.resume));
+    check_compatible(*ckpt, run_json_);
+    start_step = ckpt->complete.step;
+    FSDP_CHECK(start_step < total_steps, "checkpoint '", ckpt->dir, "' is at step ", start_step,
+               ": --steps ", total_steps, " leaves nothing to train");
+  }
+  if (!options_.save_dir.empty()) check_save_dir(start_step);
+  if (ckpt) resumed_state_ = load_checkpoint(*ckpt, state_, &device_, stream_);
+  if (!options_.init_from.empty()) load_full_weights(options_.init_from, state_, device_, stream_);
+  if (!options_.save_dir.empty() && state_.rank == 0) {
+    // Debris of crashed saves that this run will write again (Note [Checkpoint hooks]).
+    for (const auto& [step, dir] : list_step_dirs(options_.save_dir, /*complete_only=*/false))
+      if (step > start_step) std::filesystem::remove_all(dir);
+  }
+  return static_cast<int>(start_step);
+}
+
+void TrainerCheckpoint::check_save_dir(int64_t start_step) const {
+  const std::string& dir = options_.save_dir;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  FSDP_CHECK(!ec, "cannot create save dir '", dir, "': ", ec.message());
+  FSDP_CHECK(io::is_directory(dir), "save dir '", dir, "' is not a directory");
+  const std::string probe =
+      join_path(dir, ".write-test-" + std::to_string(::getpid()) + "-" + std::to_string(state_.rank));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  FSDP_CHECK(fd >= 0, "save dir '", dir, "' is not writable: ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+  uint64_t need = 0;
+  for (const ShardView& v : state_.tensors)
+    need += static_cast<uint64_t>(v.rows.rows() * v.cols) * 4 * (1 + state_.state_names.size());
+  need *= static_cast<uint64_t>(state_.world);
+  struct statvfs st;
+  if (::statvfs(dir.c_str(), &st) == 0) {
+    const uint64_t free_bytes = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+    FSDP_CHECK(free_bytes >= need, "save dir '", dir, "' has ", free_bytes / 1048576,
+               " MiB free, a checkpoint needs about ", (need + 1048575) / 1048576,
+               " MiB (disk full)");
+  }
+  const auto complete = list_step_dirs(dir, /*complete_only=*/true);
+  FSDP_CHECK(complete.empty() || complete.back().first <= start_step, "save dir '", dir,
+             "' already holds a checkpoint after step ", start_step, " ('",
+             complete.empty() ? "" : complete.back().second,
+             "'); resume from it or save elsewhere");
+}
+
+double TrainerCheckpoint::after_step(int steps_done, int total_steps,
+                                     const nlohmann::json& train_state) {
+  if (!writer_) return 0;
+  const bool due = steps_done == total_steps ||
+                   (options_.save_every > 0 && steps_done % options_.save_every == 0);
+  if (!due) return 0;
+  const double t0 = now_ms();
+  writer_->wait();  // the previous save; host_ is free again after it
+  const size_t copies = 1 + state_.state_names.size();
+  size_t total = 0;
+  for (const ShardView& v : state_.tensors) total += static_cast<size_t>(v.rows.rows() * v.cols) * copies;
+  host_.resize(total);
+  SaveJob job;
+  job.step = steps_done;
+  size_t at = 0;
+  for (const ShardView& v : state_.tensors) {
+    std::vector<int64_t> shape = v.shape.empty() ? std::vector<int64_t>{1} : v.shape;
+    shape[0] = v.rows.rows();
+    const size_t n = static_cast<size_t>(v.rows.rows() * v.cols);
+    for (size_t k = 0; k < copies; ++k) {
+      const float* src = k == 0 ? v.param : v.states[k - 1];
+      if (n) device_.copy_to_host(stream_, host_.data() + at, src, n * sizeof(float));
+      job.tensors.push_back({k == 0 ? v.fqn : v.fqn + "." + state_.state_names[k - 1], "F32",
+                             shape, host_.data() + at});
+      at += n;
+    }
+  }
+  device_.synchronize_stream(stream_);
+  if (state_.rank == 0) {
+    nlohmann::json tensors = nlohmann::json::array();
+    for (const ShardView& v : state_.tensors) {
+      nlohmann::json ranks = nlohmann::json::array();
+      const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
+      for (int r = 0; r < state_.world; ++r) {
+        const RowRange rr = rows_of_rank(rows, state_.world, r);
+        ranks.push_back({rr.begin, rr.end});
+      }
+      tensors.push_back({{"name", v.fqn}, {"shape", v.shape}, {"dtype", "F32"},
+                         {"optimizer_step", state_.optimizer->step_counts().at(v.group)},
+                         {"ranks", ranks}});
+    }
+    nlohmann::json files = nlohmann::json::array();
+    for (int r = 0; r < state_.world; ++r) files.push_back(rank_file_name(r));
+    nlohmann::json ts = train_state.is_object() ? train_state : nlohmann::json::object();
+    ts["step"] = steps_done;
+    ts["data_step"] = steps_done;  // the data loader's position (Note [Checkpoint hooks])
+    const nlohmann::json index = {{"format", kFormat},
+                                  {"version", kFormatVersion},
+                                  {"step", steps_done},
+                                  {"world_size", state_.world},
+                                  {"config", run_json_},
+                                  {"train_state", ts},
+                                  {"optimizer", state_.optimizer_kind},
+                                  {"state_names", state_.state_names},
+                                  {"tensors", tensors},
+                                  {"files", files}};
+    job.index_text = index.dump(1) + "\n";
+  }
+  last_stall_ms_ = now_ms() - t0;
+  job.stall_ms = last_stall_ms_;
+  writer_->start(std::move(job));
+  return last_stall_ms_;
+}
+
+void TrainerCheckpoint::finish() {
+  if (writer_) writer_->wait();
+}
+
+}  // namespace fsdp::checkpoint

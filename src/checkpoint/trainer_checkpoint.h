@@ -1,0 +1,59 @@
+// The training loop's side of checkpoints: --init-from and --resume before the first step,
+// a save after each step that is due, and the wait for the last save at the end.
+//
+// Note [Checkpoint hooks]
+// A training loop makes one TrainerCheckpoint after fully_shard and its optimizer, calls
+// start() for the first step to run, after_step() after each step, and finish() at the end:
+//   - start() checks everything it can before training: the save dir is writable and has
+//     room for a checkpoint, --resume names a complete checkpoint of this model and dtypes,
+//     --init-from is a valid file. Then it loads. Rank 0 removes incomplete step directories
+//     after the resumed step, which a crashed save left and this run will write again.
+//   - after_step() waits for the previous save, copies this rank's shards to host memory
+//     (the only stall), and hands the writes to a background thread (checkpoint_writer.h).
+//   - The data needs no saved position: the synthetic batches and the sampler are functions
+//     of (seed, step), so the step is the data loader's whole state. The train_state object
+//     the loop passes is stored as it is (the lr schedule's state goes there).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/checkpoint_writer.h"
+#include "fsdp/checkpoint.h"
+
+namespace fsdp::checkpoint {
+
+class TrainerCheckpoint {
+ public:
+  TrainerCheckpoint(const CheckpointOptions& options, const RunDescription& run, Device& device,
+                    Stream stream, FsdpModule& root, optim::Optimizer& optimizer);
+  ~TrainerCheckpoint();
+
+  // Returns the number of steps already done (0 without --resume); below total_steps.
+  int start(int total_steps);
+  const nlohmann::json& resumed_train_state() const { return resumed_state_; }
+  // After `steps_done` steps of `total_steps`: saves when due. Returns the host stall in ms.
+  double after_step(int steps_done, int total_steps, const nlohmann::json& train_state);
+  // Waits for the last save (rethrows its error).
+  void finish();
+  double last_stall_ms() const { return last_stall_ms_; }
+
+ private:
+  void check_save_dir(int64_t start_step) const;
+
+  CheckpointOptions options_;
+  RunDescription run_;
+  nlohmann::json run_json_;
+  Device& device_;
+  Stream stream_;
+  ShardedState state_;
+  std::unique_ptr<CheckpointWriter> writer_;
+  std::vector<float> host_;  // this rank's shards, being written
+  nlohmann::json resumed_state_ = nlohmann::json::object();
+  double last_stall_ms_ = 0;
+};
+
+}  // namespace fsdp::checkpoint
