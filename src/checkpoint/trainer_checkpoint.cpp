@@ -57,7 +57,9 @@ int TrainerCheckpoint::start(int total_steps) {
   if (!options_.save_dir.empty() && state_.rank == 0) {
     // Debris of crashed saves that this run will write again (Note [Checkpoint hooks]).
     for (const auto& [step, dir] : list_step_dirs(options_.save_dir, /*complete_only=*/false))
-      if (step > start_step) std::filesystem::remove_all(dir);
+      if (step > start_step && step <= total_steps &&
+          (step == total_steps || (options_.save_every > 0 && step % options_.save_every == 0)))
+        std::filesystem::remove_all(dir);  // incomplete: complete ones after start are refused
   }
   return static_cast<int>(start_step);
 }

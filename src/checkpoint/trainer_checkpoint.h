@@ -6,8 +6,8 @@
 // start() for the first step to run, after_step() after each step, and finish() at the end:
 //   - start() checks everything it can before training: the save dir is writable and has
 //     room for a checkpoint, --resume names a complete checkpoint of this model and dtypes,
-//     --init-from is a valid file. Then it loads. Rank 0 removes incomplete step directories
-//     after the resumed step, which a crashed save left and this run will write again.
+//     --init-from is a valid file. Then it loads. Rank 0 removes the incomplete step
+//     directories that a crashed save left and that this run will write again (no other).
 //   - after_step() waits for the previous save, copies this rank's shards to host memory
 //     (the only stall), and hands the writes to a background thread (checkpoint_writer.h).
 //   - The data needs no saved position: the synthetic batches and the sampler are functions

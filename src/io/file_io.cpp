@@ -144,8 +144,11 @@ void set_fault_hook_for_testing(FaultHook hook) {
 void fault_point(const std::string& stage, const std::string& path) {
   static const char* crash_at = std::getenv("FSDP_TEST_CRASH_AT");
   if (crash_at) {
-    const std::string file = path.substr(path.rfind('/') + 1);
-    if (stage == crash_at || stage + ":" + file == crash_at)
+    const std::string want = crash_at;
+    const size_t colon = want.find(':');
+    const std::string suffix = colon == std::string::npos ? "" : want.substr(colon + 1);
+    if (want.substr(0, colon) == stage && path.size() >= suffix.size() &&
+        path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0)
       ::_exit(86);  // a crash: no destructors, no clean-up
   }
   FaultHook hook;

@@ -48,10 +48,12 @@ bool path_exists(const std::string& path);
 bool is_directory(const std::string& path);
 
 // ---- test hooks
-// Called at each named stage of a save (src/checkpoint/checkpoint_writer.cpp lists them); a
-// hook that throws makes the save fail there. Also, with FSDP_TEST_CRASH_AT=<stage> in the
-// environment, the process exits at once (_exit, no clean-up) when it reaches that stage:
-// a real crash, for the command-line tests.
+// Called at each named stage of a save (Note [Checkpoint save stages]); a hook that throws
+// makes the save fail there. Every AtomicFile passes "write" (before each write), "fsync" (all
+// written, under the temp name) and "rename". With FSDP_TEST_CRASH_AT set to "<stage>" or
+// "<stage>:<path suffix>" (e.g. "rename:step-000004/COMPLETE") in the environment, the process
+// exits at once (_exit, no clean-up) when it reaches that point: a real crash, for the
+// command-line tests.
 using FaultHook = std::function<void(const std::string& stage, const std::string& path)>;
 void set_fault_hook_for_testing(FaultHook hook);
 void fault_point(const std::string& stage, const std::string& path);

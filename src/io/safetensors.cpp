@@ -18,6 +18,7 @@ namespace fsdp::io {
 namespace {
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // as the reference implementation
+thread_local uint64_t bytes_read = 0;
 
 uint64_t read_le64(const unsigned char* p) {
   uint64_t v = 0;
@@ -26,6 +27,7 @@ uint64_t read_le64(const unsigned char* p) {
 }
 
 void pread_all(int fd, const std::string& path, void* dst, uint64_t bytes, uint64_t offset) {
+  bytes_read += bytes;
   char* out = static_cast<char*>(dst);
   while (bytes > 0) {
     const ssize_t n = ::pread(fd, out, bytes, static_cast<off_t>(offset));
@@ -39,6 +41,8 @@ void pread_all(int fd, const std::string& path, void* dst, uint64_t bytes, uint6
 }
 
 }  // namespace
+
+uint64_t thread_bytes_read() { return bytes_read; }
 
 size_t safetensors_dtype_size(const std::string& d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;

@@ -86,4 +86,8 @@ std::string safetensors_header(const std::vector<TensorToWrite>& tensors,
 WrittenFile write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                               const std::map<std::string, std::string>& metadata);
 
+// Bytes this thread has read from safetensors files (headers and data), for tests that check
+// a rank reads only what it needs.
+uint64_t thread_bytes_read();
+
 }  // namespace fsdp::io
