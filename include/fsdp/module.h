@@ -70,7 +70,10 @@ struct ModuleHooks {
 class Module {
  public:
   explicit Module(std::string type) : type_(std::move(type)) {}
-  virtual ~Module() = default;
+  // Every FSDP state of the tree goes before any module or param: a state touches the params
+  // of its whole subtree. Post-order, so the root's state (whose comm context the others
+  // use) goes last.
+  virtual ~Module() { release_hooks(); }
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
@@ -111,6 +114,10 @@ class Module {
 
  private:
   void set_fqn(const std::string& fqn);
+  void release_hooks() {
+    for (auto& child : children_) child->release_hooks();
+    owned_hooks.reset();
+  }
 
   std::string type_;
   std::string fqn_;

@@ -38,6 +38,7 @@ CheckpointWriter::~CheckpointWriter() {
 void CheckpointWriter::start(SaveJob job) {
   FSDP_CHECK(!thread_.joinable(), "a checkpoint save is already in flight");
   error_ = nullptr;
+  last_step_ = job.step;
   thread_ = std::thread([this, job = std::move(job)] {
     try {
       run(job);
@@ -56,7 +57,19 @@ void CheckpointWriter::wait() {
   if (error_) {
     std::exception_ptr e = error_;
     error_ = nullptr;
+    last_step_ = -1;
     std::rethrow_exception(e);
+  }
+  if (last_step_ < 0 || rank_ == 0) return;
+  // The whole checkpoint, not just this rank's file: rank 0 writes COMPLETE.
+  const std::string dir = join_path(save_dir_, step_dir_name(last_step_));
+  last_step_ = -1;
+  int sleep_us = 200;
+  while (!io::path_exists(join_path(dir, kCompleteFile))) {
+    FSDP_CHECK(!io::path_exists(failed_marker(dir, 0)), "checkpoint '", dir,
+               "' failed on rank 0");
+    std::this_thread::sleep_for(std::chrono::microseconds(sleep_us));
+    sleep_us = std::min(sleep_us * 2, 20000);
   }
 }
 

@@ -42,7 +42,8 @@ class CheckpointWriter {
 
   // Starts writing in the background; the previous save must have been waited for.
   void start(SaveJob job);
-  // Waits for the save in flight, if any, and rethrows its error.
+  // Waits for the save in flight, if any, to be complete on every rank (rank 0's COMPLETE
+  // marker), and rethrows its error: the next save starts after the previous is complete.
   void wait();
   bool busy() const { return thread_.joinable(); }
 
@@ -57,6 +58,7 @@ class CheckpointWriter {
   bool verbose_;
   std::thread thread_;
   std::exception_ptr error_;
+  int64_t last_step_ = -1;  // the save started last and not yet waited for
   std::atomic<bool> stop_{false};
 };
 

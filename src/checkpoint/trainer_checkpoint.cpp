@@ -39,7 +39,9 @@ TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const Run
                                                  options_.verbose && state_.rank == 0);
 }
 
-TrainerCheckpoint::~TrainerCheckpoint() = default;
+TrainerCheckpoint::~TrainerCheckpoint() {
+  writer_.reset();  // joins the writer thread before host_, which it may be reading, goes
+}
 
 int TrainerCheckpoint::start(int total_steps) {
   int64_t start_step = 0;
