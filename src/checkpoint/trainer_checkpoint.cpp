@@ -41,6 +41,9 @@ TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const Run
 
 TrainerCheckpoint::~TrainerCheckpoint() {
   writer_.reset();  // joins the writer thread before host_, which it may be reading, goes
+  // A copy to host_ that was queued when the stream's synchronize threw (another rank failed
+  // and the world was aborted) may still run: host_ must outlive it, so it is left allocated.
+  if (copies_in_flight_) static_cast<void>(new std::vector<float>(std::move(host_)));
 }
 
 int TrainerCheckpoint::start(int total_steps) {
@@ -108,6 +111,7 @@ double TrainerCheckpoint::after_step(int steps_done, int total_steps,
   size_t total = 0;
   for (const ShardView& v : state_.tensors) total += static_cast<size_t>(v.rows.rows() * v.cols) * copies;
   host_.resize(total);
+  copies_in_flight_ = true;
   SaveJob job;
   job.step = steps_done;
   size_t at = 0;
@@ -124,6 +128,7 @@ double TrainerCheckpoint::after_step(int steps_done, int total_steps,
     }
   }
   device_.synchronize_stream(stream_);
+  copies_in_flight_ = false;
   if (state_.rank == 0) {
     nlohmann::json tensors = nlohmann::json::array();
     for (const ShardView& v : state_.tensors) {

@@ -52,6 +52,7 @@ class TrainerCheckpoint {
   ShardedState state_;
   std::unique_ptr<CheckpointWriter> writer_;
   std::vector<float> host_;  // this rank's shards, being written
+  bool copies_in_flight_ = false;  // device-to-host copies into host_ not yet synchronized
   nlohmann::json resumed_state_ = nlohmann::json::object();
   double last_stall_ms_ = 0;
 };
