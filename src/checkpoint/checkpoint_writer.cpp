@@ -105,9 +105,10 @@ void CheckpointWriter::run(const SaveJob& job) {
   write_complete(dir, job.step);
   io::fault_point("complete-written", dir);
   if (verbose_)
-    std::printf("checkpoint: %s complete (rank 0: %.1f MiB copied to host in %.1f ms, written "
-                "in the background in %.0f ms)\n", dir.c_str(), bytes / 1048576.0, job.stall_ms,
-                now_ms() - t0), std::fflush(stdout);
+    std::printf("checkpoint: %s complete (rank 0 stalled %.1f ms waiting for the previous save "
+                "and %.1f ms copying %.1f MiB to host; written in the background in %.0f ms)\n",
+                dir.c_str(), job.wait_ms, job.copy_ms, bytes / 1048576.0, now_ms() - t0),
+        std::fflush(stdout);
   prune();
 }
 

@@ -30,7 +30,7 @@ struct SaveJob {
   int64_t step = 0;
   std::vector<io::TensorToWrite> tensors;  // views of host memory that lives until wait()
   std::string index_text;                  // rank 0 only
-  double stall_ms = 0;                     // the copy to host before it, for the log line
+  double wait_ms = 0, copy_ms = 0;  // the stall before it (wait for the previous, copy to host)
 };
 
 class CheckpointWriter {

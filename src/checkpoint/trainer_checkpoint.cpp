@@ -43,7 +43,7 @@ TrainerCheckpoint::~TrainerCheckpoint() {
   writer_.reset();  // joins the writer thread before host_, which it may be reading, goes
   // A copy to host_ that was queued when the stream's synchronize threw (another rank failed
   // and the world was aborted) may still run: host_ must outlive it, so it is left allocated.
-  if (copies_in_flight_) static_cast<void>(new std::vector<float>(std::move(host_)));
+  if (copies_in_flight_) static_cast<void>(host_.release());
 }
 
 int TrainerCheckpoint::start(int total_steps) {
@@ -107,10 +107,14 @@ double TrainerCheckpoint::after_step(int steps_done, int total_steps,
   if (!due) return 0;
   const double t0 = now_ms();
   writer_->wait();  // the previous save; host_ is free again after it
+  const double t1 = now_ms();
   const size_t copies = 1 + state_.state_names.size();
   size_t total = 0;
   for (const ShardView& v : state_.tensors) total += static_cast<size_t>(v.rows.rows() * v.cols) * copies;
-  host_.resize(total);
+  if (total > host_floats_) {  // not value-initialized: the copies write every element
+    host_.reset(new float[total]);
+    host_floats_ = total;
+  }
   copies_in_flight_ = true;
   SaveJob job;
   job.step = steps_done;
@@ -121,9 +125,9 @@ double TrainerCheckpoint::after_step(int steps_done, int total_steps,
     const size_t n = static_cast<size_t>(v.rows.rows() * v.cols);
     for (size_t k = 0; k < copies; ++k) {
       const float* src = k == 0 ? v.param : v.states[k - 1];
-      if (n) device_.copy_to_host(stream_, host_.data() + at, src, n * sizeof(float));
+      if (n) device_.copy_to_host(stream_, host_.get() + at, src, n * sizeof(float));
       job.tensors.push_back({k == 0 ? v.fqn : v.fqn + "." + state_.state_names[k - 1], "F32",
-                             shape, host_.data() + at});
+                             shape, host_.get() + at});
       at += n;
     }
   }
@@ -160,7 +164,8 @@ double TrainerCheckpoint::after_step(int steps_done, int total_steps,
     job.index_text = index.dump(1) + "\n";
   }
   last_stall_ms_ = now_ms() - t0;
-  job.stall_ms = last_stall_ms_;
+  job.wait_ms = t1 - t0;
+  job.copy_ms = now_ms() - t1;
   writer_->start(std::move(job));
   return last_stall_ms_;
 }

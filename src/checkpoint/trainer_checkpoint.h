@@ -51,7 +51,8 @@ class TrainerCheckpoint {
   Stream stream_;
   ShardedState state_;
   std::unique_ptr<CheckpointWriter> writer_;
-  std::vector<float> host_;  // this rank's shards, being written
+  std::unique_ptr<float[]> host_;  // this rank's shards, being written
+  size_t host_floats_ = 0;
   bool copies_in_flight_ = false;  // device-to-host copies into host_ not yet synchronized
   nlohmann::json resumed_state_ = nlohmann::json::object();
   double last_stall_ms_ = 0;
