@@ -59,6 +59,15 @@ int TrainerCheckpoint::start(int total_steps) {
   if (!options_.save_dir.empty()) check_save_dir(start_step);
   if (ckpt) resumed_state_ = load_checkpoint(*ckpt, state_, &device_, stream_);
   if (!options_.init_from.empty()) load_full_weights(options_.init_from, state_, device_, stream_);
+  if (writer_) {
+    // The host copy of the shards, touched now: the first save's stall is then the copy alone,
+    // not the page faults of a fresh buffer.
+    host_floats_ = 0;
+    for (const ShardView& v : state_.tensors)
+      host_floats_ += static_cast<size_t>(v.rows.rows() * v.cols) * (1 + state_.state_names.size());
+    host_.reset(new float[host_floats_]);
+    std::memset(host_.get(), 0, host_floats_ * sizeof(float));
+  }
   if (!options_.save_dir.empty() && state_.rank == 0) {
     // Debris of crashed saves that this run will write again (Note [Checkpoint hooks]).
     for (const auto& [step, dir] : list_step_dirs(options_.save_dir, /*complete_only=*/false))
