@@ -156,7 +156,7 @@ ours() {
     "$FSDP_BIN" train --backend cuda --nproc "$n" --model mlp --layers "$LAYERS" --dim "$DIM" \
     --tokens "$t" --param-dtype bf16 --steps "$STEPS" --warmup "$WARMUP" \
     --reshard-after-forward "$r" --rs-max-input-buffers "$k" --separate-rs-group "$s" \
-    --optimizer-in-backward "$oib" --quiet --json "$OUTDIR/$name.json"
+    --optimizer-in-backward "$oib" --clip-grad-norm 0 --quiet --json "$OUTDIR/$name.json"
 }
 
 # torch_fsdp N TOKENS RESHARD

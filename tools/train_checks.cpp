@@ -2,9 +2,10 @@
 //
 // Note [Command defaults]
 // The command's defaults train at every size it accepts: every model has a target (a head of
-// 16 classes and cross-entropy), resmlp and moe blocks have a pre-norm, AdamW's lr warms up
-// over a tenth of the steps and then decays (cosine) to a tenth of the peak, and gradients are
-// clipped to a global norm of 1. Clipping needs every gradient before any step, so the
+// 16 classes and cross-entropy), resmlp and moe blocks have a pre-norm, AdamW's peak lr
+// shrinks with the width past 256 (optim::default_adamw_lr), warms up over a tenth of the
+// steps and then decays (cosine) to a tenth of the peak, and gradients are clipped to a global
+// norm of 1. Clipping needs every gradient before any step, so the
 // optimizer runs after backward unless clipping is turned off (--clip-grad-norm 0), where the
 // faster optimizer-in-backward schedule is the default.
 #include <sys/resource.h>
@@ -101,7 +102,10 @@ void resolve_defaults(TrainOptions& o) {
   c.prefetch_next_step = o.prefetch_next_step != 0;
   c.model.norm = o.norm != 0;
   optim::OptimizerConfig& opt = c.optimizer;
-  if (o.lr) opt.adamw.lr = opt.sgd_lr = static_cast<float>(*o.lr);
+  if (o.lr)
+    opt.adamw.lr = opt.sgd_lr = static_cast<float>(*o.lr);
+  else if (c.model.kind != "transformer")
+    opt.adamw.lr = optim::default_adamw_lr(c.model.dim);
   opt.adamw.weight_decay = static_cast<float>(o.weight_decay);
   opt.max_grad_norm = static_cast<float>(o.clip_grad_norm);
   c.schedule.total_steps = c.steps;

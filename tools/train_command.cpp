@@ -66,7 +66,7 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::Range(0, 1));
   app.add_option("--optimizer", o.config.optimizer.kind, "adamw | sgd")
       ->check(CLI::IsMember({"adamw", "sgd"}));
-  app.add_option("--lr", o.lr, "peak learning rate [default: 1e-3 for adamw, 1e-2 for sgd]");
+  app.add_option("--lr", o.lr, "peak learning rate [default: adamw 1e-3 * min(1, 256 / dim) (transformer 1e-3), sgd 1e-2]");
   app.add_option("--lr-schedule", o.config.schedule.kind,
                  "after the warm-up: cosine | linear decay to --min-lr, or constant")
       ->check(CLI::IsMember({"cosine", "linear", "constant"}));

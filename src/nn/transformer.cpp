@@ -22,16 +22,16 @@ Tensor new_act(RunContext& ctx, int64_t rows, int64_t cols) {
 // ---- config, counts, init
 
 void TransformerConfig::validate() const {
-  FSDP_CHECK(layers >= 1, "--layers must be >= 1, got ", layers);
-  FSDP_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 && vocab >= 1,
+  FSDP_USER_CHECK(layers >= 1, "--layers must be >= 1, got ", layers);
+  FSDP_USER_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 && vocab >= 1,
              "transformer sizes must be positive: dim ", dim, ", heads ", heads, ", kv-heads ",
              kv_heads, ", ffn-dim ", ffn_dim, ", seq-len ", seq_len, ", vocab ", vocab);
-  FSDP_CHECK(dim % heads == 0, "--dim (", dim, ") must be a multiple of --heads (", heads, ")");
-  FSDP_CHECK(head_dim() % 2 == 0, "the head dim (dim / heads = ", head_dim(),
+  FSDP_USER_CHECK(dim % heads == 0, "--dim (", dim, ") must be a multiple of --heads (", heads, ")");
+  FSDP_USER_CHECK(head_dim() % 2 == 0, "the head dim (dim / heads = ", head_dim(),
              ") must be even for rotary embeddings");
-  FSDP_CHECK(heads % kv_heads == 0, "--heads (", heads, ") must be a multiple of --kv-heads (",
+  FSDP_USER_CHECK(heads % kv_heads == 0, "--heads (", heads, ") must be a multiple of --kv-heads (",
              kv_heads, ")");
-  FSDP_CHECK(vocab <= INT32_MAX, "--vocab must fit token ids in int32, got ", vocab);
+  FSDP_USER_CHECK(vocab <= INT32_MAX, "--vocab must fit token ids in int32, got ", vocab);
 }
 
 int64_t transformer_param_count(const TransformerConfig& c) {

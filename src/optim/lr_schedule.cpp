@@ -19,6 +19,10 @@ float LrSchedule::at(int step, float peak) const {
   return static_cast<float>(min_lr + (static_cast<double>(peak) - min_lr) * factor);
 }
 
+float default_adamw_lr(int64_t dim) {
+  return 1e-3f * std::min(1.0f, 256.0f / static_cast<float>(std::max<int64_t>(dim, 1)));
+}
+
 void validate(const LrSchedule& s, float peak) {
   FSDP_USER_CHECK(s.kind == "constant" || s.kind == "cosine" || s.kind == "linear",
                   "--lr-schedule must be constant, cosine or linear, not '", s.kind, "'");

@@ -3,6 +3,7 @@
 // scalars] in fsdp/device.h).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace fsdp::optim {
@@ -17,6 +18,12 @@ struct LrSchedule {
   // warmup_steps. Then the decay runs over the remaining steps, reaching min_lr at the last.
   float at(int step, float peak) const;
 };
+
+// The command's AdamW lr for a model of width `dim`: 1e-3 up to width 256, then 1e-3 * 256 /
+// dim. Adam moves every weight by about lr whatever its gradient's scale, so a layer's output
+// moves by about lr * fan_in: the lr must shrink with the width (as muP scales it) or wide
+// models overshoot in their first steps (Note [Command defaults] in tools/train_checks.cpp).
+float default_adamw_lr(int64_t dim);
 
 // Plain-sentence check of the fields against the peak (kind, peak > 0, 0 <= min_lr <= peak,
 // warmup_steps >= 0).

@@ -154,7 +154,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   StepReader reader(device, compute, static_cast<int>(grad_names.size()));
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   float* loss_avg = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
-  TrainState state{model, root, optimizer, compute, 0};
+  TrainState state{device, model, root, optimizer, compute, 0};
   // Checkpoints (Note [Checkpoint hooks]): --resume or --init-from loads here and a resume
   // moves the first step; the user's on_start sees the loaded state.
   std::unique_ptr<checkpoint::TrainerCheckpoint> ckpt;
@@ -247,6 +247,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       world->all_reduce(loss, loss_avg, 1, DType::F32, ReduceOp::Avg, compute);
       device.accumulate(compute, step_loss, loss_avg, DType::F32, 1, inv_micro);
     }
+    if (config.after_backward) config.after_backward(state);
     if (!config.optimizer_in_backward) {
       optimizer.compute_grad_squares(compute);
       optimizer.step(compute);

@@ -18,6 +18,7 @@ namespace fsdp::runtime {
 
 // What hooks (checkpoints, evaluation) reach during a run.
 struct TrainState {
+  Device& device;
   nn::Model& model;
   FsdpModule& root;
   optim::Optimizer& optimizer;
@@ -52,6 +53,8 @@ struct TrainConfig {
   int64_t eval_batches = 0;
   std::function<void(TrainState&)> on_start;    // after the optimizer is made, before step 0
   std::function<void(TrainState&)> after_step;  // after each step's work is issued
+  // After the step's last backward, before the grad norm and the optimizer (fault injection).
+  std::function<void(TrainState&)> after_backward;
   // Each group's optimizer step runs right after its reduce-scatter (Note [Optimizer in
   // backward]); off: one multi-tensor step after backward, with persistent grad shards.
   bool optimizer_in_backward = false;

@@ -2,10 +2,12 @@
 // kernel variant: 16-byte packs or single elements, the row kept in shared memory or read twice,
 // dlogits over the logits, loss only) and RMSNorm with its residual add, forward and backward
 // (the register kernels at every packs-per-thread, the general kernels for odd and very wide
-// rows, outputs over their inputs).
+// rows, outputs over their inputs); and GEMMs whose plan was autotuned (Note [GEMM autotune]).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -103,6 +105,50 @@ TEST_F(CudaFusedOps, AddRmsNormForwardAndBackwardMatchCpu) {
               {"dw", b.read(dw, t, sh.cols), t == DType::F32 ? Tolerance{1e-4, 1e-5} : tol}};
         });
       }
+}
+
+// Note [GEMM autotune]: with FSDP_GEMM_AUTOTUNE=1 a new plan times several algorithms on the
+// call's operands; the call's own C must still be alpha A B + beta C of the C it had (the timing
+// runs write a scratch output), for every transpose, also when C is read (beta != 0).
+TEST_F(CudaFusedOps, AutotunedGemmGivesTheSameResultAndLeavesCAlone) {
+  setenv("FSDP_GEMM_AUTOTUNE", "1", 1);
+  std::unique_ptr<Device> gpu;
+  try {
+    gpu = cuda::make_device(0);
+  } catch (...) {
+    unsetenv("FSDP_GEMM_AUTOTUNE");
+    throw;
+  }
+  unsetenv("FSDP_GEMM_AUTOTUNE");
+  Buffers b(*gpu);
+  const int64_t m = 192, n = 320, k = 512;  // big enough for several candidate algorithms
+  const DType t = DType::BF16;
+  std::mt19937 rng(23);
+  auto exact = [&](size_t count) {  // bf16-exact values, so the host reference sees the same
+    auto v = uniform(rng, count, -1, 1);
+    for (float& x : v) x = bf16_to_float(float_to_bf16(x));
+    return v;
+  };
+  for (int trans = 0; trans < 4; ++trans) {
+    const bool ta = trans & 1, tb = trans & 2;
+    const auto a = exact(static_cast<size_t>(m * k)), bm = exact(static_cast<size_t>(k * n));
+    const auto c0 = uniform(rng, static_cast<size_t>(m * n), -1, 1);
+    void* dc = b.upload(DType::F32, c0);
+    gpu->gemm(b.stream(), ta, tb, m, n, k, 1.5f, b.upload(t, a), b.upload(t, bm), t, 0.5f, dc,
+              DType::F32);
+    const auto got = b.read(dc, DType::F32, m * n);
+    std::vector<float> want(static_cast<size_t>(m * n));
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = 0;
+        for (int64_t p = 0; p < k; ++p)
+          sum += double{ta ? a[p * m + i] : a[i * k + p]} * (tb ? bm[j * k + p] : bm[p * n + j]);
+        want[i * n + j] = static_cast<float>(1.5 * sum + 0.5 * c0[i * n + j]);
+      }
+    transformer_test::expect_match("autotuned gemm ta=" + std::to_string(ta) +
+                                       " tb=" + std::to_string(tb),
+                                   got, want, Tolerance{1e-4, 1e-5});
+  }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@ namespace fsdp::cuda::kernels {
 namespace {
 
 constexpr int kLossThreads = 512;
+constexpr int kUnroll = 4;  // packs each thread loads before it reduces them
 constexpr float kLog2e = 1.4426950408889634f;
 // Rows up to this many bytes are kept in shared memory (two blocks still fit on an SM).
 constexpr size_t kMaxCachedRowBytes = 96 * 1024;
@@ -97,19 +98,36 @@ __global__ void __launch_bounds__(kLossThreads)
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const T* x = logits + r * classes;
     SoftmaxState st;
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      float v[W];
-      load_pack<W>(x + p * W, v);
-      if constexpr (kCached) store_pack_shared<W>(row_cache + p * W, v);  // exact: v came from T
-      float pm = v[0];
+    // kUnroll packs per thread in flight at once; one online-softmax merge per group.
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += kUnroll * blockDim.x) {
+      float v[kUnroll][W];
 #pragma unroll
-      for (int j = 1; j < W; ++j) pm = fmaxf(pm, v[j]);
-      float ps = 0.0f;
-      if (pm != -INFINITY) {
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t p = p0 + u * blockDim.x;
+        if (p < packs) {
+          load_pack<W>(x + p * W, v[u]);
+        } else {
 #pragma unroll
-        for (int j = 0; j < W; ++j) ps += exp_nonpositive(v[j] - pm);
+          for (int j = 0; j < W; ++j) v[u][j] = -INFINITY;
+        }
       }
-      st.merge(pm, ps);
+      float gm = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t p = p0 + u * blockDim.x;
+        if constexpr (kCached)
+          if (p < packs) store_pack_shared<W>(row_cache + p * W, v[u]);  // exact: v came from T
+#pragma unroll
+        for (int j = 0; j < W; ++j) gm = fmaxf(gm, v[u][j]);
+      }
+      float gs = 0.0f;
+      if (gm != -INFINITY) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+          for (int j = 0; j < W; ++j) gs += exp_nonpositive(v[u][j] - gm);
+      }
+      st.merge(gm, gs);
     }
     st = block_merge(st);  // its barriers also make the cached row visible to every thread
     const int32_t label = labels[r];
@@ -117,22 +135,24 @@ __global__ void __launch_bounds__(kLossThreads)
     const T* src = kCached ? row_cache : x;
     if (threadIdx.x == 0)
       row_losses[r] = label_ok ? st.m + logf(st.s) - to_float(src[label]) : NAN;
-    if (!dlogits) continue;  // loss only
-    if constexpr (!kCached) __syncthreads();  // x[label] is read before dlogits (may alias) is
-                                              // written
-    const float inv_sum = 1.0f / st.s;
-    T* dx = dlogits + r * classes;
-    for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
-      float v[W];
-      load_pack<W>(src + p * W, v);
+    if (dlogits) {  // else: loss only
+      // Uncached, x[label] must be read before dlogits (which may alias the logits) is written.
+      if constexpr (!kCached) __syncthreads();
+      const float inv_sum = 1.0f / st.s;
+      T* dx = dlogits + r * classes;
+      for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+        float v[W];
+        load_pack<W>(src + p * W, v);
 #pragma unroll
-      for (int j = 0; j < W; ++j) {
-        const float prob = exp_nonpositive(v[j] - st.m) * inv_sum;
-        v[j] = (prob - (p * W + j == label ? 1.0f : 0.0f)) * inv_rows;
+        for (int j = 0; j < W; ++j) {
+          const float prob = exp_nonpositive(v[j] - st.m) * inv_sum;
+          v[j] = (prob - (p * W + j == label ? 1.0f : 0.0f)) * inv_rows;
+        }
+        store_pack<W>(dx + p * W, v);
       }
-      store_pack<W>(dx + p * W, v);
     }
-    if constexpr (kCached) __syncthreads();  // the next row overwrites the cache
+    if constexpr (kCached) __syncthreads();  // every read of the cache is done before the next
+                                             // row overwrites it
   }
 }
 

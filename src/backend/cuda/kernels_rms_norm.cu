@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t r1 = std::min(rows, r0 + rows_per_block);
   for (int64_t r = r0; r < r1; ++r) {
     const float inv = rstd[r];
-    float xh[K][kVec], dv[K][kVec];
+    float xh[K][kVec], dv[K][kVec], res[K][kVec];
     float dot = 0.0f;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -103,6 +103,12 @@ __global__ void __launch_bounds__(kThreads)
       if (q >= packs) continue;
       load_pack<kVec>(x + r * cols + q * kVec, xh[k]);
       load_pack<kVec>(dy + r * cols + q * kVec, dv[k]);
+      // Loaded with x and dy, so its latency is not paid again after the reduction.
+      if (dresidual)
+        load_pack<kVec>(dresidual + r * cols + q * kVec, res[k]);
+      else
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) res[k][j] = 0.0f;
 #pragma unroll
       for (int j = 0; j < kVec; ++j) {
         xh[k][j] *= inv;
@@ -116,15 +122,10 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < K; ++k) {
       const int64_t q = threadIdx.x + k * kThreads;
       if (q >= packs) continue;
-      float out[kVec], res[kVec];
-      if (dresidual)
-        load_pack<kVec>(dresidual + r * cols + q * kVec, res);
-      else
-#pragma unroll
-        for (int j = 0; j < kVec; ++j) res[j] = 0.0f;
+      float out[kVec];
 #pragma unroll
       for (int j = 0; j < kVec; ++j)
-        out[j] = inv * (dv[k][j] * wv[k][j] - xh[k][j] * mean_gx) + res[j];
+        out[j] = inv * (dv[k][j] * wv[k][j] - xh[k][j] * mean_gx) + res[k][j];
       store_pack<kVec>(dx + r * cols + q * kVec, out);
     }
   }
@@ -300,6 +301,19 @@ void rms_norm_forward(cudaStream_t stream, const void* x, const void* residual, 
   FSDP_CUDA_CHECK_LAUNCH();
 }
 
+// The general kernel keeps one fp32 row of dw partials in dynamic shared memory; rows of up
+// to kRmsNormMaxCols columns need more than the 48 KB a launch gets without opting in.
+template <typename T, int V>
+void launch_backward_general(cudaStream_t stream, int grid, size_t smem, const T* x, const T* w,
+                             const float* rstd, const T* dy, const T* dres, int64_t rows,
+                             int64_t cols, int64_t rows_per_block, T* dx, float* partials) {
+  FSDP_CUDA_CHECK(cudaFuncSetAttribute(rms_norm_backward_general<T, V>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+  rms_norm_backward_general<T, V><<<grid, kThreads, smem, stream>>>(
+      x, w, rstd, dy, dres, rows, cols, rows_per_block, dx, partials);
+}
+
 void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* x,
                        const void* w, const float* rstd, const void* dy, const void* dresidual,
                        DType t, int64_t rows, int64_t cols, void* dx, void* dw) {
@@ -336,11 +350,11 @@ void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const vo
       launch_backward_regs<T, kMaxPacksPerThread>(stream, grid, xs, ws, rstd, dys, dres, rows,
                                                   cols, rows_per_block, dxs, partials);
     else if (packs)
-      rms_norm_backward_general<T, kVec><<<grid, kThreads, smem, stream>>>(
-          xs, ws, rstd, dys, dres, rows, cols, rows_per_block, dxs, partials);
+      launch_backward_general<T, kVec>(stream, grid, smem, xs, ws, rstd, dys, dres, rows, cols,
+                                       rows_per_block, dxs, partials);
     else
-      rms_norm_backward_general<T, 1><<<grid, kThreads, smem, stream>>>(
-          xs, ws, rstd, dys, dres, rows, cols, rows_per_block, dxs, partials);
+      launch_backward_general<T, 1>(stream, grid, smem, xs, ws, rstd, dys, dres, rows, cols,
+                                    rows_per_block, dxs, partials);
     FSDP_CUDA_CHECK_LAUNCH();
     const int sum_blocks = static_cast<int>((cols + kSumCols - 1) / kSumCols);
     sum_partials_by_column_kernel<<<sum_blocks, dim3(kSumCols, kSumLanes), 0, stream>>>(

@@ -96,34 +96,52 @@ __global__ void embedding_backward_kernel(const T* dy, const int32_t* starts,
   }
 }
 
-// ---- RoPE: item = (row, head, pack of W pair indices i < half).
+// ---- RoPE: item = (row, group of kRopeHeads heads, pack of W pair indices i < half). The
+// angles depend on (row, i) only, so each item computes its W sines and cosines once and
+// rotates the pack in each head of its group, all loads in flight before the math.
+
+constexpr int kRopeHeads = 4;
 
 template <typename T, int W>
 __global__ void rope_kernel(T* x, int64_t ld, int64_t rows, int64_t heads, int64_t half,
                             int64_t seq_len, RopeFreqs freqs, bool inverse) {
   const int64_t packs_per_head = half / W;
-  const int64_t n = rows * heads * packs_per_head;
+  const int64_t groups = (heads + kRopeHeads - 1) / kRopeHeads;
+  const int64_t n = rows * groups * packs_per_head;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t item = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; item < n;
        item += stride) {
     const int64_t i0 = (item % packs_per_head) * W;
-    const int64_t row_head = item / packs_per_head;
-    const int64_t h = row_head % heads, r = row_head / heads;
+    const int64_t row_group = item / packs_per_head;
+    const int64_t h0 = (row_group % groups) * kRopeHeads, r = row_group / groups;
     const float pos = static_cast<float>(r % seq_len);
-    T* base = x + r * ld + h * 2 * half;
-    float a[W], b[W];
-    load_pack<W>(base + i0, a);
-    load_pack<W>(base + i0 + half, b);
+    float c[W], sn[W];
 #pragma unroll
     for (int j = 0; j < W; ++j) {
-      const float angle = pos * freqs.inv_freq[i0 + j];
-      const float c = cosf(angle), s = inverse ? -sinf(angle) : sinf(angle);
-      const float na = a[j] * c - b[j] * s, nb = b[j] * c + a[j] * s;
-      a[j] = na;
-      b[j] = nb;
+      sincosf(pos * freqs.inv_freq[i0 + j], &sn[j], &c[j]);
+      if (inverse) sn[j] = -sn[j];
     }
-    store_pack<W>(base + i0, a);
-    store_pack<W>(base + i0 + half, b);
+    float a[kRopeHeads][W], b[kRopeHeads][W];
+#pragma unroll
+    for (int u = 0; u < kRopeHeads; ++u) {
+      if (h0 + u >= heads) continue;
+      const T* base = x + r * ld + (h0 + u) * 2 * half;
+      load_pack<W>(base + i0, a[u]);
+      load_pack<W>(base + i0 + half, b[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kRopeHeads; ++u) {
+      if (h0 + u >= heads) continue;
+#pragma unroll
+      for (int j = 0; j < W; ++j) {
+        const float na = a[u][j] * c[j] - b[u][j] * sn[j], nb = b[u][j] * c[j] + a[u][j] * sn[j];
+        a[u][j] = na;
+        b[u][j] = nb;
+      }
+      T* base = x + r * ld + (h0 + u) * 2 * half;
+      store_pack<W>(base + i0, a[u]);
+      store_pack<W>(base + i0 + half, b[u]);
+    }
   }
 }
 
@@ -242,11 +260,12 @@ void rope(cudaStream_t stream, void* x, int64_t ld, DType t, int64_t rows, int64
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
     auto* xs = static_cast<T*>(x);
+    const int64_t groups = (heads + kRopeHeads - 1) / kRopeHeads;
     if (packs)
-      rope_kernel<T, kVec><<<blocks_for(rows * heads * (half / kVec)), kThreads, 0, stream>>>(
+      rope_kernel<T, kVec><<<blocks_for(rows * groups * (half / kVec)), kThreads, 0, stream>>>(
           xs, ld, rows, heads, half, seq_len, freqs, inverse);
     else
-      rope_kernel<T, 1><<<blocks_for(rows * heads * half), kThreads, 0, stream>>>(
+      rope_kernel<T, 1><<<blocks_for(rows * groups * half), kThreads, 0, stream>>>(
           xs, ld, rows, heads, half, seq_len, freqs, inverse);
   });
   FSDP_CUDA_CHECK_LAUNCH();
