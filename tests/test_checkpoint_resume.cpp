@@ -2,9 +2,12 @@
 // and matches the uninterrupted run within fp32 rounding; each rank reads only its rows.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "checkpoint/checkpoint_format.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "fsdp/data.h"
+#include "fsdp/error.h"
 #include "io/safetensors.h"
 #include "runtime/token_file_source.h"
 #include "test_checkpoint_util.h"
@@ -211,6 +214,34 @@ TEST(ResumeSchedule, AnotherScheduleOrDataIsStatedOnResume) {
   EXPECT_NE(changes[0].find("another lr_schedule"), std::string::npos) << changes[0];
   EXPECT_NE(changes[0].find("\"total_steps\":10"), std::string::npos) << changes[0];
   EXPECT_NE(changes[1].find("another data"), std::string::npos) << changes[1];
+}
+
+TEST(ResumeShape, TransformerHeadsAndSeqLenThatKeepEveryParamShapeAreRefused) {
+  // 3 heads of 6 and 1 head of 18 give wqkv the same [54, 18]; so does any seq_len. Only the
+  // run config tells them apart.
+  runtime::TrainConfig c = small_config("transformer");
+  c.model.kv_heads = 3;
+  c.steps = 2;
+  const std::string dir = fresh_dir("resume_heads");
+  c.checkpoint.save_dir = dir;
+  run_fsdp(2, c);
+  for (const auto& [field, change] :
+       std::vector<std::pair<std::string, std::function<void(nn::ModelConfig&)>>>{
+           {"heads", [](nn::ModelConfig& m) { m.heads = m.kv_heads = 1; }},
+           {"seq_len", [](nn::ModelConfig& m) { m.seq_len = 6; }}}) {
+    runtime::TrainConfig resumed = c;
+    resumed.checkpoint = {};
+    resumed.checkpoint.resume = dir;
+    resumed.steps = 3;
+    change(resumed.model);
+    try {
+      run_fsdp(2, resumed);
+      ADD_FAILURE() << field << ": the resume was not refused";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("another model shape: its " + field), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace
