@@ -103,7 +103,7 @@ TEST(Cli, HelpShowsEveryDefault) {
     const std::string name = pending.substr(2, pending.find_first_of(" ", 2) - 2);
     ++options;
     if (name == "--json" || name == "--trace" || name == "--quiet" || name == "--chaos" ||
-        name == "--data") {
+        name == "--data" || name == "--save-dir" || name == "--resume" || name == "--init-from") {
       pending.clear();
       continue;  // no default: off unless given
     }

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
+#include "tools/export_command.h"
 #include "tools/prepare_data_command.h"
 #include "tools/report_command.h"
 #include "tools/train_command.h"
@@ -47,6 +48,8 @@ int main(int argc, char** argv) {
   fsdp::tools::add_train_options(*train_cmd, train);
   fsdp::tools::ReportOptions report;
   CLI::App* report_cmd = fsdp::tools::add_report_command(app, report);
+  fsdp::tools::ExportOptions export_options;
+  CLI::App* export_cmd = fsdp::tools::add_export_command(app, export_options);
   fsdp::tools::PrepareDataOptions prepare;
   CLI::App* prepare_cmd = fsdp::tools::add_prepare_data_command(app, prepare);
   // An unknown first word is an unknown command, said so (CLI11 would call it an extra
@@ -76,6 +79,7 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) return fsdp::tools::run_train(train);
     if (report_cmd->parsed()) return fsdp::tools::run_report(report);
     if (prepare_cmd->parsed()) return fsdp::tools::run_prepare_data(prepare);
+    if (export_cmd->parsed()) return fsdp::tools::run_export(export_options);
   } catch (const fsdp::Error& e) {
     return fail("error", e.what(), 1);
   } catch (const std::exception& e) {

@@ -100,6 +100,16 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--peak-tflops", o.peak_tflops,
                  "GPU peak TFLOP/s for MFU (989: H200 dense bf16)");
   app.add_flag("--quiet", o.quiet, "no step lines; a progress line about every 10 s");
+  // ---- checkpoints (docs/checkpoint.md)
+  app.add_option("--save-dir", o.config.checkpoint.save_dir, "save sharded checkpoints here");
+  app.add_option("--save-every", o.config.checkpoint.save_every,
+                 "save every N steps (and after the last); 0: after the last only");
+  app.add_option("--keep-last", o.config.checkpoint.keep_last,
+                 "keep the newest N complete checkpoints (0: all)");
+  app.add_option("--resume", o.config.checkpoint.resume,
+                 "a checkpoint, or a save dir (its latest complete checkpoint)");
+  app.add_option("--init-from", o.config.checkpoint.init_from,
+                 "full weights (safetensors; fqn or Hugging Face Llama names)");
 }
 
 namespace {
@@ -230,6 +240,7 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
 int run_train(TrainOptions& o) {
   std::string why;
   const std::string backend = check_train_options(o, why);
+  o.config.checkpoint.verbose = !o.quiet;
   o.config.return_on_nonfinite = true;  // the summary is written first, then the error
   if (!why.empty()) std::printf("backend: %s (--backend auto: %s)\n", backend.c_str(), why.c_str());
   StepPrinterOptions po;
@@ -285,6 +296,12 @@ int run_train(TrainOptions& o) {
   }
   if (!s.error.empty()) throw UserError(s.error);
   return 0;
+}
+
+nn::ModelConfig model_config_of(TrainOptions& options) {
+  std::string why;
+  check_train_options(options, why);
+  return options.config.model;
 }
 
 }  // namespace fsdp::tools

@@ -67,6 +67,8 @@ struct Summary {
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);
+// The model the parsed flags describe, defaults filled in (for `fsdp export --init`).
+nn::ModelConfig model_config_of(TrainOptions& options);
 int run_train(TrainOptions& options);
 Summary summarize(const std::string& backend, int world, const runtime::TrainConfig& c,
                   const std::vector<runtime::RankResult>& ranks, double peak_tflops);

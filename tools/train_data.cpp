@@ -40,6 +40,7 @@ void attach_token_data(TrainOptions& o) {
   // Opening validates each file (one line naming the file and the problem); a sampler of this
   // run's shape checks there is at least one global batch.
   o.config.batch_source = runtime::token_file_batches(train, m, o.config.seed);
+  o.config.data_name = train;
   const data::BatchShape shape{o.config.tokens / m.seq_len, m.seq_len, o.effective_world};
   data::BatchSampler(std::make_shared<const data::TokenFile>(train, m.vocab), shape, o.config.seed);
 

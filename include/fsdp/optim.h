@@ -61,6 +61,11 @@ class Optimizer {
   // Device memory: one squared norm per tensor, in the order of grad_square_names().
   const float* grad_squares() const { return grad_sq_; }
   const std::vector<std::string>& grad_square_names() const { return sq_names_; }
+  // For checkpoints: each tensor's state buffers (state0/state1), the config, and the step
+  // count that the next begin_step() continues from (a resume sets it between steps).
+  const std::vector<OptimTensor>& tensors() const { return tensors_; }
+  const OptimizerConfig& config() const { return config_; }
+  void set_step_count(int64_t steps);
 
  private:
   void launch(Stream s, const OptimTensor* t, int count, GradSquares sq);

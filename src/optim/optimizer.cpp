@@ -72,6 +72,12 @@ void Optimizer::begin_step(Stream s, float lr) {
   device_.copy_from_host(s, scalars_, &v, sizeof(v));
 }
 
+void Optimizer::set_step_count(int64_t steps) {
+  FSDP_CHECK(!begun_, "set_step_count() between steps only");
+  FSDP_CHECK(steps >= 0, "negative optimizer step count ", steps);
+  step_ = steps;
+}
+
 void Optimizer::compute_grad_squares(Stream s) {
   device_.set_label("grad norm");
   for (const MeshTensors& m : meshes_) {

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "checkpoint/trainer_checkpoint.h"
 #include "core/fsdp_state.h"
 #include "fsdp/error.h"
 #include "runtime/step_reader.h"
@@ -186,6 +187,18 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   float* loss_avg = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   TrainState state{device, model, root, optimizer, compute, 0};
+  // Checkpoints (Note [Checkpoint hooks]): --resume or --init-from loads here and a resume
+  // moves the first step; the user's on_start sees the loaded state.
+  std::unique_ptr<checkpoint::TrainerCheckpoint> ckpt;
+  if (config.checkpoint.enabled()) {
+    checkpoint::RunDescription run{config.model,   config.param_dtype,    config.reduce_dtype,
+                                   config.optimizer.kind, world->size(),  config.tokens,
+                                   config.seed,    config.micro_batches,  config.schedule,
+                                   config.optimizer.base_lr(), config.data_name};
+    ckpt = std::make_unique<checkpoint::TrainerCheckpoint>(config.checkpoint, run, device,
+                                                           compute, root, optimizer);
+    state.next_step = ckpt->start(config.steps);
+  }
   if (config.on_start) config.on_start(state);
   device.synchronize();
   device.reset_peak_memory();
@@ -227,6 +240,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     result.grad_norms.push_back(report.grad_norm);
     result.max_expert_loads.push_back(report.max_expert_load);
     result.step_ms.push_back(report.step_ms);
+    if (ckpt) ckpt->state_changes();  // after the first step: every rank has loaded
     if (on_step) on_step(report);
     return true;
   };
@@ -309,9 +323,16 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     // traced step was synchronized already, so it is read at once).
     const int keep = config.timeline ? 0 : 1;
     while (reader.pending() > keep && !stopped) stopped = !read_one();
+    // A save due after this step reads every step first (the copy to host waits for the step
+    // anyway), so that a checkpoint never holds the state of a step that was not finite.
+    if (ckpt && !stopped && ckpt->due(step + 1, config.steps)) {
+      while (reader.pending() > 0 && !stopped) stopped = !read_one();
+      if (!stopped) ckpt->after_step(step + 1, config.steps, nlohmann::json::object());
+    }
   }
   while (reader.pending() > 0 && !stopped) stopped = !read_one();
   while (reader.pending() > 0) reader.pop();  // drain what ran after a stop
+  if (ckpt) ckpt->finish();  // the last save is on disk
   device.synchronize();
   result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;
   if (config.timeline) device.enable_timeline(false);

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/nn/model.h"
@@ -64,6 +65,8 @@ struct TrainConfig {
   bool collect_params = false;      // gather full fp32 params after the last step
   RsReclaimPolicy rs_policy = RsReclaimPolicy::BoundedRing;
   std::vector<ScheduleEvent>* event_log = nullptr;  // rank 0's schedule events
+  CheckpointOptions checkpoint;  // --save-dir, --resume, --init-from (Note [Checkpoint hooks])
+  std::string data_name = "synthetic";  // what batch_source reads (a checkpoint records it)
   // Called after fully_shard on every rank, before the first step (prefetch lists etc.).
   std::function<void(nn::Model&, FsdpModule& root)> customize;
 };

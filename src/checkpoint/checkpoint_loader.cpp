@@ -1,0 +1,229 @@
+#include "checkpoint/checkpoint_loader.h"
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <cstring>
+#include <sstream>
+
+#include "fsdp/error.h"
+#include "io/file_io.h"
+
+namespace fsdp::checkpoint {
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::ostringstream out;
+  out << "[";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  out << "]";
+  return out.str();
+}
+
+// Copies loaded rows to the shard: on the device, or in host memory without one.
+void upload(Device* d, Stream s, float* dst_rows, const std::vector<float>& host) {
+  if (host.empty()) return;
+  if (d)
+    d->copy_from_host(s, dst_rows, host.data(), host.size() * sizeof(float));
+  else
+    std::memcpy(dst_rows, host.data(), host.size() * sizeof(float));
+}
+
+}  // namespace
+
+nlohmann::json run_config_json(const RunDescription& r) {
+  // "model" is compared on resume (a mismatch is refused): every field that decides a param's
+  // shape. The transformer's own fields only for it, so other kinds don't depend on them.
+  const nn::ModelConfig& m = r.model;
+  nlohmann::json model = {{"kind", m.kind},       {"layers", m.layers},   {"dim", m.dim},
+                          {"hidden", m.hidden},   {"experts", m.experts}, {"classes", m.classes},
+                          {"norm", m.norm}};
+  if (m.kind == "transformer") {
+    model["heads"] = m.heads;
+    model["kv_heads"] = m.kv_heads;
+    model["ffn_dim"] = m.ffn_dim;
+    model["vocab"] = m.vocab;
+    model["seq_len"] = m.seq_len;
+  }
+  // Note [Resumed schedule and data]: the lr is a pure function of (schedule, peak, step) and
+  // the batches of (data, seed, tokens, micro-batches, step), so the step is their whole state
+  // and these fields say which functions they were. A resume that changes them is allowed (a
+  // longer run changes the cosine's end) and stated in one line per field.
+  const nlohmann::json schedule = {{"kind", r.schedule.kind},
+                                   {"warmup_steps", r.schedule.warmup_steps},
+                                   {"min_lr", r.schedule.min_lr},
+                                   {"total_steps", r.schedule.total_steps},
+                                   {"peak_lr", r.peak_lr}};
+  return {{"model", model},
+          {"param_dtype", dtype_name(r.param_dtype)},
+          {"reduce_dtype", dtype_name(r.reduce_dtype)},
+          {"optimizer", r.optimizer},
+          {"world_size", r.world_size},
+          {"tokens_per_rank", r.tokens},
+          {"seed", r.seed},
+          {"micro_batches", r.micro_batches},
+          {"lr_schedule", schedule},
+          {"data", r.data}};
+}
+
+std::vector<std::string> check_compatible(const CheckpointIndex& ckpt, const nlohmann::json& run) {
+  const std::string where = join_path(ckpt.dir, kIndexFile);
+  FSDP_USER_CHECK(ckpt.index.contains("config") && ckpt.index["config"].is_object(), "'", where,
+                  "' has no run configuration");
+  const nlohmann::json& saved = ckpt.index["config"];
+  const nlohmann::json saved_model = saved.value("model", nlohmann::json::object());
+  for (const auto& [key, value] : run["model"].items())
+    FSDP_USER_CHECK(saved_model.value(key, nlohmann::json()) == value, "checkpoint '", ckpt.dir,
+                    "' is of another model shape: its ", key, " is ",
+                    saved_model.value(key, nlohmann::json()).dump(), ", this run's ", value.dump());
+  for (const char* key : {"param_dtype", "reduce_dtype"})
+    FSDP_USER_CHECK(saved.value(key, "") == run[key].get<std::string>(), "checkpoint '", ckpt.dir,
+                    "' was saved with ", key, " ", saved.value(key, "?"), ", this run uses ",
+                    run[key].get<std::string>(), " (dtype mismatch)");
+  FSDP_USER_CHECK(saved.value("optimizer", "") == run["optimizer"].get<std::string>(),
+                  "checkpoint '", ckpt.dir, "' holds ", saved.value("optimizer", "?"),
+                  " state, this run uses ", run["optimizer"].get<std::string>());
+  std::vector<std::string> changes;  // Note [Resumed schedule and data]
+  for (const char* key : {"lr_schedule", "data", "seed", "tokens_per_rank", "micro_batches"}) {
+    const nlohmann::json before = saved.value(key, nlohmann::json());
+    if (before != run[key])
+      changes.push_back(detail::concat("resuming with another ", key, ": the checkpoint's ",
+                                       before.dump(), ", this run's ", run[key].dump()));
+  }
+  return changes;
+}
+
+nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& state,
+                               Device* device, Stream stream) {
+  const std::string index_path = join_path(ckpt.dir, kIndexFile);
+  const nlohmann::json& index = ckpt.index;
+  const int saved_world = ckpt.complete.world;
+  std::map<std::string, const nlohmann::json*> entries;
+  for (const nlohmann::json& e : index.at("tensors")) entries[e.at("name").get<std::string>()] = &e;
+  FSDP_USER_CHECK(entries.size() == state.tensors.size(), "checkpoint '", ckpt.dir, "' holds ",
+             entries.size(), " params, this model has ", state.tensors.size(),
+             " (another model shape)");
+  if (state.optimizer)
+    FSDP_USER_CHECK(index.value("state_names", nlohmann::json::array()) == state.state_names,
+               "'", index_path, "' holds optimizer state ",
+               index.value("state_names", nlohmann::json::array()).dump(), ", this run needs ",
+               nlohmann::json(state.state_names).dump());
+
+  std::map<int, std::unique_ptr<RowReader>> readers;  // opened on first use
+  auto reader = [&](int rank) -> const RowReader& {
+    auto& r = readers[rank];
+    if (!r) {
+      const std::string name = rank_file_name(rank);
+      const std::string path = join_path(ckpt.dir, name);
+      auto rec = ckpt.complete.files.find(name);
+      FSDP_USER_CHECK(rec != ckpt.complete.files.end(), "'", join_path(ckpt.dir, kCompleteFile),
+                 "' does not list '", name, "'");
+      FSDP_USER_CHECK(io::path_exists(path), "checkpoint rank file '", path, "' is missing");
+      r = std::make_unique<RowReader>(path, /*require_crcs=*/true);
+      FSDP_USER_CHECK(r->file().file_bytes() == rec->second.bytes, "'", path, "' holds ",
+                 r->file().file_bytes(), " bytes, COMPLETE says ", rec->second.bytes,
+                 " (truncated or changed)");
+      FSDP_USER_CHECK(r->file().header_bytes() == rec->second.crc_bytes &&
+                     r->file().header_crc() == rec->second.crc,
+                 "'", path, "' is corrupt: header checksum mismatch");
+    }
+    return *r;
+  };
+
+  std::vector<float> host;
+  std::optional<int64_t> optimizer_steps;
+  for (const ShardView& v : state.tensors) {
+    auto it = entries.find(v.fqn);
+    FSDP_USER_CHECK(it != entries.end(), "checkpoint '", ckpt.dir, "' has no param '", v.fqn,
+               "' (another model shape)");
+    const nlohmann::json& e = *it->second;
+    const auto shape = e.at("shape").get<std::vector<int64_t>>();
+    FSDP_USER_CHECK(shape == v.shape, "checkpoint '", ckpt.dir, "' holds '", v.fqn, "' of shape ",
+               shape_text(shape), ", this model's is ", shape_text(v.shape),
+               " (another model shape)");
+    FSDP_USER_CHECK(e.value("dtype", "") == "F32", "'", index_path, "': '", v.fqn, "' has dtype ",
+               e.value("dtype", "?"), ", expected F32 (dtype mismatch)");
+    const auto ranges = e.at("ranks").get<std::vector<std::vector<int64_t>>>();
+    FSDP_USER_CHECK(static_cast<int>(ranges.size()) == saved_world, "'", index_path, "': '", v.fqn,
+               "' lists ", ranges.size(), " ranks, the checkpoint has ", saved_world);
+    std::vector<std::string> names{v.fqn};
+    std::vector<float*> dsts{v.param};
+    if (state.optimizer)
+      for (size_t k = 0; k < state.state_names.size(); ++k) {
+        names.push_back(v.fqn + "." + state.state_names[k]);
+        dsts.push_back(v.states[k]);
+      }
+    for (size_t k = 0; k < names.size(); ++k) {
+      host.assign(static_cast<size_t>(v.rows.rows() * v.cols), 0.0f);
+      for (int r = 0; r < saved_world; ++r) {
+        const int64_t b = std::max(ranges[r].at(0), v.rows.begin);
+        const int64_t end = std::min(ranges[r].at(1), v.rows.end);
+        if (b >= end) continue;
+        reader(r).read_rows(names[k], b - ranges[r][0], end - ranges[r][0],
+                            host.data() + (b - v.rows.begin) * v.cols);
+      }
+      upload(device, stream, dsts[k], host);
+    }
+    if (state.optimizer) {
+      // One count for the whole optimizer (its tensors step together); every param records it.
+      const int64_t steps = e.value("optimizer_step", int64_t{-1});
+      FSDP_USER_CHECK(steps >= 0 && (!optimizer_steps || *optimizer_steps == steps), "'",
+                      index_path, "': '", v.fqn, "' has optimizer step ", steps,
+                      optimizer_steps ? ", other params " + std::to_string(*optimizer_steps) : "",
+                      " (corrupt index)");
+      optimizer_steps = steps;
+    }
+  }
+  if (optimizer_steps) state.optimizer->set_step_count(*optimizer_steps);
+  if (device) device->synchronize_stream(stream);
+  return index.value("train_state", nlohmann::json::object());
+}
+
+void load_full_weights(const std::string& path, const ShardedState& state, Device& device,
+                       Stream stream) {
+  const RowReader reader(path, /*require_crcs=*/false);
+  const io::SafetensorsFile& f = reader.file();
+  const bool llama = f.find("model.embed_tokens.weight") || f.find("lm_head.weight");
+  std::set<std::string> used;
+  std::vector<float> host;
+  for (const ShardView& v : state.tensors) {
+    std::vector<RowPiece> pieces{{v.fqn, v.shape.empty() ? 1 : v.shape[0]}};
+    if (llama) {
+      const int64_t rows = pieces[0].rows;
+      const io::TensorEntry* q = nullptr;
+      if (!wo_of_wqkv(v.fqn).empty()) {
+        const auto probe = llama_pieces(v.fqn, rows, 0);
+        q = f.find(probe.at(0).name);
+      }
+      pieces = llama_pieces(v.fqn, rows, q ? q->rows() : 0);
+      FSDP_USER_CHECK(!pieces.empty(), "'", path, "' uses Hugging Face Llama names, which have none "
+                 "for this model's param '", v.fqn, "'");
+    }
+    int64_t at = 0;  // global row of the stacked pieces
+    host.assign(static_cast<size_t>(v.rows.rows() * v.cols), 0.0f);
+    for (const RowPiece& p : pieces) {
+      const io::TensorEntry* t = f.find(p.name);
+      FSDP_USER_CHECK(t, "'", path, "' has no tensor '", p.name, "' (another model?)");
+      FSDP_USER_CHECK(t->rows() == p.rows && t->rows() * v.cols == t->numel(), "'", path,
+                 "': tensor '", p.name, "' has shape ", shape_text(t->shape),
+                 ", this model needs ", p.rows, " rows of ", v.cols, " (another model shape)");
+      used.insert(p.name);
+      const int64_t b = std::max(at, v.rows.begin), e = std::min(at + p.rows, v.rows.end);
+      if (b < e)
+        reader.read_rows(p.name, b - at, e - at, host.data() + (b - v.rows.begin) * v.cols);
+      at += p.rows;
+    }
+    FSDP_USER_CHECK(at == (v.shape.empty() ? 1 : v.shape[0]), "'", path, "': the tensors of '",
+               v.fqn, "' hold ", at, " rows, this model's have ", v.shape.at(0),
+               " (another model shape)");
+    upload(&device, stream, v.param, host);
+  }
+  for (const io::TensorEntry& t : f.tensors())
+    FSDP_USER_CHECK(used.count(t.name), "'", path, "' holds tensor '", t.name,
+               "' that this model does not have (another model shape)");
+  device.synchronize_stream(stream);
+}
+
+}  // namespace fsdp::checkpoint
