@@ -5,7 +5,8 @@
         [--val LABEL=FILE.json] [--compare A,B --tolerance 1e-4]
 
 Each FILE.json holds "losses" (one per step, from `fsdp train --json` or bench/torch_llama.py)
-and, optionally, "val_losses" as [[step, loss], ...]; --val draws those as points. With
+and, optionally, "val_losses" as [{"step": N, "loss": L}, ...] (the loss after step N); --val
+draws those as points. With
 --compare A,B the maximum relative difference between curves A and B is printed, and the exit
 status is 1 when it exceeds --tolerance. Standard library only, so it runs anywhere.
 """
@@ -107,7 +108,8 @@ def main():
     ap.add_argument("--tolerance", type=float, default=1e-4)
     args = ap.parse_args()
     curves = [(label, data["losses"]) for label, data in map(load, args.curves)]
-    points = [(label, data.get("val_losses", [])) for label, data in map(load, args.val)]
+    points = [(label, [(v["step"], v["loss"]) for v in data.get("val_losses", [])])
+              for label, data in map(load, args.val)]
     with open(args.out, "w") as f:
         f.write(svg(curves, points, args.title))
     if args.compare:

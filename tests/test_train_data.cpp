@@ -67,8 +67,9 @@ TEST(TrainData, ValidationLossIsReportedBesideTheUnigramEntropy) {
   std::ifstream in(json);
   const nlohmann::json j = nlohmann::json::parse(in);
   ASSERT_EQ(j["val_losses"].size(), 2u);
-  EXPECT_EQ(j["val_losses"][0][0], 1);  // 0-based step
-  const double first = j["val_losses"][0][1];
+  EXPECT_EQ(j["val_losses"][0]["step"], 2);  // after step 2, as the line counts
+  EXPECT_EQ(j["val_losses"][1]["step"], 4);
+  const double first = j["val_losses"][0]["loss"];
   EXPECT_GT(first, 0.5 * std::log(4096.0));
   EXPECT_LT(first, 1.5 * std::log(4096.0));
   EXPECT_NEAR(j["unigram_entropy_nats"].get<double>(), 6.4285, 1e-3);

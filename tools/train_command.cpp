@@ -124,6 +124,14 @@ nlohmann::json number_or_null(bool has, double v) {
   return has ? nlohmann::json(v) : nlohmann::json();
 }
 
+// [{"step": N, "loss": L}]: the validation loss after step N (1-based, as the step line counts;
+// bench/torch_llama.py writes the same).
+nlohmann::json val_losses_json(const std::vector<std::pair<int, float>>& v) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [step, loss] : v) out.push_back({{"step", step + 1}, {"loss", loss}});
+  return out;
+}
+
 nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
                             double unigram_entropy_nats) {
   nlohmann::json j = {
@@ -158,7 +166,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"loss_first", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.front())},
       {"loss_last", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.back())},
       {"losses", s.losses},
-      {"val_losses", s.val_losses},
+      {"val_losses", val_losses_json(s.val_losses)},
       {"ep", c.model.ep},
       {"max_expert_load", number_or_null(s.max_expert_load >= 0, s.max_expert_load)},
       {"lrs", s.lrs},
