@@ -124,14 +124,10 @@ class Attention(nn.Module):
         q = apply_rope(q.view(b, t, h, hd), cos, sin).transpose(1, 2)
         k = apply_rope(k.view(b, t, kv, hd), cos, sin).transpose(1, 2)
         v = v.view(b, t, kv, hd).transpose(1, 2)
-        # Query head i reads kv head i // (h // kv). The kv heads are expanded explicitly rather
-        # than passed with enable_gqa=True: on one H200 with PyTorch 2.11, the llama1b step at 4
-        # sequences took 203 ms with enable_gqa (and 38 GiB at peak, as if the T x T scores were
-        # kept), against bench/results/h200x1.md's row with this expansion.
-        rep = h // kv
-        k = k[:, :, None].expand(b, kv, rep, t, hd).reshape(b, h, t, hd)
-        v = v[:, :, None].expand(b, kv, rep, t, hd).reshape(b, h, t, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # enable_gqa rather than kv heads expanded by hand: on one H200 with PyTorch 2.11 the
+        # expanded form was no faster at 4 sequences (204.0 vs 203.2 ms a step) and slower at 1
+        # (153.5 vs 106.5 ms); bench/results/llama_bench_run2 and h200x1.md.
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, h * hd))
 
 
