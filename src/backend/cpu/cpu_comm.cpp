@@ -274,7 +274,7 @@ void execute(CommShared& shared, int member, int64_t seq, const CollectiveCall& 
         for (int j = 0; j < shared.size(); ++j) {
           char* dst = static_cast<char*>(call.recv) + j * chunk_bytes;
           // In place, our own chunk already sits where it belongs.
-          if (rv.calls[j].send != dst) std::memmove(dst, rv.calls[j].send, chunk_bytes);
+          if (chunk_bytes && rv.calls[j].send != dst) std::memmove(dst, rv.calls[j].send, chunk_bytes);
         }
         break;
       case CollectiveOp::ReduceScatter:

@@ -54,7 +54,7 @@ std::vector<OptimTensor> copy_optim_tensors(const char* op, const OptimTensor* t
 
 void CpuDevice::copy(Stream s, void* dst, const void* src, size_t bytes) {
   FSDP_CHECK(bytes == 0 || (dst && src), "copy of ", bytes, " bytes with a null pointer");
-  enqueue(s, OpKind::Copy, [=] { std::memmove(dst, src, bytes); });
+  enqueue(s, OpKind::Copy, [=] { if (bytes) std::memmove(dst, src, bytes); });
 }
 
 void CpuDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) {
@@ -63,14 +63,15 @@ void CpuDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_t
   // The caller may reuse host_src as soon as we return, so the task carries its own copy.
   const auto* first = static_cast<const char*>(host_src);
   std::vector<char> staged(first, first + bytes);
-  enqueue(s, OpKind::Copy,
-          [dst, staged = std::move(staged)] { std::memcpy(dst, staged.data(), staged.size()); });
+  enqueue(s, OpKind::Copy, [dst, staged = std::move(staged)] {
+    if (!staged.empty()) std::memcpy(dst, staged.data(), staged.size());  // no null memcpy
+  });
 }
 
 void CpuDevice::copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) {
   FSDP_CHECK(bytes == 0 || (host_dst && src), "copy_to_host of ", bytes,
              " bytes with a null pointer");
-  enqueue(s, OpKind::Copy, [=] { std::memcpy(host_dst, src, bytes); });
+  enqueue(s, OpKind::Copy, [=] { if (bytes) std::memcpy(host_dst, src, bytes); });
 }
 
 void CpuDevice::fill(Stream s, void* dst, DType t, int64_t n, float value) {

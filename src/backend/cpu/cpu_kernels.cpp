@@ -34,7 +34,7 @@ void fill(void* dst, DType t, int64_t n, float value) {
 
 void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n) {
   if (dst_t == src_t) {
-    std::memmove(dst, src, static_cast<size_t>(n) * dtype_size(dst_t));
+    if (n > 0) std::memmove(dst, src, static_cast<size_t>(n) * dtype_size(dst_t));
     return;
   }
   with_io(src_t, [&](auto in) {
