@@ -22,7 +22,9 @@ void StepPrinter::operator()(const runtime::StepReport& r) {
   const double mean_ms = elapsed_ms_ / done;
   char eta[32];
   format_duration(mean_ms * (o_.steps - done) / 1e3, eta, sizeof(eta));
-  const double tokens_per_s = r.step_ms > 0 ? r.tokens * o_.world * 1000.0 / r.step_ms : 0;
+  window_ms_ += r.step_ms;
+  window_steps_ += 1;
+  window_tokens_ += r.tokens;
   if (o_.quiet) {
     // Host clock for when to print only; nothing printed depends on it.
     const double now = std::chrono::duration<double>(
@@ -39,11 +41,17 @@ void StepPrinter::operator()(const runtime::StepReport& r) {
     return;
   }
   if (done % o_.log_every != 0 && done != o_.steps && r.step != 0) return;
+  const double step_ms = window_ms_ / window_steps_;
+  const double tokens_per_s = window_ms_ > 0 ? window_tokens_ * o_.world * 1000.0 / window_ms_ : 0;
+  const double rank_tokens = static_cast<double>(window_tokens_) / window_steps_;
+  window_ms_ = 0;
+  window_steps_ = 0;
+  window_tokens_ = 0;
   std::fprintf(out_, "step %d/%d  loss %.6g  lr %.3g", done, o_.steps, r.loss, r.lr);
   if (r.grad_norm >= 0) std::fprintf(out_, "  grad_norm %.4g", r.grad_norm);
-  std::fprintf(out_, "  step_ms %.2f  tokens/s %.0f", r.step_ms, tokens_per_s);
-  if (o_.flops_per_token > 0 && r.step_ms > 0) {
-    const double tflops = o_.flops_per_token * r.tokens / (r.step_ms * 1e-3) / 1e12;
+  std::fprintf(out_, "  step_ms %.2f  tokens/s %.0f", step_ms, tokens_per_s);
+  if (o_.flops_per_token > 0 && step_ms > 0) {
+    const double tflops = o_.flops_per_token * rank_tokens / (step_ms * 1e-3) / 1e12;
     std::fprintf(out_, "  mfu %.1f%%", 100.0 * tflops / o_.peak_tflops);
   }
   if (r.max_expert_load >= 0) std::fprintf(out_, "  max_expert_load %.3f", r.max_expert_load);

@@ -29,6 +29,11 @@ class StepPrinter {
   std::FILE* out_;
   std::mutex mutex_;
   double elapsed_ms_ = 0;        // sum of the reported steps' times
+  // Since the last step line: the time and the steps, so a line shows their mean (steps read
+  // together, e.g. after an evaluation synchronized the device, do not show as 0 ms and inf).
+  double window_ms_ = 0;
+  int window_steps_ = 0;
+  int64_t window_tokens_ = 0;
   double last_progress_ms_ = 0;  // host clock of the last quiet progress line
   bool started_ = false;
 };

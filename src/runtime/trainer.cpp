@@ -299,9 +299,12 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     if (config.after_step) config.after_step(state);
     if (eval_source && ((step + 1) % config.eval_every == 0 || step + 1 == config.steps)) {
       float* scratch = static_cast<float*>(device.alloc(3 * sizeof(float), compute, MemTag::Other));
+      const double eval_start_ms = now_ms();
       val_by_step[step] = evaluate(device, *world, ctx, model, *eval_source, config.eval_batches,
                                    rank * config.tokens, config.tokens, scratch);
       device.free(scratch, compute);
+      // The evaluation's time is nobody's step time.
+      last_done_ms += now_ms() - eval_start_ms;
     }
     if (step >= config.warmup) {
       host_us_total += host_us;
