@@ -53,12 +53,12 @@ done
 # are split over ep 2 and dispatched by NCCL all-to-all. (fp32 only: in bf16 a top-k choice
 # can flip between backends.)
 moe="--model moe-transformer --layers 2 --dim 64 --heads 4 --ffn-dim 96 --experts 4 --top-k 2 --expert-ffn-dim 48 --seq-len 16 --vocab 97 --tokens 64 --steps 8 --quiet --param-dtype fp32"
-./build-gpu/fsdp train --backend cpu --world-size 1 $moe --json "$out/moe_cpu1.json" >"$out/moe_cpu1.log" 2>&1 || failed=1
-./build-gpu/fsdp train --backend cuda --nproc 1 $moe --json "$out/moe_cuda1.json" >"$out/moe_cuda1.log" 2>&1 || { failed=1; tail -5 "$out/moe_cuda1.log"; }
+"$build/fsdp" train --backend cpu --world-size 1 $moe --json "$out/moe_cpu1.json" >"$out/moe_cpu1.log" 2>&1 || failed=1
+"$build/fsdp" train --backend cuda --nproc 1 $moe --json "$out/moe_cuda1.json" >"$out/moe_cuda1.log" 2>&1 || { failed=1; tail -5 "$out/moe_cuda1.log"; }
 compare "$out/moe_cuda1.json" "$out/moe_cpu1.json" 1e-3 "MoE transformer, CUDA vs CPU, 1 rank" || failed=1
 if [ "$gpus" -ge 2 ]; then
-  ./build-gpu/fsdp train --backend cpu --world-size 2 --ep 2 $moe --json "$out/moe_cpu2.json" >"$out/moe_cpu2.log" 2>&1 || failed=1
-  ./build-gpu/fsdp train --backend cuda --nproc 2 --ep 2 $moe --json "$out/moe_cuda2.json" >"$out/moe_cuda2.log" 2>&1 || { failed=1; tail -5 "$out/moe_cuda2.log"; }
+  "$build/fsdp" train --backend cpu --world-size 2 --ep 2 $moe --json "$out/moe_cpu2.json" >"$out/moe_cpu2.log" 2>&1 || failed=1
+  "$build/fsdp" train --backend cuda --nproc 2 --ep 2 $moe --json "$out/moe_cuda2.json" >"$out/moe_cuda2.log" 2>&1 || { failed=1; tail -5 "$out/moe_cuda2.log"; }
   compare "$out/moe_cuda2.json" "$out/moe_cpu2.json" 1e-3 "MoE transformer, CUDA vs CPU, 2 ranks as ep 2" || failed=1
 fi
 [ $failed -eq 0 ] && echo "GPU CHECK PASSED" || echo "GPU CHECK FAILED"
