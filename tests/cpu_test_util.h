@@ -2,6 +2,7 @@
 // moving values between host vectors and device buffers in either dtype.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -11,6 +12,13 @@
 namespace fsdp::cpu::cpu_test {
 
 using Floats = std::vector<float>;
+
+// Deterministic inputs in [-scale, scale], different for each salt.
+inline Floats values(int64_t n, float scale, int salt) {
+  Floats v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * i + 1.3f * salt + 0.1f);
+  return v;
+}
 
 inline float round_to(DType t, float v) {
   return t == DType::F32 ? v : bf16_to_float(float_to_bf16(v));

@@ -23,11 +23,7 @@ using cpu_test::Floats;
 using cpu_test::round_to;
 using cpu_test::upload;
 
-Floats values(int64_t n, float scale, int salt) {
-  Floats v(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[i] = scale * std::sin(0.37f * i + 1.3f * salt + 0.1f);
-  return v;
-}
+using cpu_test::values;
 
 class FusedNormOps : public testing::Test {
  protected:

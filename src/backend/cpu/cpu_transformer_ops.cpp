@@ -9,20 +9,15 @@
 
 #include "backend/cpu/cpu_device.h"
 #include "backend/cpu/cpu_dtype_io.h"
+#include "backend/op_checks.h"
 #include "fsdp/error.h"
 
 namespace fsdp::cpu {
 
 namespace {
 
-void check_ptr(const void* p, const char* what, const char* op) {
-  FSDP_CHECK(p != nullptr, op, ": ", what, " is null");
-}
-
-void check_activation_dtype(DType t, const char* op) {
-  FSDP_CHECK(t == DType::F32 || t == DType::BF16, op, ": activations must be fp32 or bf16, got ",
-             dtype_name(t));
-}
+using backend::check_activation_dtype;
+using backend::check_ptr;
 
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;

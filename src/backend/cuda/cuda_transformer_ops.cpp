@@ -7,19 +7,14 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cudnn_attention.h"
+#include "backend/op_checks.h"
 
 namespace fsdp::cuda {
 
 namespace {
 
-void check_ptr(const void* p, const char* what, const char* op) {
-  FSDP_CHECK(p != nullptr, op, ": ", what, " is null");
-}
-
-void check_activation_dtype(DType t, const char* op) {
-  FSDP_CHECK(t == DType::F32 || t == DType::BF16, op, ": activations must be fp32 or bf16, got ",
-             dtype_name(t));
-}
+using backend::check_activation_dtype;
+using backend::check_ptr;
 
 kernels::AttentionArgs attention_args(const char* op, int64_t batch, int64_t seq, int64_t heads,
                                       int64_t kv_heads, int64_t head_dim, int64_t ldq,
