@@ -17,6 +17,24 @@ bool pack_aligned(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
+// One optimizer descriptor per tensor (AdamW: both states; SGD: the momentum buffer, if any),
+// vectorized where every array it touches is 16-byte aligned.
+void describe_optim_tensors(std::vector<kernels::OptimDesc>& descs, const OptimTensor* tensors,
+                            int count, bool adamw, float momentum) {
+  descs.assign(count, kernels::OptimDesc{});
+  for (int i = 0; i < count; ++i) {
+    const OptimTensor& t = tensors[i];
+    FSDP_CHECK(adamw || momentum == 0.0f || t.state0 != nullptr || t.numel == 0,
+               "SGD with momentum needs a momentum buffer (tensor ", i, ")");
+    const bool uses_state0 = adamw || momentum != 0.0f;
+    descs[i] = kernels::OptimDesc{t.param, t.grad, t.state0, adamw ? t.state1 : nullptr, t.numel,
+                                  0, false};
+    descs[i].vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
+                          (!uses_state0 || pack_aligned(t.state0)) &&
+                          (!adamw || pack_aligned(t.state1));
+  }
+}
+
 void check_slice(const ShardSlice& slice, int index, int world, int64_t shard_numel) {
   FSDP_CHECK(slice.rows >= 0 && slice.cols >= 0 && slice.rows_per_rank >= 0 && slice.offset >= 0,
              "param ", index, ": negative shape or offset");
@@ -135,14 +153,7 @@ void CudaDevice::adamw_step(Stream s, const OptimTensor* tensors, int count, con
                             int64_t step) {
   OpScope op(*this, s, OpKind::Optimizer);
   FSDP_CHECK(step >= 1, "AdamW step counts from 1, got ", step);
-  optim_descs_.assign(count, kernels::OptimDesc{});
-  for (int i = 0; i < count; ++i) {
-    const OptimTensor& t = tensors[i];
-    kernels::OptimDesc& d = optim_descs_[i];
-    d = kernels::OptimDesc{t.param, t.grad, t.state0, t.state1, t.numel, 0, false};
-    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) && pack_aligned(t.state0) &&
-                   pack_aligned(t.state1);
-  }
+  describe_optim_tensors(optim_descs_, tensors, count, /*adamw=*/true, 0.0f);
   // Bias corrections in double on the host, as PyTorch computes them in Python floats.
   const double steps = static_cast<double>(step);
   kernels::AdamWParams params{};
@@ -163,16 +174,7 @@ void CudaDevice::adamw_step(Stream s, const OptimTensor* tensors, int count, con
 void CudaDevice::sgd_step(Stream s, const OptimTensor* tensors, int count, float lr, float momentum,
                           float weight_decay) {
   OpScope op(*this, s, OpKind::Optimizer);
-  optim_descs_.assign(count, kernels::OptimDesc{});
-  for (int i = 0; i < count; ++i) {
-    const OptimTensor& t = tensors[i];
-    FSDP_CHECK(momentum == 0.0f || t.state0 != nullptr || t.numel == 0,
-               "SGD with momentum needs a momentum buffer (tensor ", i, ")");
-    kernels::OptimDesc& d = optim_descs_[i];
-    d = kernels::OptimDesc{t.param, t.grad, t.state0, nullptr, t.numel, 0, false};
-    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
-                   (momentum == 0.0f || pack_aligned(t.state0));
-  }
+  describe_optim_tensors(optim_descs_, tensors, count, /*adamw=*/false, momentum);
   const int64_t tiles = kernels::assign_tiles(optim_descs_.data(), count);
   with_device_descs(op.stream(), optim_descs_, [&](const kernels::OptimDesc* device_descs) {
     kernels::sgd(op.stream(), optim_descs_.data(), device_descs, count, tiles, lr, momentum,
@@ -185,14 +187,7 @@ void CudaDevice::adamw_step_scalars(Stream s, const OptimTensor* tensors, int co
                                     GradSquares grad_sq) {
   OpScope op(*this, s, OpKind::Optimizer);
   FSDP_CHECK(scalars != nullptr, "adamw_step_scalars: null scalars");
-  optim_descs_.assign(count, kernels::OptimDesc{});
-  for (int i = 0; i < count; ++i) {
-    const OptimTensor& t = tensors[i];
-    kernels::OptimDesc& d = optim_descs_[i];
-    d = kernels::OptimDesc{t.param, t.grad, t.state0, t.state1, t.numel, 0, false};
-    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) && pack_aligned(t.state0) &&
-                   pack_aligned(t.state1);
-  }
+  describe_optim_tensors(optim_descs_, tensors, count, /*adamw=*/true, 0.0f);
   kernels::AdamWParams params{};  // lr and the bias corrections come from `scalars`
   params.beta1 = c.beta1;
   params.beta2 = c.beta2;
@@ -210,16 +205,7 @@ void CudaDevice::sgd_step_scalars(Stream s, const OptimTensor* tensors, int coun
                                   GradSquares grad_sq) {
   OpScope op(*this, s, OpKind::Optimizer);
   FSDP_CHECK(scalars != nullptr, "sgd_step_scalars: null scalars");
-  optim_descs_.assign(count, kernels::OptimDesc{});
-  for (int i = 0; i < count; ++i) {
-    const OptimTensor& t = tensors[i];
-    FSDP_CHECK(momentum == 0.0f || t.state0 != nullptr || t.numel == 0,
-               "SGD with momentum needs a momentum buffer (tensor ", i, ")");
-    kernels::OptimDesc& d = optim_descs_[i];
-    d = kernels::OptimDesc{t.param, t.grad, t.state0, nullptr, t.numel, 0, false};
-    d.vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
-                   (momentum == 0.0f || pack_aligned(t.state0));
-  }
+  describe_optim_tensors(optim_descs_, tensors, count, /*adamw=*/false, momentum);
   const int64_t tiles = kernels::assign_tiles(optim_descs_.data(), count);
   with_device_descs(op.stream(), optim_descs_, [&](const kernels::OptimDesc* device_descs) {
     kernels::sgd_scalars(op.stream(), optim_descs_.data(), device_descs, count, tiles, momentum,
