@@ -102,6 +102,9 @@ TEST(MoeTransformerModel, ExpertParamsAndActiveParamsPerEpLayout) {
 struct Layout {
   int world, ep;
 };
+void PrintTo(const Layout& l, std::ostream* os) {
+  *os << "world " << l.world << " as ep " << l.ep << " x efsdp " << l.world / l.ep;
+}
 
 class MoeTransformerParity : public ::testing::TestWithParam<Layout> {};
 

@@ -1,5 +1,5 @@
 // The CUDA + NCCL backend. This header is plain C++: no CUDA or NCCL header appears outside
-// src/backend/cuda/ (DEVELOPERS.md).
+// src/backend/cuda/ (README.md, Layout).
 #pragma once
 
 #include <array>
