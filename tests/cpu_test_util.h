@@ -1,9 +1,12 @@
-// Helpers shared by the CPU backend tests (test_cpu_backend.cpp, test_cpu_kernels.cpp):
-// moving values between host vectors and device buffers in either dtype.
+// Helpers shared by the CPU backend tests: moving values between host vectors and device
+// buffers in either dtype, and a one-device test fixture.
 #pragma once
+
+#include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -40,5 +43,26 @@ inline Floats download(Device& d, Stream s, const void* p, int64_t n, DType t) {
   for (size_t i = 0; i < out.size(); ++i) out[i] = load_as_float(host.data(), t, i);
   return out;
 }
+
+// A test with one CPU device and one stream; the buffers it makes are freed after the test.
+class DeviceTest : public testing::Test {
+ protected:
+  CpuWorld world{1, {}};
+  std::unique_ptr<Device> dev = world.make_device(0);
+  Stream s = dev->create_stream("s", StreamPriority::Normal);
+  std::vector<void*> owned;
+
+  void* put(const Floats& v, DType t = DType::F32) {
+    return owned.emplace_back(upload(*dev, s, v, t));
+  }
+  void* fresh(int64_t n, DType t = DType::F32) {  // NaN-poisoned in checked mode
+    return owned.emplace_back(dev->alloc(n * dtype_size(t), s, MemTag::Other));
+  }
+  Floats get(const void* p, int64_t n, DType t = DType::F32) { return download(*dev, s, p, n, t); }
+  void TearDown() override {
+    for (void* p : owned) dev->free(p, s);
+    dev->synchronize();
+  }
+};
 
 }  // namespace fsdp::cpu::cpu_test

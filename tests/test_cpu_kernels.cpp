@@ -23,25 +23,7 @@ using cpu_test::upload;
 
 // ---- kernels, against straightforward references
 
-class CpuBackendKernels : public testing::Test {
- protected:
-  CpuWorld world{1, {}};
-  std::unique_ptr<Device> dev = world.make_device(0);
-  Stream s = dev->create_stream("s", StreamPriority::Normal);
-  std::vector<void*> owned;
-
-  void* put(const Floats& v, DType t = DType::F32) {
-    return owned.emplace_back(upload(*dev, s, v, t));
-  }
-  void* fresh(int64_t n, DType t = DType::F32) {  // poisoned (NaN) in checked mode
-    return owned.emplace_back(dev->alloc(n * dtype_size(t), s, MemTag::Other));
-  }
-  Floats get(const void* p, int64_t n, DType t = DType::F32) { return download(*dev, s, p, n, t); }
-  void TearDown() override {
-    for (void* p : owned) dev->free(p, s);
-    dev->synchronize();
-  }
-};
+class CpuBackendKernels : public cpu_test::DeviceTest {};
 
 Floats ramp(int64_t n, float scale, float shift) {
   Floats v(n);

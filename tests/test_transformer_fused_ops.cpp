@@ -25,25 +25,7 @@ using cpu_test::upload;
 
 using cpu_test::values;
 
-class FusedNormOps : public testing::Test {
- protected:
-  CpuWorld world{1, {}};
-  std::unique_ptr<Device> dev = world.make_device(0);
-  Stream s = dev->create_stream("s", StreamPriority::Normal);
-  std::vector<void*> owned;
-
-  void* put(const Floats& v, DType t = DType::F32) {
-    return owned.emplace_back(upload(*dev, s, v, t));
-  }
-  void* fresh(int64_t n, DType t = DType::F32) {
-    return owned.emplace_back(dev->alloc(n * dtype_size(t), s, MemTag::Other));
-  }
-  Floats get(const void* p, int64_t n, DType t = DType::F32) { return download(*dev, s, p, n, t); }
-  void TearDown() override {
-    for (void* p : owned) dev->free(p, s);
-    dev->synchronize();
-  }
-};
+class FusedNormOps : public cpu_test::DeviceTest {};
 
 constexpr int64_t kRows = 5, kCols = 12;
 constexpr float kEps = 1e-5f;

@@ -74,28 +74,12 @@ Floats numeric_grad(Floats x, const Floats& r, const std::function<Floats(const 
 // near 1e-4 of the gradient's size.
 constexpr double kFiniteDifferenceTol = 2e-3;
 
-class TransformerOps : public testing::Test {
+class TransformerOps : public cpu_test::DeviceTest {
  protected:
-  CpuWorld world{1, {}};
-  std::unique_ptr<Device> dev = world.make_device(0);
-  Stream s = dev->create_stream("s", StreamPriority::Normal);
-  std::vector<void*> owned;
-
-  void* put(const Floats& v, DType t = DType::F32) {
-    return owned.emplace_back(upload(*dev, s, v, t));
-  }
   int32_t* put_ids(const std::vector<int32_t>& ids) {
     void* p = owned.emplace_back(dev->alloc(ids.size() * 4, s, MemTag::Other));
     dev->copy_from_host(s, p, ids.data(), ids.size() * 4);
     return static_cast<int32_t*>(p);
-  }
-  void* fresh(int64_t n, DType t = DType::F32) {  // NaN-poisoned in checked mode
-    return owned.emplace_back(dev->alloc(n * dtype_size(t), s, MemTag::Other));
-  }
-  Floats get(const void* p, int64_t n, DType t = DType::F32) { return download(*dev, s, p, n, t); }
-  void TearDown() override {
-    for (void* p : owned) dev->free(p, s);
-    dev->synchronize();
   }
   std::string error_of(const std::function<void()>& call) {
     try {
