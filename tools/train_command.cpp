@@ -159,6 +159,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"step_ms_median", s.step_ms_median},
       {"tokens_per_s", s.tokens_per_s},
       {"peak_mem_bytes", s.peak_mem_bytes},
+      {"peak_mem_bytes_by_step", s.peak_mem_bytes_by_step},
       {"rs_inputs_in_flight_max", s.rs_inputs_in_flight_max},
       {"rs_max_input_buffers", c.rs_max_input_buffers},
       {"separate_rs_group", c.separate_rs_group},
@@ -221,6 +222,10 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
   }
   for (const auto& r : ranks) {
     s.peak_mem_bytes = std::max(s.peak_mem_bytes, r.memory.peak_bytes);
+    if (s.peak_mem_bytes_by_step.size() < r.peak_bytes_by_step.size())
+      s.peak_mem_bytes_by_step.resize(r.peak_bytes_by_step.size(), 0);
+    for (size_t i = 0; i < r.peak_bytes_by_step.size(); ++i)
+      s.peak_mem_bytes_by_step[i] = std::max(s.peak_mem_bytes_by_step[i], r.peak_bytes_by_step[i]);
     s.rs_inputs_in_flight_max = std::max(
         s.rs_inputs_in_flight_max, r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)]);
     s.host_schedule_us_per_unit = std::max(s.host_schedule_us_per_unit, r.host_schedule_us_per_unit);

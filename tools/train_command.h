@@ -64,6 +64,7 @@ struct Summary {
   std::string error;                           // a non-finite step stopped the run
   int failed_step = -1;
   double max_expert_load = -1;  // moe-transformer: rank 0's, last step
+  std::vector<int64_t> peak_mem_bytes_by_step;  // max over ranks (RankResult::peak_bytes_by_step)
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);

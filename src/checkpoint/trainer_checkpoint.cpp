@@ -21,13 +21,21 @@ double now_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
+// Note [Expert params in checkpoints]: the MoE transformer's GroupedExperts hold E / ep experts.
+ExpertLayout expert_layout(const nn::ModelConfig& model) {
+  if (model.kind != "moe-transformer") return {};
+  return {model.ep, [](const Module& owner) {
+            return dynamic_cast<const nn::GroupedExperts*>(&owner) != nullptr;
+          }};
+}
+
 }  // namespace
 
 TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const RunDescription& run,
                                      Device& device, Stream stream, FsdpModule& root,
                                      optim::Optimizer& optimizer)
     : options_(options), run_(run), run_json_(run_config_json(run)), device_(device),
-      stream_(stream), state_(collect_sharded_state(root, &optimizer)) {
+      stream_(stream), state_(collect_sharded_state(root, &optimizer, expert_layout(run.model))) {
   FSDP_USER_CHECK(options_.save_every >= 0, "--save-every must be >= 0, got ", options_.save_every);
   FSDP_USER_CHECK(options_.keep_last >= 0, "--keep-last must be >= 0, got ", options_.keep_last);
   FSDP_USER_CHECK(options_.resume.empty() || options_.init_from.empty(),
@@ -156,11 +164,7 @@ double TrainerCheckpoint::after_step(int steps_done, int total_steps,
     nlohmann::json tensors = nlohmann::json::array();
     for (const ShardView& v : state_.tensors) {
       nlohmann::json ranks = nlohmann::json::array();
-      const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
-      for (int r = 0; r < state_.world; ++r) {
-        const RowRange rr = rows_of_rank(rows, state_.world, r);
-        ranks.push_back({rr.begin, rr.end});
-      }
+      for (const RowRange& rr : v.rank_rows) ranks.push_back({rr.begin, rr.end});
       tensors.push_back({{"name", v.fqn}, {"shape", v.shape}, {"dtype", "F32"},
                          {"optimizer_step", state_.optimizer->step_count()},
                          {"ranks", ranks}});

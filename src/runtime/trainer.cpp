@@ -106,6 +106,30 @@ float global_norm(const std::vector<float>& squares) {
   return static_cast<float>(std::sqrt(sum));
 }
 
+// gather_full_params gives an expert param's E / ep local experts; this appends the other ep
+// ranks' blocks (ep-rank order is global expert order, docs/moe.md), so every rank gets all of
+// them. Collective over the ep communicator.
+void gather_every_expert(Device& d, Comm& ep, Stream s, nn::Model& model,
+                         std::vector<std::vector<float>>& params) {
+  size_t index = 0;  // all_params() order: pre-order, each module's params in order
+  model.visit([&](Module& m) {
+    const bool experts = dynamic_cast<nn::GroupedExperts*>(&m) != nullptr;
+    for (size_t k = 0; k < m.params().size(); ++k, ++index) {
+      if (!experts) continue;
+      std::vector<float>& v = params.at(index);
+      const int64_t n = static_cast<int64_t>(v.size());
+      auto* buf = static_cast<float*>(
+          d.alloc(static_cast<size_t>(n * (1 + ep.size())) * sizeof(float), s, MemTag::Other));
+      if (n) d.copy_from_host(s, buf, v.data(), static_cast<size_t>(n) * sizeof(float));
+      ep.all_gather(buf, buf + n, n, DType::F32, s);
+      v.resize(static_cast<size_t>(n * ep.size()));
+      if (n) d.copy_to_host(s, v.data(), buf + n, v.size() * sizeof(float));
+      d.synchronize_stream(s);
+      d.free(buf, s);
+    }
+  });
+}
+
 }  // namespace
 
 RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
@@ -240,6 +264,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     result.grad_norms.push_back(report.grad_norm);
     result.max_expert_loads.push_back(report.max_expert_load);
     result.step_ms.push_back(report.step_ms);
+    result.peak_bytes_by_step.push_back(device.memory_stats().peak_bytes);
     if (ckpt) ckpt->state_changes();  // after the first step: every rank has loaded
     if (on_step) on_step(report);
     return true;
@@ -340,7 +365,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;
   if (config.timeline) device.enable_timeline(false);
   result.memory = device.memory_stats();
-  if (config.collect_params) result.params = gather_full_params(root, compute);
+  if (config.collect_params) {
+    result.params = gather_full_params(root, compute);
+    if (ep_comm) gather_every_expert(device, *ep_comm, compute, model, result.params);
+  }
   device.free(loss, compute);
   device.free(loss_avg, compute);
   device.synchronize();

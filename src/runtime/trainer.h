@@ -99,6 +99,10 @@ struct RankResult {
   std::string error;
   int failed_step = -1;
   std::vector<double> max_expert_loads;  // per step (StepReport::max_expert_load)
+  // The device's peak memory since the first step, read when each step is read (a step is read
+  // while the next one runs, so entry i covers the start of step i + 1): flat memory means the
+  // entries stop growing after the first steps.
+  std::vector<int64_t> peak_bytes_by_step;
   double host_schedule_us_per_unit = 0;  // host time in forward+backward calls per unit
   MemStats memory;
   int64_t collectives_first_step[kCollectiveKindCount] = {};  // on the main mesh + RS comms
