@@ -99,6 +99,17 @@ TEST(MoeTransformerModel, ExpertParamsAndActiveParamsPerEpLayout) {
   EXPECT_TRUE(std::equal(w2_half.begin(), w2_half.end(), w2_all.begin() + w2_half.size()));
 }
 
+// MFU counts active params: 6 (active - vocab dim) + 12 layers dim seq_len, as the dense
+// transformer (the reported MFU once used the mlp's formula for this model).
+TEST(MoeTransformerModel, FlopsPerTokenCountActiveParams) {
+  runtime::TrainConfig c = moe_config(1);
+  c.model.layers = 4;  // blocks 1 and 3 are MoE
+  nn::Model model(c.model);
+  const double expected = 6.0 * static_cast<double>(model.active_param_count() - 23 * 16) +
+                          12.0 * 4 * 16 * 4;
+  EXPECT_DOUBLE_EQ(nn::flops_per_token(c.model), expected);
+}
+
 struct Layout {
   int world, ep;
 };
