@@ -116,7 +116,7 @@ for row in $ROWS; do
     ours_k2_sep0) ours "$row" 2 0 ;;
     ours_k1_sep1) ours "$row" 1 1 ;;
     ours_k2_sep1) ours "$row" 2 1 ;;
-    torch) run_row torch 300 "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
+    torch) run_row torch "${TORCH_TIMEOUT:-300}" "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" \
              bench/torch_moe.py --data "$DATA/train.bin" $MODEL $MOE --batch $SEQS --steps "$STEPS" \
              --bench-warmup $TIMED_FROM $RECIPE --beta2 0.999 --param-dtype bf16 --log-every 10 \
              --out "$OUTDIR/torch.json" ;;
