@@ -44,7 +44,9 @@ nlohmann::json to_json(const RankResult& r) {
           {"peak", m.peak_bytes},
           {"rs_live", m.tag_peak_live[static_cast<int>(MemTag::RsInput)]},
           {"params", r.param_count},
-          {"max_expert_loads", r.max_expert_loads}};
+          {"max_expert_loads", r.max_expert_loads},
+          {"val_losses", r.val_losses},
+          {"peak_bytes_by_step", r.peak_bytes_by_step}};
 }
 
 RankResult from_json(const nlohmann::json& j) {
@@ -61,6 +63,8 @@ RankResult from_json(const nlohmann::json& j) {
   r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)] = j["rs_live"];
   r.param_count = j["params"];
   r.max_expert_loads = j["max_expert_loads"].get<std::vector<double>>();
+  r.val_losses = j["val_losses"].get<std::vector<std::pair<int, float>>>();
+  r.peak_bytes_by_step = j["peak_bytes_by_step"].get<std::vector<int64_t>>();
   r.timeline = timeline_from_json(j["timeline"]);
   return r;
 }

@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 SHAPE="--layers 4 --dim 256 --heads 8 --kv-heads 4 --ffn-dim 704 --seq-len 256 --vocab 4096"
 SMOE="--experts 8 --top-k 2 --expert-ffn-dim 128"
 REC="--lr 1e-3 --min-lr 1e-4 --warmup-steps 10 --weight-decay 0.1 --clip-grad-norm 1.0"
-$F export --init --model moe-transformer $SHAPE $SMOE --out $R/init.safetensors > $R/export.log 2>&1 || tail -3 $R/export.log
+$F export --init --model moe-transformer $SHAPE $SMOE --tokens 1024 --out $R/init.safetensors > $R/export.log 2>&1 || tail -3 $R/export.log
 parity() {  # DTYPE
   local dt=$1 tol=1e-4; [ $dt = bf16 ] && tol=2e-2
   timeout 40 $F train --backend cuda --nproc 1 --world-size 1 --model moe-transformer $SHAPE $SMOE $REC --tokens 1024 --steps 50 --param-dtype $dt --data $D --eval-every 0 --init-from $R/init.safetensors --log-every 10 --json $R/ours_$dt.json > $R/ours_$dt.log 2>&1 || tail -3 $R/ours_$dt.log
