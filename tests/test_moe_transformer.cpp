@@ -288,6 +288,13 @@ TEST(MoeTransformerCli, TrainsOnFourRanksWithEp2AndTheLossFalls) {
   const double load = s["max_expert_load"].get<double>();
   EXPECT_GE(load, 0.25);  // 4 experts: at least a quarter on the busiest
   EXPECT_LE(load, 1.0);
+  // The peak since the first step, after each step (bench/run_moe_bench.sh reads steps 3 and
+  // 100): one per step, never falling, ending at the run's peak (flatness with static shapes is
+  // MoeTransformerMemory's).
+  const auto peaks = s["peak_mem_bytes_by_step"].get<std::vector<int64_t>>();
+  ASSERT_EQ(peaks.size(), 40u);
+  EXPECT_TRUE(std::is_sorted(peaks.begin(), peaks.end()));
+  EXPECT_EQ(peaks.back(), s["peak_mem_bytes"].get<int64_t>());
 }
 
 TEST(MoeTransformerCli, BadLayoutsAreOneLineErrors) {
