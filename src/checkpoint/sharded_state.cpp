@@ -41,6 +41,7 @@ ShardedState collect_sharded_state(FsdpModule& root, optim::Optimizer* optimizer
       const core::GroupLayout& layout = g->layout();
       out.rank = g->mesh().rank();
       out.world = layout.world;
+      out.replica = g->mesh().replicate_rank();
       const OptimTensor* t = nullptr;
       if (optimizer) {
         FSDP_CHECK(ordinal < static_cast<int>(optimizer->tensors().size()) &&
