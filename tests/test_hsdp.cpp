@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <mutex>
+
+#include "io/file_io.h"
 
 #include "test_fsdp_loop.h"
 #include "test_util.h"
@@ -220,7 +223,15 @@ TEST(HsdpCheckpoint, OneReplicaSavesAndEveryReplicaResumes) {
   first.steps = 2;
   first.hsdp_replicas = 2;
   first.checkpoint.save_dir = dir;
+  std::mutex mu;
+  std::vector<std::string> written;  // rank files, from every rank thread
+  io::set_fault_hook_for_testing([&](const std::string& stage, const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stage == "rank-file-written") written.push_back(path);
+  });
   run_fsdp(4, first);
+  io::set_fault_hook_for_testing(nullptr);
+  EXPECT_EQ(written.size(), 2u) << "replica 0's two shard ranks write, replica 1 does not";
   const std::string step_dir = dir + "/step-000002";
   ASSERT_TRUE(fs::exists(step_dir + "/COMPLETE"));
   EXPECT_TRUE(fs::exists(step_dir + "/rank-00001.safetensors"));
