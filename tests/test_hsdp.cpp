@@ -113,6 +113,19 @@ TEST(HsdpOptions, MicroBatchesBf16ReduceSeparateGroupOptimizerInBackwardAndMoe) 
   EXPECT_LE(relative_error(run_fsdp(4, m)[0].params, ref2.params), 1e-6);
 }
 
+// Note [Gradient divide factor] on a 2-D mesh: with F = (R x S) / 2 every grad doubles, which
+// for SGD without weight decay is the reference with twice the lr.
+TEST(HsdpOptions, GradientDivideFactorCountsEveryReplica) {
+  runtime::TrainConfig c = mlp_config();
+  c.optimizer.kind = "sgd";
+  c.optimizer.sgd_lr = 2e-2f;
+  const auto ref = run_reference(c, 4);
+  c.optimizer.sgd_lr = 1e-2f;
+  c.hsdp_replicas = 2;
+  c.customize = [](nn::Model&, FsdpModule& root) { root.set_gradient_divide_factor(2.0); };
+  EXPECT_LE(relative_error(run_fsdp(4, c)[0].params, ref.params), 1e-6);
+}
+
 // set_requires_all_reduce(false) on every micro-batch but the last: the reduce-scattered
 // grads add up in the partial buffer and one all-reduce per group syncs the replicas.
 TEST(HsdpAccumulation, RequiresAllReduceFalseSumsUntilTheLastMicroBatch) {
