@@ -193,6 +193,25 @@ TEST(HsdpBadInput, OneLineErrors) {
     EXPECT_NE(e.find(want), std::string::npos) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
+  // a 1-D placement mesh inside an HSDP module would skip the all-reduce
+  e = error_of([] {
+    runtime::run_cpu_ranks(4, {}, [](int rank, Device& d, std::shared_ptr<Comm> world) {
+      Mesh mesh = make_hsdp_mesh("dp", d, *world, 2, 2);
+      Mesh flat("flat", d, world->split(rank / 2, rank, "flat"));  // the shard group's ranks
+      nn::ModelConfig mc;
+      mc.kind = "mlp";
+      mc.layers = 1;
+      mc.dim = 4;
+      nn::Model model(mc);
+      FullyShardOptions o;
+      o.shard_placement_fn = [&](const Module&, const Param&) { return &flat; };
+      fully_shard(*model.blocks()[0], mesh, o);
+    });
+  });
+  EXPECT_NE(e.find("is placed on 1-D mesh 'flat' inside HSDP mesh 'dp': its grads would never "
+                   "be averaged across replicas"),
+            std::string::npos)
+      << e;
   runtime::TrainConfig c = blocks(2);
   c.hsdp_replicas = 3;
   e = error_of([&] { run_fsdp(4, c); });

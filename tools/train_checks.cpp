@@ -185,7 +185,9 @@ void check_capacity(const TrainOptions& o, const std::string& backend) {
                     " needs about ", threads, " threads on the CPU backend (a thread per rank "
                     "and per stream); this machine allows ", limit, " in all");
   }
-  const double per_rank = static_cast<double>(estimate_rank_bytes(o.config, world));
+  // HSDP shards over world / --hsdp ranks (docs/memory.md).
+  const int shard = world / std::max(o.config.hsdp_replicas, 1);
+  const double per_rank = static_cast<double>(estimate_rank_bytes(o.config, std::max(shard, 1)));
   if (backend == "cpu") {
     const double total = per_rank * world;  // every CPU rank lives in this process
     const int64_t available = available_host_bytes();

@@ -41,6 +41,11 @@ void check_placement_mesh(Mesh& target, Mesh& module_mesh, const Module& owner, 
              param.name(), "' is placed on mesh '", target.name(), "' (ranks ", rank_list(a),
              "), which is not a subset of mesh '", module_mesh.name(), "' (ranks ", rank_list(b),
              "): a param group's mesh must lie within its module's mesh");
+  // A 1-D group inside an HSDP module would never average its grads across the replicas.
+  FSDP_CHECK(target.is_hsdp() || !module_mesh.is_hsdp(), "param '", owner.fqn(), ".",
+             param.name(), "' is placed on 1-D mesh '", target.name(), "' inside HSDP mesh '",
+             module_mesh.name(), "': its grads would never be averaged across replicas; place "
+             "it on an HSDP mesh");
 }
 
 // Note [Post-forward mesh]
