@@ -198,6 +198,7 @@ TEST(HsdpChaos, SeedsKeepParityAndReadNoPoison) {
     c.separate_rs_group = (seed / 2) % 2 == 1;
     c.optimizer_in_backward = seed % 3 == 0;
     c.prefetch_next_step = seed % 5 < 3;
+    c.optimizer.max_grad_norm = c.optimizer_in_backward ? 0.0f : 0.05f;  // reads every grad
     cpu::CpuOptions o;
     o.chaos = true;
     o.chaos_seed = seed;
