@@ -153,6 +153,41 @@ TEST(PostForwardMesh, KeepsOneNthOfEachUnitBetweenForwardAndBackward) {
   }
 }
 
+// A forward with no backward (evaluation) leaves post-forward shards; if the fp32 shards
+// change before the next forward (an optimizer step), that forward must not gather the stale
+// chunks.
+TEST(PostForwardMesh, AForwardWithoutBackwardServesNoStaleParams) {
+  runtime::run_cpu_ranks(4, {}, [](int, Device& d, std::shared_ptr<Comm> world) {
+    const Stream s = d.create_stream("compute", StreamPriority::Normal);
+    RunContext ctx{&d, s, DType::F32};
+    Mesh mesh("dp", d, world);
+    nn::ModelConfig mc;
+    mc.kind = "mlp";
+    mc.layers = 2;
+    mc.dim = 8;
+    nn::Model model(mc);
+    FullyShardOptions o;
+    o.reshard_after_forward = 2;
+    for (Module* b : model.blocks()) fully_shard(*b, mesh, o);
+    FsdpModule& root = fully_shard(model, mesh);
+    Tensor x = empty_tensor(d, s, DType::F32, 3, 8, MemTag::Activation);
+    d.fill(s, x.data, DType::F32, x.numel(), 1.0f);
+    std::vector<float> out(24);
+    Tensor y = model.forward(ctx, x);
+    d.copy_to_host(s, out.data(), y.data, out.size() * sizeof(float));
+    d.synchronize_stream(s);
+    double first = 0;
+    for (float v : out) first += std::abs(v);
+    ASSERT_GT(first, 0);
+    for (const ShardedGroupView& g : sharded_groups(root, false))
+      d.fill(s, g.param, DType::F32, g.numel, 0.0f);  // what an optimizer step could do
+    y = model.forward(ctx, x);
+    d.copy_to_host(s, out.data(), y.data, out.size() * sizeof(float));
+    d.synchronize_stream(s);
+    for (float v : out) EXPECT_EQ(v, 0.0f);
+  });
+}
+
 std::string error_of(const std::function<void()>& fn) {
   try {
     fn();
