@@ -126,6 +126,28 @@ TEST(HsdpOptions, GradientDivideFactorCountsEveryReplica) {
   EXPECT_LE(relative_error(run_fsdp(4, c)[0].params, ref.params), 1e-6);
 }
 
+// docs/memory.md: on an R x S mesh every rank holds what plain FSDP on S ranks holds; with
+// set_requires_all_reduce(false) one partial RS output per group waits for the all-reduce.
+TEST(HsdpMemory, ShardsOverTheShardGroupAndKeepsOnePartialPerGroup) {
+  runtime::TrainConfig c = mlp_config();
+  c.steps = 1;
+  const int64_t on_two = run_fsdp(2, c)[0].sharded_state_bytes;
+  c.hsdp_replicas = 2;
+  EXPECT_EQ(run_fsdp(4, c)[0].sharded_state_bytes, on_two);
+  LoopOptions o;
+  o.world = 4;
+  o.hsdp_replicas = 2;
+  o.steps = 1;
+  o.micro_batches = 2;
+  o.sync_every_micro_batch = true;
+  o.before_forward = [&](LoopModel&, FsdpModule& root, int, int mb) {
+    root.set_requires_all_reduce(mb == 1);
+  };
+  const auto r = run_sharded_loop([] { return std::make_unique<ChainModel>(3, 12); }, o);
+  // 3 partial outputs after micro-batch 0, + the one RS output in flight during micro-batch 1.
+  EXPECT_EQ(r.memory[0].tag_peak_live[static_cast<int>(MemTag::RsOutput)], 3 + 1);
+}
+
 // set_requires_all_reduce(false) on every micro-batch but the last: the reduce-scattered
 // grads add up in the partial buffer and one all-reduce per group syncs the replicas.
 TEST(HsdpAccumulation, RequiresAllReduceFalseSumsUntilTheLastMicroBatch) {
