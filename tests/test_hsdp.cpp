@@ -143,7 +143,9 @@ TEST(HsdpMemory, ShardsOverTheShardGroupAndKeepsOnePartialPerGroup) {
   o.before_forward = [&](LoopModel&, FsdpModule& root, int, int mb) {
     root.set_requires_all_reduce(mb == 1);
   };
-  const auto r = run_sharded_loop([] { return std::make_unique<ChainModel>(3, 12); }, o);
+  const ModelFactory make = [] { return std::make_unique<ChainModel>(3, 12); };
+  const auto r = run_sharded_loop(make, o);
+  expect_matches_reference(r, run_reference_loop(make, o), 1e-6, "partial sums");
   // 3 partial outputs after micro-batch 0, + the one RS output in flight during micro-batch 1.
   EXPECT_EQ(r.memory[0].tag_peak_live[static_cast<int>(MemTag::RsOutput)], 3 + 1);
 }

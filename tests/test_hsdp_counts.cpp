@@ -156,11 +156,12 @@ TEST(PostForwardMesh, KeepsOneNthOfEachUnitBetweenForwardAndBackward) {
 // A forward with no backward (evaluation) leaves post-forward shards; if the fp32 shards
 // change before the next forward (an optimizer step), that forward must not gather the stale
 // chunks.
-TEST(PostForwardMesh, AForwardWithoutBackwardServesNoStaleParams) {
-  runtime::run_cpu_ranks(4, {}, [](int, Device& d, std::shared_ptr<Comm> world) {
+void expect_no_stale_params_after_a_forward(int world_size, int replicas) {
+  runtime::run_cpu_ranks(world_size, {}, [&](int, Device& d, std::shared_ptr<Comm> world) {
     const Stream s = d.create_stream("compute", StreamPriority::Normal);
     RunContext ctx{&d, s, DType::F32};
-    Mesh mesh("dp", d, world);
+    Mesh mesh = replicas ? make_hsdp_mesh("dp", d, *world, replicas, world_size / replicas)
+                         : Mesh("dp", d, world);
     nn::ModelConfig mc;
     mc.kind = "mlp";
     mc.layers = 2;
@@ -186,6 +187,13 @@ TEST(PostForwardMesh, AForwardWithoutBackwardServesNoStaleParams) {
     d.synchronize_stream(s);
     for (float v : out) EXPECT_EQ(v, 0.0f);
   });
+}
+
+TEST(PostForwardMesh, AForwardWithoutBackwardServesNoStaleParams) {
+  expect_no_stale_params_after_a_forward(4, 0);
+}
+TEST(PostForwardMesh, AnHsdpForwardWithoutBackwardServesNoStaleParams) {
+  expect_no_stale_params_after_a_forward(8, 2);  // shard 4, post-forward groups of 2
 }
 
 std::string error_of(const std::function<void()>& fn) {
