@@ -52,7 +52,7 @@ TEST(Cli, EveryBadInputGivesOneLineAndNonZeroExit) {
         "train --no-such-flag", "train --backend cpu --model gpt5", "frobnicate",
         "train --backend cpu --model transformer --kv-heads 3",
         "train --backend cpu --model transformer --seq-len 48",
-        "train --backend cpu --reshard-after-forward 2", "train --backend cpu --separate-rs-group yes",
+        "train --backend cpu --reshard-after-forward 3", "train --backend cpu --separate-rs-group yes",
         "train --backend cpu --lr -1", "train --backend cpu --lr 0", "train --backend cpu --chaos -5",
         "train --backend cpu --classes -3", "train --backend cpu --nproc 4",
         "train --backend cpu --world-size 100000", "train --backend cpu --dim 100000",

@@ -98,6 +98,7 @@ void resolve_defaults(TrainOptions& o) {
   runtime::TrainConfig& c = o.config;
   c.param_dtype = parse_dtype(o.param_dtype);
   c.reshard_after_forward = o.reshard_after_forward != 0;
+  c.reshard_after_forward_size = o.reshard_after_forward >= 2 ? o.reshard_after_forward : 0;
   c.separate_rs_group = o.separate_rs_group != 0;
   c.prefetch_next_step = o.prefetch_next_step != 0;
   c.model.norm = o.norm != 0;
@@ -184,7 +185,9 @@ void check_capacity(const TrainOptions& o, const std::string& backend) {
                     " needs about ", threads, " threads on the CPU backend (a thread per rank "
                     "and per stream); this machine allows ", limit, " in all");
   }
-  const double per_rank = static_cast<double>(estimate_rank_bytes(o.config, world));
+  // HSDP shards over world / --hsdp ranks (docs/memory.md).
+  const int shard = world / std::max(o.config.hsdp_replicas, 1);
+  const double per_rank = static_cast<double>(estimate_rank_bytes(o.config, std::max(shard, 1)));
   if (backend == "cpu") {
     const double total = per_rank * world;  // every CPU rank lives in this process
     const int64_t available = available_host_bytes();
@@ -239,10 +242,27 @@ void check_writable(const std::string& flag, const std::string& path) {
                   "': ", std::strerror(errno));
 }
 
+// --hsdp R and --reshard-after-forward N against the world size (docs/hsdp.md).
+void check_hsdp(const TrainOptions& o) {
+  const runtime::TrainConfig& c = o.config;
+  const int world = o.effective_world, replicas = c.hsdp_replicas;
+  FSDP_USER_CHECK(replicas >= 0, "--hsdp must be >= 1 (replicas), got ", replicas);
+  FSDP_USER_CHECK(world % std::max(replicas, 1) == 0, "--hsdp ", replicas,
+                  " must divide the world size ", world);
+  FSDP_USER_CHECK(replicas <= 1 || c.model.ep == 1, "--hsdp with --ep ", c.model.ep,
+                  " is not supported yet: use one of the two");
+  const int shard = world / std::max(replicas, 1);
+  const int n = c.reshard_after_forward_size;
+  FSDP_USER_CHECK(n == 0 || shard % n == 0, "--reshard-after-forward ", n,
+                  " must divide the shard size ", shard,
+                  replicas > 1 ? " (world / --hsdp)" : " (the world size)");
+}
+
 std::string check_train_options(TrainOptions& o, std::string& why) {
   check_ranges(o);
   resolve_defaults(o);
   const std::string backend = choose_backend(o, why);
+  check_hsdp(o);
   attach_token_data(o);
   check_capacity(o, backend);
   check_writable("--json", o.json_path);

@@ -67,8 +67,13 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--seed", o.config.seed, "seed for init and data");
   app.add_option("--param-dtype", o.param_dtype, "bf16 | fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--reshard-after-forward", o.reshard_after_forward,
-                 "0 | 1: free each block's gathered params after its forward")
-      ->check(CLI::Range(0, 1));
+                 "0 | 1: free each block's gathered params after its forward; N >= 2: keep 1/N "
+                 "of them, for a backward all-gather over N ranks (N divides the shard size)")
+      ->check(CLI::NonNegativeNumber);
+  // ---- HSDP (docs/hsdp.md)
+  app.add_option("--hsdp", o.config.hsdp_replicas,
+                 "R: HSDP, params sharded over world / R consecutive ranks and replicated R "
+                 "times; grads reduce-scattered, then all-reduced across replicas");
   app.add_option("--rs-max-input-buffers", o.config.rs_max_input_buffers,
                  "reduce-scatter input buffers in flight (k >= 1)");
   app.add_option("--separate-rs-group", o.separate_rs_group,
@@ -153,7 +158,10 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"warmup_steps", c.schedule.warmup_steps},
       {"min_lr", c.schedule.min_lr},
       {"clip_grad_norm", c.optimizer.max_grad_norm},
-      {"reshard_after_forward", c.reshard_after_forward},
+      {"reshard_after_forward", c.reshard_after_forward_size > 0
+                                    ? nlohmann::json(c.reshard_after_forward_size)
+                                    : nlohmann::json(c.reshard_after_forward)},
+      {"hsdp_replicas", c.hsdp_replicas > 0 ? c.hsdp_replicas : 1},
       {"optimizer_in_backward", c.optimizer_in_backward},
       {"prefetch_next_step", c.prefetch_next_step},
       {"step_ms_median", s.step_ms_median},

@@ -34,7 +34,8 @@ ShardedState collect_sharded_state(FsdpModule& root, optim::Optimizer* optimizer
     }
   });
   out.rank = root.state().mesh.rank();
-  out.world = root.state().mesh.size();
+  out.world = root.state().mesh.size();  // HSDP: the shard group's
+  out.replica = root.state().mesh.replicate_rank();
   const int ep = std::max(1, experts.ep);
   FSDP_CHECK(out.world % ep == 0, "ep ", ep, " does not divide the world of ", out.world);
   out.optimizer = optimizer;

@@ -32,7 +32,10 @@ struct ShardView {
 };
 
 struct ShardedState {
-  int rank = 0, world = 1;  // on the root's (data-parallel) mesh
+  int rank = 0, world = 1;  // on the root's mesh (HSDP: within the shard group)
+  // HSDP: which replica this rank belongs to. Every replica holds the same shards, so only
+  // replica 0 saves; every replica loads its shard rank's rows (docs/hsdp.md).
+  int replica = 0;
   std::vector<ShardView> tensors;        // in module pre-order
   std::vector<std::string> state_names;  // AdamW: exp_avg, exp_avg_sq; SGD: momentum_buffer
   optim::Optimizer* optimizer = nullptr; // null: params only
