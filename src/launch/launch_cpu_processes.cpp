@@ -1,0 +1,232 @@
+// Note [CPU ranks as processes]
+// `run_cpu_processes` forks one process per rank on this host; with several hosts, one
+// launcher per host starts its share of the ranks (node_rank * nproc ...). Each rank builds
+// its own CPU device (checked mode and chaos delays as with threads) and a Gloo world
+// communicator (Note [Gloo collectives]); the ranks meet at the job's store.
+//
+//  - Reaping. The launcher waits for its children. When one fails (its body threw) or dies
+//    (a signal), the launcher records the failure in the store (Note [Failure notices]) if no
+//    rank recorded one first, stops its other children, and throws an fsdp::Error carrying
+//    the job's first failure: "rank 2 was killed by signal 9 (Killed)". Ranks on other hosts
+//    see their collectives break (or time out), read the same notice and fail naming rank 2,
+//    and their launcher reports it too. Children die with their launcher (PR_SET_PDEATHSIG).
+//  - Ending. A rank that finished waits at a store barrier before it closes its connections,
+//    so no peer still reading from it sees them close; a rank that failed exits at once,
+//    without tearing down its device (a stream may be blocked in a Gloo wait), and the
+//    kernel closes its sockets.
+//  - Results. Each child writes its body's result into a file that its launcher reads back.
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <thread>
+
+#include "backend/gloo/gloo_backend.h"
+#include "fsdp/error.h"
+#include "launch/cpu_ranks.h"
+#include "launch/file_store.h"
+#include "rendezvous/failure_notice.h"
+
+namespace fsdp {
+
+namespace launch {
+
+namespace {
+
+using rendezvous::Millis;
+
+std::string describe_exit(int rank, int status) {
+  if (WIFSIGNALED(status))
+    return detail::concat("rank ", rank, " was killed by signal ", WTERMSIG(status), " (",
+                          strsignal(WTERMSIG(status)), ")");
+  return detail::concat("rank ", rank, " exited with status ", WEXITSTATUS(status));
+}
+
+struct ChildPlan {
+  int rank = 0;
+  int world = 1;
+  cpu::CpuOptions options;
+  std::string listen_address;
+  std::string result_path;
+};
+
+[[noreturn]] void run_child(const ChildPlan& plan, pid_t launcher,
+                            const std::function<std::shared_ptr<rendezvous::Store>()>& connect,
+                            const RankBodyWithResult& body) {
+  // A child must not outlive its launcher (a killed launcher would leave ranks behind).
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) std::_Exit(1);
+  this_thread_identity() = {plan.rank, "cpu:" + std::to_string(plan.rank)};
+  const Millis timeout(static_cast<int64_t>(plan.options.collective_timeout_s * 1000));
+  // Kept out of the try block: a failed rank exits without destroying them (see the Note).
+  std::shared_ptr<rendezvous::Store> store;
+  std::unique_ptr<cpu::CpuWorld> world;
+  std::unique_ptr<Device> device;
+  std::shared_ptr<Comm> comm;
+  try {
+    store = connect();
+    world = std::make_unique<cpu::CpuWorld>(plan.world, plan.options);
+    device = world->make_device(plan.rank);
+    gloo_backend::GlooWorldOptions gloo;
+    gloo.rank = plan.rank;
+    gloo.size = plan.world;
+    gloo.listen_address = plan.listen_address;
+    gloo.timeout_s = plan.options.collective_timeout_s;
+    comm = gloo_backend::make_world_comm(*device, store, gloo);
+    const std::string result = body(plan.rank, *device, comm);
+    device->synchronize();
+    store->barrier("fsdp/ranks_done", plan.rank, plan.world, timeout);
+    comm.reset();
+    device.reset();
+    std::ofstream out(plan.result_path, std::ios::binary);
+    out << result;
+    FSDP_CHECK(out.good(), "cannot write the result of rank ", plan.rank, " to ", plan.result_path);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fsdp: error: %s\n", e.what());
+    std::fflush(stderr);
+    if (store) rendezvous::post_failure(*store, {plan.rank, detail::concat("rank ", plan.rank,
+                                                                           " failed: ", e.what())});
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(0);  // a child must not run the parent's atexit handlers
+}
+
+// Waits for every child; on the first failure records it and stops the others. Returns the
+// local description of the first failure, if any.
+std::optional<std::string> reap(const std::vector<pid_t>& pids, int first_rank,
+                                rendezvous::Store& store) {
+  std::vector<bool> done(pids.size(), false);
+  size_t remaining = pids.size();
+  std::optional<std::string> first;
+  while (remaining > 0) {
+    bool progressed = false;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      const pid_t got = ::waitpid(pids[i], &status, WNOHANG);
+      if (got == 0) continue;
+      done[i] = true;
+      --remaining;
+      progressed = true;
+      if (got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
+      if (first) continue;  // one of those we stopped, or a later consequence
+      const int rank = first_rank + static_cast<int>(i);
+      first = got < 0 ? detail::concat("rank ", rank, " could not be waited for: ", std::strerror(errno))
+                      : describe_exit(rank, status);
+      rendezvous::post_failure(store, {rank, *first});
+      for (size_t j = 0; j < pids.size(); ++j)
+        if (!done[j]) ::kill(pids[j], SIGTERM);
+    }
+    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return first;
+}
+
+}  // namespace
+
+CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options,
+                                       const CpuProcessOptions& where,
+                                       const RankBodyWithResult& body) {
+  FSDP_USER_CHECK(gloo_backend::built(),
+                  "this build has no Gloo, which CPU ranks as processes need (install "
+                  "libgloo-dev and configure again)");
+  FSDP_USER_CHECK(nproc >= 1, "the number of processes per host must be >= 1, got ", nproc);
+  FSDP_USER_CHECK(where.nnodes >= 1 && where.node_rank >= 0 && where.node_rank < where.nnodes,
+                  "node rank ", where.node_rank, " of ", where.nnodes, " hosts");
+  FSDP_USER_CHECK(options.collective_timeout_s > 0,
+                  "ranks as processes need a timeout > 0 s, got ", options.collective_timeout_s);
+  FSDP_USER_CHECK(!options.virtual_clock,
+                  "the virtual clock needs every rank in one process (ranks as threads)");
+  FSDP_USER_CHECK(where.nnodes == 1, "CPU ranks as processes on several hosts need the TCP "
+                  "store, which this build does not have yet");
+  CpuProcessLaunch launch;
+  launch.world_size = nproc * where.nnodes;
+  launch.first_rank = where.node_rank * nproc;
+
+  char dir_template[] = "/tmp/fsdp-cpu-ranks-XXXXXX";
+  FSDP_CHECK(::mkdtemp(dir_template), "cannot make a temporary directory: ", std::strerror(errno));
+  const std::string dir = dir_template;
+  auto connect = [&] { return make_file_store(dir); };
+  std::shared_ptr<rendezvous::Store> store = connect();
+
+  ChildPlan plan;
+  plan.world = launch.world_size;
+  plan.options = options;
+  plan.listen_address = where.nnodes == 1 ? "127.0.0.1" : where.master_addr;
+  auto result_path = [&](int rank) { return dir + "/rank" + std::to_string(rank) + ".out"; };
+  std::vector<pid_t> pids;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t launcher = ::getpid();
+  for (int i = 0; i < nproc; ++i) {
+    plan.rank = launch.first_rank + i;
+    plan.result_path = result_path(plan.rank);
+    const pid_t pid = ::fork();
+    if (pid == 0) run_child(plan, launcher, connect, body);
+    if (pid < 0) {
+      for (pid_t p : pids) ::kill(p, SIGKILL);
+      for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+      FSDP_FAIL("fork failed: ", std::strerror(errno));
+    }
+    pids.push_back(pid);
+  }
+  const std::optional<std::string> local_failure = reap(pids, launch.first_rank, *store);
+  std::optional<rendezvous::FailureNotice> notice;
+  if (local_failure) notice = rendezvous::read_failure(*store, Millis(0));
+
+  for (int i = 0; i < nproc; ++i) {
+    const std::string path = result_path(launch.first_rank + i);
+    if (!local_failure) {
+      std::ifstream in(path, std::ios::binary);
+      FSDP_CHECK(in.good(), "rank ", launch.first_rank + i, " finished without a result");
+      launch.results.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+  }
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);  // the store's files and the results
+  if (local_failure)
+    throw Error(detail::concat("CPU ranks as processes failed: ",
+                               notice ? notice->message : *local_failure));
+  return launch;
+}
+
+}  // namespace launch
+
+bool cpu_processes_built() { return gloo_backend::built(); }
+
+CpuProcessLaunch run_cpu_processes_with_results(int nproc, const RankBodyWithResult& body,
+                                                const CpuProcessOptions& options) {
+  cpu::CpuOptions o;
+  o.checked = options.cpu.checked;
+  o.chaos = options.cpu.chaos;
+  o.chaos_seed = options.cpu.chaos_seed;
+  o.chaos_max_us = options.cpu.chaos_max_us;
+  o.link_gbps = options.cpu.link_gbps;
+  o.collective_timeout_s = options.timeout_s;
+  return launch::run_cpu_process_world(nproc, o, options, body);
+}
+
+int run_cpu_processes(int nproc, const RankBody& body, const CpuProcessOptions& options) {
+  return run_cpu_processes_with_results(
+             nproc,
+             [&](int rank, Device& device, std::shared_ptr<Comm> world) {
+               body(rank, device, std::move(world));
+               return std::string();
+             },
+             options)
+      .world_size;
+}
+
+}  // namespace fsdp
