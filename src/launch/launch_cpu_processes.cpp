@@ -15,7 +15,10 @@
 //    without tearing down its device (a stream may be blocked in a Gloo wait), and the
 //    kernel closes its sockets.
 //  - Results. Each child writes its body's result into a file that its launcher reads back.
+#include <arpa/inet.h>
+#include <netdb.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,7 +36,7 @@
 #include "backend/gloo/gloo_backend.h"
 #include "fsdp/error.h"
 #include "launch/cpu_ranks.h"
-#include "launch/file_store.h"
+#include "rendezvous/tcp_store.h"
 #include "rendezvous/failure_notice.h"
 
 namespace fsdp {
@@ -51,6 +54,33 @@ std::string describe_exit(int rank, int status) {
   return detail::concat("rank ", rank, " exited with status ", WEXITSTATUS(status));
 }
 
+// The address of this host that a connection to `peer_host` would leave from: where this
+// host's ranks listen, so that ranks on `peer_host` can reach them.
+std::string local_address_towards(const std::string& peer_host) {
+  addrinfo hints{}, *found = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  FSDP_USER_CHECK(::getaddrinfo(peer_host.c_str(), "9", &hints, &found) == 0 && found,
+                  "cannot resolve the master address '", peer_host, "'");
+  // A datagram socket's connect() sends nothing; it only picks the route and source address.
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  const bool ok = fd >= 0 && ::connect(fd, found->ai_addr, found->ai_addrlen) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) == 0;
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  FSDP_USER_CHECK(ok, "no route from this host to the master address '", peer_host, "'");
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+  return text;
+}
+
+// Each launcher counts its children here as it reaps them; node 0's launcher, which hosts
+// the store, keeps it up until every rank of the job has been counted, so that no rank loses
+// the store while it still reads a failure notice or waits at the final barrier.
+const char* const kReapedKey = "fsdp/ranks_reaped";
+
 struct ChildPlan {
   int rank = 0;
   int world = 1;
@@ -60,8 +90,10 @@ struct ChildPlan {
 };
 
 [[noreturn]] void run_child(const ChildPlan& plan, pid_t launcher,
-                            const std::function<std::shared_ptr<rendezvous::Store>()>& connect,
+                            rendezvous::TcpStoreServer* server,
+                            const rendezvous::TcpStoreOptions& store_at,
                             const RankBodyWithResult& body) {
+  if (server) server->close_in_child();  // only the launcher serves the store
   // A child must not outlive its launcher (a killed launcher would leave ranks behind).
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) std::_Exit(1);
@@ -73,7 +105,7 @@ struct ChildPlan {
   std::unique_ptr<Device> device;
   std::shared_ptr<Comm> comm;
   try {
-    store = connect();
+    store = std::make_shared<rendezvous::TcpStore>(store_at);
     world = std::make_unique<cpu::CpuWorld>(plan.world, plan.options);
     device = world->make_device(plan.rank);
     gloo_backend::GlooWorldOptions gloo;
@@ -120,6 +152,11 @@ std::optional<std::string> reap(const std::vector<pid_t>& pids, int first_rank,
       done[i] = true;
       --remaining;
       progressed = true;
+      try {
+        store.add(kReapedKey, 1);
+      } catch (const std::exception&) {
+        // node 0's store is gone: nobody is left to count for
+      }
       if (got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
       if (first) continue;  // one of those we stopped, or a later consequence
       const int rank = first_rank + static_cast<int>(i);
@@ -149,22 +186,32 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
                   "ranks as processes need a timeout > 0 s, got ", options.collective_timeout_s);
   FSDP_USER_CHECK(!options.virtual_clock,
                   "the virtual clock needs every rank in one process (ranks as threads)");
-  FSDP_USER_CHECK(where.nnodes == 1, "CPU ranks as processes on several hosts need the TCP "
-                  "store, which this build does not have yet");
+  FSDP_USER_CHECK(where.nnodes == 1 || (where.master_port > 0 && where.master_port < 65536),
+                  "ranks on several hosts meet at --master-port, which must be given "
+                  "(1..65535), got ", where.master_port);
   CpuProcessLaunch launch;
   launch.world_size = nproc * where.nnodes;
   launch.first_rank = where.node_rank * nproc;
+  const rendezvous::Millis timeout(static_cast<int64_t>(options.collective_timeout_s * 1000));
 
   char dir_template[] = "/tmp/fsdp-cpu-ranks-XXXXXX";
   FSDP_CHECK(::mkdtemp(dir_template), "cannot make a temporary directory: ", std::strerror(errno));
   const std::string dir = dir_template;
-  auto connect = [&] { return make_file_store(dir); };
-  std::shared_ptr<rendezvous::Store> store = connect();
+  // Node 0's launcher hosts the store: bound now (so the port is known), served after the
+  // forks (so the children inherit no serving thread).
+  std::unique_ptr<rendezvous::TcpStoreServer> server;
+  if (where.node_rank == 0)
+    server = std::make_unique<rendezvous::TcpStoreServer>(where.master_port, /*start=*/false);
+  rendezvous::TcpStoreOptions store_at;
+  store_at.host = where.node_rank == 0 ? "127.0.0.1" : where.master_addr;
+  store_at.port = server ? server->port() : where.master_port;
+  store_at.timeout = timeout;
 
   ChildPlan plan;
   plan.world = launch.world_size;
   plan.options = options;
-  plan.listen_address = where.nnodes == 1 ? "127.0.0.1" : where.master_addr;
+  plan.listen_address =
+      where.nnodes == 1 ? "127.0.0.1" : local_address_towards(where.master_addr);
   auto result_path = [&](int rank) { return dir + "/rank" + std::to_string(rank) + ".out"; };
   std::vector<pid_t> pids;
   std::fflush(stdout);
@@ -174,7 +221,7 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
     plan.rank = launch.first_rank + i;
     plan.result_path = result_path(plan.rank);
     const pid_t pid = ::fork();
-    if (pid == 0) run_child(plan, launcher, connect, body);
+    if (pid == 0) run_child(plan, launcher, server.get(), store_at, body);
     if (pid < 0) {
       for (pid_t p : pids) ::kill(p, SIGKILL);
       for (pid_t p : pids) ::waitpid(p, nullptr, 0);
@@ -182,9 +229,28 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
     }
     pids.push_back(pid);
   }
+  if (server) server->start();
+  std::shared_ptr<rendezvous::Store> store;
+  try {
+    store = std::make_shared<rendezvous::TcpStore>(store_at);
+  } catch (...) {
+    for (pid_t p : pids) ::kill(p, SIGKILL);
+    for (pid_t p : pids) ::waitpid(p, nullptr, 0);
+    throw;
+  }
   const std::optional<std::string> local_failure = reap(pids, launch.first_rank, *store);
   std::optional<rendezvous::FailureNotice> notice;
   if (local_failure) notice = rendezvous::read_failure(*store, Millis(0));
+  if (server) {
+    // Every rank of the job reaped, or the timeout: then the store may go.
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    try {
+      while (store->add(kReapedKey, 0) < launch.world_size &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } catch (const std::exception&) {
+    }
+  }
 
   for (int i = 0; i < nproc; ++i) {
     const std::string path = result_path(launch.first_rank + i);

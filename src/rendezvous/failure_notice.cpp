@@ -16,6 +16,9 @@ bool post_failure(Store& store, const FailureNotice& notice) {
   try {
     if (store.add(kCountKey, 1) != 1) return false;
     store.set(kNoticeKey, std::to_string(notice.rank) + "\n" + notice.message);
+    // A set has no reply; a request that has one, behind it, makes sure the store holds the
+    // notice before the caller (often a process about to exit) goes on.
+    store.check({kNoticeKey});
     return true;
   } catch (const std::exception&) {
     return false;  // the store itself is gone: nobody is left to read the notice
@@ -25,8 +28,7 @@ bool post_failure(Store& store, const FailureNotice& notice) {
 std::optional<FailureNotice> read_failure(Store& store, Millis wait) {
   try {
     const auto deadline = std::chrono::steady_clock::now() + wait;
-    // The count goes up before the notice is written: wait for the notice only once a
-    // failure is known, so a job without one costs a single look.
+    // The notice follows its count closely; poll for it until `wait` is over.
     for (;;) {
       if (store.check({kNoticeKey})[0]) break;
       if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
