@@ -13,6 +13,9 @@
 #include <iterator>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "command_util.h"
 #include "cpu_test_util.h"
 #include "fsdp/error.h"
 #include "fsdp/launch.h"
@@ -287,6 +290,26 @@ TEST(CpuProcesses, BadPlacementsAreOneLineErrors) {
                        "--master-port, which must be given"));
   EXPECT_TRUE(contains(launch_error(0, [](int, Device&, std::shared_ptr<Comm>) {}, {}),
                        "must be >= 1, got 0"));
+}
+
+nlohmann::json train_summary(const std::string& ranks, const std::string& name) {
+  const std::string json = ::testing::TempDir() + name + ".json";
+  const CommandResult r = run_fsdp_command(
+      "train --backend cpu " + ranks + " --model transformer --layers 2 --dim 32 --heads 4 "
+      "--kv-heads 2 --ffn-dim 40 --seq-len 8 --vocab 61 --tokens 16 --steps 5 --quiet --json " +
+      json);
+  EXPECT_EQ(r.code, 0) << r.output;
+  std::ifstream in(json);
+  return nlohmann::json::parse(in);
+}
+
+TEST(CpuProcessesCli, NprocGivesTheLossesOfAsManyThreads) {
+  SKIP_WITHOUT_GLOO();
+  const nlohmann::json threads = train_summary("--world-size 4", "threads4");
+  const nlohmann::json processes = train_summary("--nproc 4 --timeout 30", "processes4");
+  EXPECT_EQ(processes["world_size"], 4);
+  EXPECT_EQ(processes["losses"], threads["losses"]);
+  EXPECT_EQ(processes["losses"].size(), 5u);
 }
 
 }  // namespace

@@ -166,12 +166,36 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
   }
   if (backend == "cpu") {
     const std::string chose = why.empty() ? "" : " (--backend auto chose cpu: " + why + ")";
-    FSDP_USER_CHECK(!nproc_given, "--nproc applies to the CUDA backend; the CPU backend runs "
-                    "--world-size ranks as threads", chose);
-    FSDP_USER_CHECK(!o.nnodes && !o.node_rank && !o.master_addr && !o.master_port,
-                    "--nnodes, --node-rank, --master-addr and --master-port apply to the CUDA "
-                    "backend; the CPU backend runs its ranks as threads of this process", chose);
-    o.effective_world = o.world_size;
+    // Ranks as threads (--world-size), or as processes over Gloo (--nproc per host, and
+    // --nnodes hosts; docs/cpu_processes.md).
+    o.cpu_processes = nproc_given;
+    if (!o.cpu_processes) {
+      FSDP_USER_CHECK(!o.nnodes && !o.node_rank && !o.master_addr && !o.master_port,
+                      "--nnodes, --node-rank, --master-addr and --master-port need --nproc on "
+                      "the CPU backend (ranks as processes); without it the ranks are threads "
+                      "of this process", chose);
+      o.effective_world = o.world_size;
+      return backend;
+    }
+    FSDP_USER_CHECK(cpu_processes_built(), "--backend cpu --nproc: this build has no Gloo "
+                    "(libgloo-dev), which CPU ranks as processes need", chose);
+    FSDP_USER_CHECK(o.nproc >= 1, "--nproc must be >= 1 on the CPU backend (ranks as processes "
+                    "of this host), got ", o.nproc);
+    FSDP_USER_CHECK(!world_given, "give --world-size (ranks as threads) or --nproc (ranks as "
+                    "processes, per host) on the CPU backend, not both");
+    launch::LaunchFlags flags;
+    flags.nproc = o.nproc;
+    flags.nnodes = o.nnodes;
+    flags.node_rank = o.node_rank;
+    flags.master_addr = o.master_addr;
+    flags.master_port = o.master_port;
+    const launch::LaunchEnv env = launch::resolve_launch(flags);
+    o.cpu_place.nnodes = env.nnodes;
+    o.cpu_place.node_rank = env.node_rank;
+    o.cpu_place.master_addr = env.master_addr;
+    o.cpu_place.master_port = env.master_port;
+    o.cpu_place.timeout_s = o.timeout_s;
+    o.effective_world = env.world_size;
     return backend;
   }
   FSDP_USER_CHECK(cuda::compiled_with_cuda(),

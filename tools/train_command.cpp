@@ -25,7 +25,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       "--world-size", o.world_size,
       "ranks; CPU backend: threads; CUDA backend: must equal the GPUs used (see --nproc)");
   o.nproc_opt = app.add_option("--nproc", o.nproc,
-                               "CUDA backend: processes, one per GPU (0: every visible GPU)");
+                               "processes per host: CUDA backend, one per GPU (0: every visible "
+                               "GPU); CPU backend, ranks as processes over Gloo");
   app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer | moe-transformer")
       ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer", "moe-transformer"}));
   app.add_option("--layers", o.config.model.layers, "blocks");
@@ -285,17 +286,27 @@ int run_train(TrainOptions& o) {
   };
   std::vector<runtime::RankResult> results;
   if (backend == "cpu") {
-    results.resize(o.world_size);
     cpu::CpuOptions cpu_options;
     cpu_options.chaos = o.chaos_seed.has_value();
     cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
-    runtime::run_cpu_ranks(o.world_size, cpu_options,
-                           [&](int rank, Device& device, std::shared_ptr<Comm> world) {
-                             results[rank] = runtime::train_rank(
-                                 device, world, o.config,
-                                 rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
-                                           : nullptr);
-                           });
+    if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
+      cpu_options.collective_timeout_s = o.timeout_s;
+      results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
+      if (o.cpu_place.node_rank > 0) {  // only the host that ran rank 0 reports
+        std::printf("node %d: ranks %d..%d finished\n", o.cpu_place.node_rank,
+                    o.cpu_place.node_rank * o.nproc, (o.cpu_place.node_rank + 1) * o.nproc - 1);
+        return 0;
+      }
+    } else {
+      results.resize(o.world_size);
+      runtime::run_cpu_ranks(o.world_size, cpu_options,
+                             [&](int rank, Device& device, std::shared_ptr<Comm> world) {
+                               results[rank] = runtime::train_rank(
+                                   device, world, o.config,
+                                   rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
+                                             : nullptr);
+                             });
+    }
   } else {
     results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
   }

@@ -50,6 +50,10 @@ struct TrainOptions {
   std::optional<int> nnodes, node_rank, master_port;
   std::optional<std::string> master_addr;
   double timeout_s = 60;  // every rendezvous wait, and the bound on a collective
+  // CPU ranks as processes over Gloo (--backend cpu --nproc; docs/cpu_processes.md): set by
+  // the checks, with where they run.
+  bool cpu_processes = false;
+  CpuProcessOptions cpu_place;
 };
 
 struct Summary {
