@@ -39,13 +39,15 @@ namespace {
 using rendezvous::Millis;
 
 // Joins the others at the store, gets the NCCL id from rank 0, and runs the body as `e.rank`.
-std::string run_one_rank(const launch::LaunchEnv& e, rendezvous::Store& base, Millis timeout,
-                         const RankBodyWithResult& body) {
-  this_thread_identity() = {e.rank, "cuda:" + std::to_string(e.local_rank)};
+// `gpu` is the device index in this process (the local rank unless a launcher left each
+// process a single GPU).
+std::string run_one_rank(const launch::LaunchEnv& e, int gpu, rendezvous::Store& base,
+                         Millis timeout, const RankBodyWithResult& body) {
+  this_thread_identity() = {e.rank, "cuda:" + std::to_string(gpu)};
   // Keys of this run only: torchrun's store outlives a restart.
   rendezvous::PrefixStore store("fsdp" + (e.run_id.empty() ? "" : "/" + e.run_id) + "/cuda",
                                 std::shared_ptr<rendezvous::Store>(&base, [](auto*) {}));
-  std::unique_ptr<Device> device = cuda::make_device(e.local_rank);
+  std::unique_ptr<Device> device = cuda::make_device(gpu);
   cuda::UniqueId id;
   if (e.rank == 0) {
     id = cuda::make_unique_id();
@@ -84,12 +86,20 @@ launch::LaunchFlags flags_of(const LaunchOptions& o) {
 // torchrun, srun, mpirun: this process is one rank.
 CudaLaunch run_as_one_rank(const launch::LaunchEnv& e, Millis timeout,
                            const RankBodyWithResult& body) {
+  // srun --gpus-per-task=1 (or CUDA_VISIBLE_DEVICES set per rank) leaves each process one
+  // GPU, its device 0; otherwise the process takes GPU LOCAL_RANK of the node's. Nothing
+  // forks after this, so counting the GPUs here (which initializes CUDA) is safe.
+  const int gpus = cuda::device_count();
+  FSDP_USER_CHECK(gpus > 0, e.describe(), ": no CUDA GPU is visible to this process");
+  FSDP_USER_CHECK(gpus == 1 || e.local_rank < gpus, e.describe(), ": local rank ", e.local_rank,
+                  " needs GPU ", e.local_rank, " but this process sees ", gpus, " GPUs");
+  const int gpu = gpus == 1 ? 0 : e.local_rank;
   rendezvous::HostedStore hosted =
       rendezvous::host_or_join_tcp_store(e.hosts_store(), e.master_addr, e.master_port, timeout);
   CudaLaunch launch;
   launch.world_size = e.world_size;
   launch.this_rank = launch.first_rank = e.rank;
-  launch.results.push_back(run_one_rank(e, *hosted.store, timeout, body));
+  launch.results.push_back(run_one_rank(e, gpu, *hosted.store, timeout, body));
   return launch;
 }
 
@@ -132,7 +142,7 @@ CudaLaunch run_cuda_ranks_with_results(const LaunchOptions& options,
   launch.first_rank = node.rank;
   launch.results = launch::run_node_ranks(
       node, timeout, [&](const launch::LaunchEnv& e, rendezvous::Store& store) {
-        return run_one_rank(e, store, timeout, body);
+        return run_one_rank(e, e.local_rank, store, timeout, body);
       });
   return launch;
 }
