@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <thread>
 
 #include "fsdp/error.h"
 #include "launch/node_ranks.h"
@@ -22,7 +23,6 @@ using rendezvous::Store;
 const Millis kLong(60000);  // waits that must succeed: far longer than they ever take
 
 LaunchEnv node_of(const LaunchFlags& flags) {
-  const std::map<std::string, std::string> none;
   return resolve_launch(flags, [](const char*) -> const char* { return nullptr; });
 }
 
@@ -121,6 +121,62 @@ TEST(NodeRanks, AFailingRankStopsTheOthersAndTheLaunchFails) {
     error = e.what();
   }
   EXPECT_NE(error.find("one or more ranks failed"), std::string::npos) << error;
+}
+
+LaunchEnv torchrun_rank(int rank, int port, bool agent_store) {
+  const std::map<std::string, std::string> vars = {
+      {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", std::to_string(port)},
+      {"TORCHELASTIC_USE_AGENT_STORE", agent_store ? "True" : "False"}};
+  return resolve_launch({}, [&](const char* n) -> const char* {
+    auto it = vars.find(n);
+    return it == vars.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(RankStore, RankZeroHostsOnMasterPortAndTheOthersJoin) {
+  const int port = free_port();
+  rendezvous::HostedStore r0 = open_rank_store(torchrun_rank(0, port, false), kLong);
+  ASSERT_TRUE(r0.server);
+  EXPECT_EQ(r0.server->port(), port);
+  rendezvous::HostedStore r1 = open_rank_store(torchrun_rank(1, port, false), kLong);
+  EXPECT_FALSE(r1.server);
+  r0.store->set("id", "abc");
+  EXPECT_EQ(r1.store->get("id", kLong), "abc");
+}
+
+TEST(RankStore, WithTorchrunsAgentStoreEveryRankJoinsIt) {
+  rendezvous::TcpStoreServer agent(0);  // plays torchrun's agent
+  rendezvous::HostedStore r0 = open_rank_store(torchrun_rank(0, agent.port(), true), kLong);
+  rendezvous::HostedStore r1 = open_rank_store(torchrun_rank(1, agent.port(), true), kLong);
+  EXPECT_FALSE(r0.server);
+  EXPECT_FALSE(r1.server);
+  EXPECT_EQ(r0.store->add("fsdp//joined", 0), 2);  // both made their round trip
+}
+
+TEST(RankStore, AnAgentStoreThatDoesNotAnswerIsNamed) {
+  // A server that accepts and hangs up at once, as one would on a request it cannot read.
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread hang_up([&] { ::close(::accept(listener, nullptr, nullptr)); });
+  std::string error;
+  try {
+    open_rank_store(torchrun_rank(1, ntohs(a.sin_port), true), kLong);
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  hang_up.join();
+  ::close(listener);
+  EXPECT_NE(error.find("torchrun's agent store at 127.0.0.1:" + std::to_string(ntohs(a.sin_port)) +
+                       " (MASTER_ADDR:MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True) did not answer"),
+            std::string::npos)
+      << error;
 }
 
 }  // namespace

@@ -94,8 +94,7 @@ CudaLaunch run_as_one_rank(const launch::LaunchEnv& e, Millis timeout,
   FSDP_USER_CHECK(gpus == 1 || e.local_rank < gpus, e.describe(), ": local rank ", e.local_rank,
                   " needs GPU ", e.local_rank, " but this process sees ", gpus, " GPUs");
   const int gpu = gpus == 1 ? 0 : e.local_rank;
-  rendezvous::HostedStore hosted =
-      rendezvous::host_or_join_tcp_store(e.hosts_store(), e.master_addr, e.master_port, timeout);
+  rendezvous::HostedStore hosted = launch::open_rank_store(e, timeout);
   CudaLaunch launch;
   launch.world_size = e.world_size;
   launch.this_rank = launch.first_rank = e.rank;

@@ -132,4 +132,20 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   return results;
 }
 
+rendezvous::HostedStore open_rank_store(const LaunchEnv& e, rendezvous::Millis timeout) {
+  FSDP_CHECK(e.launcher != Launcher::Fsdp, "open_rank_store is for a rank of an external launcher");
+  rendezvous::HostedStore hosted =
+      rendezvous::host_or_join_tcp_store(e.hosts_store(), e.master_addr, e.master_port, timeout);
+  if (e.agent_store) {
+    try {
+      hosted.store->add("fsdp/" + e.run_id + "/joined", 1);
+    } catch (const Error& err) {
+      FSDP_FAIL("torchrun's agent store at ", hosted.store->address(), " (MASTER_ADDR:MASTER_PORT, "
+                "TORCHELASTIC_USE_AGENT_STORE=True) did not answer: is this a PyTorch whose "
+                "TCPStore protocol differs from Note [TCP store protocol]? ", err.what());
+    }
+  }
+  return hosted;
+}
+
 }  // namespace fsdp::launch

@@ -8,6 +8,7 @@
 
 #include "launch/launch_env.h"
 #include "rendezvous/store.h"
+#include "rendezvous/tcp_store.h"
 
 namespace fsdp::launch {
 
@@ -22,5 +23,11 @@ using RankMain = std::function<std::string(const LaunchEnv& rank, rendezvous::St
 // an fsdp::Error is thrown after all have ended; otherwise returns each local rank's result.
 std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Millis timeout,
                                         const RankMain& rank_main);
+
+// For a process that is one rank of an external launcher (torchrun, srun, mpirun): hosts the
+// store on rank 0 (LaunchEnv::hosts_store) or joins it. Joining torchrun's agent store makes
+// one round trip first, so a store that does not speak the protocol of Note [TCP store
+// protocol] fails here with a message that says so.
+rendezvous::HostedStore open_rank_store(const LaunchEnv& rank, rendezvous::Millis timeout);
 
 }  // namespace fsdp::launch
