@@ -231,6 +231,68 @@ TEST(TcpStore, AWaitingBarrierFailsWhenTheServerStops) {
   EXPECT_TRUE(contains(e, "lost the connection")) << e;
 }
 
+// The bytes on the wire are those of Note [TCP store protocol] (PyTorch's TCPStore subset, so
+// torchrun's agent store understands them): checked against a bare socket playing the server.
+TEST(TcpStore, WireFormatIsTheNotesTcpStoreSubset) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(listener, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
+  TcpStore store(local(ntohs(a.sin_port)));
+  store.set("k", "vv");
+  const int server = ::accept(listener, nullptr, nullptr);
+  auto read_n = [&](size_t n) {
+    std::string got(n, '\0');
+    size_t done = 0;
+    while (done < n) {
+      const ssize_t r = ::read(server, got.data() + done, n - done);
+      if (r <= 0) break;
+      done += static_cast<size_t>(r);
+    }
+    return got;
+  };
+  const std::string le64_1("\x01\0\0\0\0\0\0\0", 8), le64_2("\x02\0\0\0\0\0\0\0", 8);
+  EXPECT_EQ(read_n(5), std::string("\x00\xce\xf7\x85\x3c", 5));  // VALIDATE, 0x3C85F7CE
+  EXPECT_EQ(read_n(1 + 8 + 1 + 8 + 2), "\x01" + le64_1 + "k" + le64_2 + "vv");  // SET k vv
+  int64_t added = 0;
+  std::thread client([&] { added = store.add("n", 5); });
+  EXPECT_EQ(read_n(1 + 8 + 1 + 8), "\x04" + le64_1 + "n" + std::string("\x05\0\0\0\0\0\0\0", 8));
+  const std::string reply("\x07\0\0\0\0\0\0\0", 8);  // the server says 7
+  ASSERT_EQ(::write(server, reply.data(), reply.size()), 8);
+  client.join();
+  EXPECT_EQ(added, 7);
+  std::vector<bool> present;
+  std::thread checker([&] { present = store.check({"k", "x"}); });
+  // One CHECK per key (a CHECK answers for all its keys together): 5, count 1, the key.
+  EXPECT_EQ(read_n(2 * 18), "\x05" + le64_1 + le64_1 + "k" + "\x05" + le64_1 + le64_1 + "x");
+  ASSERT_EQ(::write(server, "\x00\x01", 2), 2);  // READY, NOT_READY
+  checker.join();
+  EXPECT_EQ(present, (std::vector<bool>{true, false}));
+  ::close(server);
+  ::close(listener);
+}
+
+TEST(TcpStore, AConnectionThatDoesNotValidateIsDropped) {
+  TcpStoreServer server(0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(server.port()));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::write(fd, "GET / HTTP/1.0\r\n\r\n", 18), 18);
+  char c;
+  EXPECT_EQ(::read(fd, &c, 1), 0);  // closed, with no reply
+  ::close(fd);
+  TcpStore store(local(server.port()));  // and the server still serves
+  store.set("a", "b");
+  EXPECT_EQ(store.get("a", kLong), "b");
+}
+
 TEST(TcpStore, HostOrJoinGivesTheHostAServerOnAFreePort) {
   HostedStore host = host_or_join_tcp_store(true, "", 0, kLong);
   ASSERT_TRUE(host.server);

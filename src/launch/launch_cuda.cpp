@@ -1,8 +1,8 @@
 // Note [Launching on GPUs]
 // fork() per GPU works only if the parent never touched CUDA (the children then fail with
 // "initialization error"). So the parent asks a throwaway child for the GPU count, then forks
-// one child per GPU. Each child runs its rank and writes the body's result into a file that
-// the parent reads back.
+// one child per GPU (launch::run_node_ranks). Each child runs its rank and writes the body's
+// result into a file that the parent reads back.
 // Ranks meet at the rendezvous store (src/rendezvous, docs/launch.md), never on a port of
 // their own: rank 0 makes the NCCL unique id and sets it there; every rank then waits in a
 // store barrier, which names the ranks that never arrived when the timeout passes, before it
@@ -20,20 +20,16 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
 #include "fsdp/launch.h"
 #include "launch/launch_env.h"
+#include "launch/node_ranks.h"
 #include "rendezvous/tcp_store.h"
 
 namespace fsdp {
@@ -43,13 +39,15 @@ namespace {
 using rendezvous::Millis;
 
 // Joins the others at the store, gets the NCCL id from rank 0, and runs the body as `e.rank`.
-std::string run_one_rank(const launch::LaunchEnv& e, rendezvous::Store& base, Millis timeout,
-                         const RankBodyWithResult& body) {
-  this_thread_identity() = {e.rank, "cuda:" + std::to_string(e.local_rank)};
+// `gpu` is the device index in this process (the local rank unless a launcher left each
+// process a single GPU).
+std::string run_one_rank(const launch::LaunchEnv& e, int gpu, rendezvous::Store& base,
+                         Millis timeout, const RankBodyWithResult& body) {
+  this_thread_identity() = {e.rank, "cuda:" + std::to_string(gpu)};
   // Keys of this run only: torchrun's store outlives a restart.
-  rendezvous::PrefixStore store("fsdp/" + e.run_id + "/cuda",
+  rendezvous::PrefixStore store("fsdp" + (e.run_id.empty() ? "" : "/" + e.run_id) + "/cuda",
                                 std::shared_ptr<rendezvous::Store>(&base, [](auto*) {}));
-  std::unique_ptr<Device> device = cuda::make_device(e.local_rank);
+  std::unique_ptr<Device> device = cuda::make_device(gpu);
   cuda::UniqueId id;
   if (e.rank == 0) {
     id = cuda::make_unique_id();
@@ -88,12 +86,19 @@ launch::LaunchFlags flags_of(const LaunchOptions& o) {
 // torchrun, srun, mpirun: this process is one rank.
 CudaLaunch run_as_one_rank(const launch::LaunchEnv& e, Millis timeout,
                            const RankBodyWithResult& body) {
-  rendezvous::HostedStore hosted =
-      rendezvous::host_or_join_tcp_store(e.hosts_store(), e.master_addr, e.master_port, timeout);
+  // srun --gpus-per-task=1 (or CUDA_VISIBLE_DEVICES set per rank) leaves each process one
+  // GPU, its device 0; otherwise the process takes GPU LOCAL_RANK of the node's. Nothing
+  // forks after this, so counting the GPUs here (which initializes CUDA) is safe.
+  const int gpus = cuda::device_count();
+  FSDP_USER_CHECK(gpus > 0, e.describe(), ": no CUDA GPU is visible to this process");
+  FSDP_USER_CHECK(gpus == 1 || e.local_rank < gpus, e.describe(), ": local rank ", e.local_rank,
+                  " needs GPU ", e.local_rank, " but this process sees ", gpus, " GPUs");
+  const int gpu = gpus == 1 ? 0 : e.local_rank;
+  rendezvous::HostedStore hosted = launch::open_rank_store(e, timeout);
   CudaLaunch launch;
   launch.world_size = e.world_size;
   launch.this_rank = launch.first_rank = e.rank;
-  launch.results.push_back(run_one_rank(e, *hosted.store, timeout, body));
+  launch.results.push_back(run_one_rank(e, gpu, *hosted.store, timeout, body));
   return launch;
 }
 
@@ -131,74 +136,13 @@ CudaLaunch run_cuda_ranks_with_results(const LaunchOptions& options,
              " GPUs are visible");
   flags.nproc = local;
   const launch::LaunchEnv node = launch::resolve_launch(flags);
-  // Node 0's parent hosts the store; it serves once every child is forked (Note [Launching on
-  // GPUs]), and outlives its ranks, so a rank that dies cannot take the store with it.
-  std::unique_ptr<rendezvous::TcpStoreServer> server;
-  int port = node.master_port;
-  if (node.hosts_store()) {
-    server = std::make_unique<rendezvous::TcpStoreServer>(node.master_port, /*start=*/false);
-    port = server->port();
-  }
-  const std::string store_host = server ? "127.0.0.1" : node.master_addr;
   CudaLaunch launch;
   launch.world_size = node.world_size;
   launch.first_rank = node.rank;
-  // Each child writes its result (which can be large) to a file here.
-  char dir_template[] = "/tmp/fsdp-ranks-XXXXXX";
-  FSDP_CHECK(::mkdtemp(dir_template), "cannot make a temporary directory: ", std::strerror(errno));
-  const std::string dir = dir_template;
-  auto result_path = [&](int local_rank) {
-    return dir + "/rank" + std::to_string(local_rank) + ".out";
-  };
-  std::vector<pid_t> pids;
-  std::fflush(stdout);
-  std::fflush(stderr);
-  for (int local_rank = 0; local_rank < local; ++local_rank) {
-    pid_t pid = ::fork();
-    FSDP_CHECK(pid >= 0, "fork failed");
-    if (pid == 0) {
-      int code = 0;
-      try {
-        if (server) server->close_in_child();
-        const launch::LaunchEnv e = launch::for_local_rank(node, local_rank);
-        this_thread_identity() = {e.rank, "cuda:" + std::to_string(local_rank)};
-        rendezvous::TcpStore store({store_host, port, timeout});
-        const std::string result = run_one_rank(e, store, timeout, body);
-        std::ofstream(result_path(local_rank), std::ios::binary) << result;
-      } catch (const std::exception& e) {
-        std::fprintf(stderr, "fsdp: error: %s\n", e.what());
-        code = 1;
-      }
-      std::fflush(stdout);
-      std::_Exit(code);  // a child must not run the parent's atexit handlers
-    }
-    pids.push_back(pid);
-  }
-  if (server) server->start();
-  // Wait for every child; if one fails, the others would wait in NCCL forever: stop them.
-  bool failed = false;
-  for (size_t done = 0; done < pids.size();) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) break;
-    if (std::find(pids.begin(), pids.end(), pid) == pids.end()) continue;
-    ++done;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      if (!failed)
-        for (pid_t other : pids)
-          if (other != pid) ::kill(other, SIGTERM);
-      failed = true;
-    }
-  }
-  launch.results.resize(local);
-  for (int local_rank = 0; local_rank < local; ++local_rank) {
-    std::ifstream in(result_path(local_rank), std::ios::binary);
-    if (!in.good()) failed = true;
-    else launch.results[local_rank].assign(std::istreambuf_iterator<char>(in), {});
-    ::unlink(result_path(local_rank).c_str());
-  }
-  ::rmdir(dir.c_str());
-  FSDP_CHECK(!failed, "one or more GPU ranks failed (their errors are above)");
+  launch.results = launch::run_node_ranks(
+      node, timeout, [&](const launch::LaunchEnv& e, rendezvous::Store& store) {
+        return run_one_rank(e, e.local_rank, store, timeout, body);
+      });
   return launch;
 }
 
