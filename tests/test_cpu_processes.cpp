@@ -212,6 +212,7 @@ TEST(CpuProcesses, ACollectiveThatAPeerNeverJoinsTimesOut) {
       o);
   EXPECT_TRUE(contains(error, "rank 0 failed: all_reduce #0 on communicator 'world' failed: no "
                               "answer from a peer within the timeout of 2 s")) << error;
+  EXPECT_TRUE(contains(error, "rank 1 has not reached it")) << error;
 }
 
 int free_port() {

@@ -30,6 +30,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <thread>
 
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
@@ -91,6 +92,33 @@ std::shared_ptr<::gloo::Context> connect(const GlooProcess& process, const std::
   return context;
 }
 
+// Which members never reached collective `seq`: each member that gave up on it says so in the
+// store, and waits a little for the others to say so too. Those that never do were lost, or
+// are stuck elsewhere (a hang, or collectives issued in different orders).
+std::vector<int> members_missing_at(const GlooProcess& process, const GlooCommShared& comm,
+                                    int64_t seq) {
+  rendezvous::Store& store = *process.store;
+  const std::string base = detail::concat(comm.key_prefix, "/gave_up/", seq, "/");
+  std::vector<std::string> keys;
+  for (size_t m = 0; m < comm.world_ranks.size(); ++m) keys.push_back(base + std::to_string(m));
+  std::vector<int> missing;
+  try {
+    store.set(keys[static_cast<size_t>(comm.member)], "1");
+    const auto deadline = std::chrono::steady_clock::now() + std::min(process.timeout, Millis(5000));
+    std::vector<bool> present = store.check(keys);
+    while (std::find(present.begin(), present.end(), false) != present.end() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      present = store.check(keys);
+    }
+    for (size_t m = 0; m < present.size(); ++m)
+      if (!present[m]) missing.push_back(comm.world_ranks[m]);
+  } catch (const std::exception&) {
+    // The store is gone with its host: nothing more to learn.
+  }
+  return missing;
+}
+
 // The error of a collective that Gloo gave up on: who was lost, as far as the job knows.
 std::string failure_message(const GlooProcess& process, const GlooCommShared& comm,
                             const char* op, int64_t seq, const std::string& gloo_what) {
@@ -99,12 +127,18 @@ std::string failure_message(const GlooProcess& process, const GlooCommShared& co
   const auto notice =
       rendezvous::read_failure(*process.store, std::min(process.timeout, Millis(5000)));
   if (notice && notice->rank != process.world_rank)
-    out += detail::concat(": lost rank ", notice->rank, " (", notice->message, ")");
-  else if (gloo_what.find("Timed out") != std::string::npos)
+    return out + detail::concat(": lost rank ", notice->rank, " (", notice->message, ") [Gloo: ",
+                                gloo_what, "]");
+  if (gloo_what.find("Timed out") != std::string::npos)
     out += detail::concat(": no answer from a peer within the timeout of ", process.timeout_s,
                           " s, and no rank reported a failure");
   else
     out += ": a peer's connection broke, and no rank reported a failure";
+  const std::vector<int> missing = members_missing_at(process, comm, seq);
+  if (!missing.empty())
+    out += detail::concat("; ", rendezvous::describe_ranks(missing),
+                          missing.size() == 1 ? " has" : " have", " not reached it (lost, hung, "
+                          "or issuing collectives in a different order)");
   return out + " [Gloo: " + gloo_what + "]";
 }
 
