@@ -123,7 +123,9 @@ struct ChildPlan {
     out << result;
     FSDP_CHECK(out.good(), "cannot write the result of rank ", plan.rank, " to ", plan.result_path);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "fsdp: error: %s\n", e.what());
+    // Errors raised on a rank's threads name it already ("[rank 2 cpu:2] ..."); others not.
+    const bool named = std::strncmp(e.what(), "[rank ", 6) == 0;
+    std::fprintf(stderr, "fsdp: error: %s%s\n", named ? "" : ("rank " + std::to_string(plan.rank) + ": ").c_str(), e.what());
     std::fflush(stderr);
     if (store) rendezvous::post_failure(*store, {plan.rank, detail::concat("rank ", plan.rank,
                                                                            " failed: ", e.what())});
