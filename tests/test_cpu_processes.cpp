@@ -313,5 +313,28 @@ TEST(CpuProcessesCli, NprocGivesTheLossesOfAsManyThreads) {
   EXPECT_EQ(processes["losses"].size(), 5u);
 }
 
+// The torchrun form: two `fsdp train` processes, each one rank through RANK and WORLD_SIZE;
+// rank 0 hosts the store on MASTER_PORT.
+TEST(CpuProcessesCli, TorchrunFormGivesTheLossesOfNproc) {
+  SKIP_WITHOUT_GLOO();
+  const std::string dir = ::testing::TempDir();
+  const std::string args =
+      " train --backend cpu --model transformer --layers 2 --dim 32 --heads 4 --kv-heads 2 "
+      "--ffn-dim 40 --seq-len 8 --vocab 61 --tokens 16 --steps 5 --quiet --timeout 30";
+  const std::string env = "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+                          std::to_string(free_port());
+  const std::string cmd = "cd " + dir + " && (RANK=1 LOCAL_RANK=1 " + env + " " + FSDP_BINARY +
+                          args + " > torchrun1.log 2>&1 & RANK=0 LOCAL_RANK=0 " + env + " " +
+                          FSDP_BINARY + args + " --json torchrun.json > torchrun0.log 2>&1; a=$?; "
+                          "wait $!; b=$?; exit $((a | b)))";
+  ASSERT_EQ(std::system(("bash -c '" + cmd + "'").c_str()), 0)
+      << std::ifstream(dir + "torchrun0.log").rdbuf() << std::ifstream(dir + "torchrun1.log").rdbuf();
+  std::ifstream in(dir + "torchrun.json");
+  const nlohmann::json torchrun = nlohmann::json::parse(in);
+  const nlohmann::json nproc = train_summary("--nproc 2", "nproc2");
+  EXPECT_EQ(torchrun["world_size"], 2);
+  EXPECT_EQ(torchrun["losses"], nproc["losses"]);
+}
+
 }  // namespace
 }  // namespace fsdp::testing

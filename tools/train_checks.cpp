@@ -168,7 +168,15 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
     const std::string chose = why.empty() ? "" : " (--backend auto chose cpu: " + why + ")";
     // Ranks as threads (--world-size), or as processes over Gloo (--nproc per host, and
     // --nnodes hosts; docs/cpu_processes.md).
-    o.cpu_processes = nproc_given;
+    launch::LaunchFlags flags;
+    if (nproc_given) flags.nproc = o.nproc;
+    flags.nnodes = o.nnodes;
+    flags.node_rank = o.node_rank;
+    flags.master_addr = o.master_addr;
+    flags.master_port = o.master_port;
+    // Under torchrun, srun or mpirun each process is one rank.
+    o.cpu_place.external = launch::detect_launcher(flags) != launch::Launcher::Fsdp;
+    o.cpu_processes = nproc_given || o.cpu_place.external;
     if (!o.cpu_processes) {
       FSDP_USER_CHECK(!o.nnodes && !o.node_rank && !o.master_addr && !o.master_port,
                       "--nnodes, --node-rank, --master-addr and --master-port need --nproc on "
@@ -179,16 +187,10 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
     }
     FSDP_USER_CHECK(cpu_processes_built(), "--backend cpu --nproc: this build has no Gloo "
                     "(libgloo-dev), which CPU ranks as processes need", chose);
-    FSDP_USER_CHECK(o.nproc >= 1, "--nproc must be >= 1 on the CPU backend (ranks as processes "
-                    "of this host), got ", o.nproc);
+    FSDP_USER_CHECK(o.cpu_place.external || o.nproc >= 1, "--nproc must be >= 1 on the CPU "
+                    "backend (ranks as processes of this host), got ", o.nproc);
     FSDP_USER_CHECK(!world_given, "give --world-size (ranks as threads) or --nproc (ranks as "
                     "processes, per host) on the CPU backend, not both");
-    launch::LaunchFlags flags;
-    flags.nproc = o.nproc;
-    flags.nnodes = o.nnodes;
-    flags.node_rank = o.node_rank;
-    flags.master_addr = o.master_addr;
-    flags.master_port = o.master_port;
     const launch::LaunchEnv env = launch::resolve_launch(flags);
     o.cpu_place.nnodes = env.nnodes;
     o.cpu_place.node_rank = env.node_rank;

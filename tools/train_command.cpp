@@ -292,9 +292,9 @@ int run_train(TrainOptions& o) {
     if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
       cpu_options.collective_timeout_s = o.timeout_s;
       results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
-      if (o.cpu_place.node_rank > 0) {  // only the host that ran rank 0 reports
-        std::printf("node %d: ranks %d..%d finished\n", o.cpu_place.node_rank,
-                    o.cpu_place.node_rank * o.nproc, (o.cpu_place.node_rank + 1) * o.nproc - 1);
+      if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
+        if (!results.empty())
+          std::printf("ranks %d..%d finished\n", results.front().rank, results.back().rank);
         return 0;
       }
     } else {

@@ -63,6 +63,9 @@ struct CpuProcessOptions {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;
+  // This process is one rank of torchrun, srun or mpirun (their environment variables say
+  // which): nproc and the placement above are ignored, and results holds this rank's only.
+  bool external = false;
 };
 
 struct CpuProcessLaunch {

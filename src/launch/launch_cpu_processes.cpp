@@ -36,6 +36,7 @@
 #include "backend/gloo/gloo_backend.h"
 #include "fsdp/error.h"
 #include "launch/cpu_ranks.h"
+#include "launch/node_ranks.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/failure_notice.h"
 
@@ -89,6 +90,49 @@ struct ChildPlan {
   std::string result_path;
 };
 
+// Runs one rank in this process and returns its body's result. On a failure it reports to
+// stderr and the store, and exits the process at once: the device stays as it is, since one
+// of its streams may be blocked in a Gloo wait (see the Note).
+std::string run_rank(int rank, int world_size, const cpu::CpuOptions& options,
+                     const std::string& listen_address,
+                     const std::function<std::shared_ptr<rendezvous::Store>()>& connect,
+                     const RankBodyWithResult& body) {
+  this_thread_identity() = {rank, "cpu:" + std::to_string(rank)};
+  const Millis timeout(static_cast<int64_t>(options.collective_timeout_s * 1000));
+  // Kept out of the try block, so that a failure does not destroy them.
+  std::shared_ptr<rendezvous::Store> store;
+  std::unique_ptr<cpu::CpuWorld> world;
+  std::unique_ptr<Device> device;
+  std::shared_ptr<Comm> comm;
+  try {
+    store = connect();
+    world = std::make_unique<cpu::CpuWorld>(world_size, options);
+    device = world->make_device(rank);
+    gloo_backend::GlooWorldOptions gloo;
+    gloo.rank = rank;
+    gloo.size = world_size;
+    gloo.listen_address = listen_address;
+    gloo.timeout_s = options.collective_timeout_s;
+    comm = gloo_backend::make_world_comm(*device, store, gloo);
+    std::string result = body(rank, *device, comm);
+    device->synchronize();
+    store->barrier("fsdp/ranks_done", rank, world_size, timeout);
+    comm.reset();
+    device.reset();
+    return result;
+  } catch (const std::exception& e) {
+    // Errors raised on a rank's threads name it already ("[rank 2 cpu:2] ..."); others not.
+    const bool named = std::strncmp(e.what(), "[rank ", 6) == 0;
+    std::fprintf(stderr, "fsdp: error: %s%s\n",
+                 named ? "" : ("rank " + std::to_string(rank) + ": ").c_str(), e.what());
+    std::fflush(stderr);
+    if (store)
+      rendezvous::post_failure(*store, {rank, detail::concat("rank ", rank, " failed: ", e.what())});
+    std::fflush(stdout);
+    std::_Exit(1);
+  }
+}
+
 [[noreturn]] void run_child(const ChildPlan& plan, pid_t launcher,
                             rendezvous::TcpStoreServer* server,
                             const rendezvous::TcpStoreOptions& store_at,
@@ -97,44 +141,45 @@ struct ChildPlan {
   // A child must not outlive its launcher (a killed launcher would leave ranks behind).
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) std::_Exit(1);
-  this_thread_identity() = {plan.rank, "cpu:" + std::to_string(plan.rank)};
-  const Millis timeout(static_cast<int64_t>(plan.options.collective_timeout_s * 1000));
-  // Kept out of the try block: a failed rank exits without destroying them (see the Note).
-  std::shared_ptr<rendezvous::Store> store;
-  std::unique_ptr<cpu::CpuWorld> world;
-  std::unique_ptr<Device> device;
-  std::shared_ptr<Comm> comm;
-  try {
-    store = std::make_shared<rendezvous::TcpStore>(store_at);
-    world = std::make_unique<cpu::CpuWorld>(plan.world, plan.options);
-    device = world->make_device(plan.rank);
-    gloo_backend::GlooWorldOptions gloo;
-    gloo.rank = plan.rank;
-    gloo.size = plan.world;
-    gloo.listen_address = plan.listen_address;
-    gloo.timeout_s = plan.options.collective_timeout_s;
-    comm = gloo_backend::make_world_comm(*device, store, gloo);
-    const std::string result = body(plan.rank, *device, comm);
-    device->synchronize();
-    store->barrier("fsdp/ranks_done", plan.rank, plan.world, timeout);
-    comm.reset();
-    device.reset();
-    std::ofstream out(plan.result_path, std::ios::binary);
-    out << result;
-    FSDP_CHECK(out.good(), "cannot write the result of rank ", plan.rank, " to ", plan.result_path);
-  } catch (const std::exception& e) {
-    // Errors raised on a rank's threads name it already ("[rank 2 cpu:2] ..."); others not.
-    const bool named = std::strncmp(e.what(), "[rank ", 6) == 0;
-    std::fprintf(stderr, "fsdp: error: %s%s\n", named ? "" : ("rank " + std::to_string(plan.rank) + ": ").c_str(), e.what());
-    std::fflush(stderr);
-    if (store) rendezvous::post_failure(*store, {plan.rank, detail::concat("rank ", plan.rank,
-                                                                           " failed: ", e.what())});
-    std::fflush(stdout);
+  const std::string result = run_rank(
+      plan.rank, plan.world, plan.options, plan.listen_address,
+      [&] { return std::make_shared<rendezvous::TcpStore>(store_at); }, body);
+  std::ofstream out(plan.result_path, std::ios::binary);
+  out << result;
+  out.close();
+  if (!out.good()) {
+    std::fprintf(stderr, "fsdp: error: rank %d: cannot write its result to %s\n", plan.rank,
+                 plan.result_path.c_str());
     std::_Exit(1);
   }
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(0);  // a child must not run the parent's atexit handlers
+}
+
+// Under torchrun, srun or mpirun this process is one rank: it hosts the store (rank 0, unless
+// torchrun's agent does) or joins it, and runs the body.
+CpuProcessLaunch run_launched_rank(const LaunchEnv& e, const cpu::CpuOptions& options,
+                                   const RankBodyWithResult& body) {
+  const Millis timeout(static_cast<int64_t>(options.collective_timeout_s * 1000));
+  rendezvous::HostedStore hosted = open_rank_store(e, timeout);
+  // Keys of this run only: torchrun's store outlives a restart.
+  auto store = std::make_shared<rendezvous::PrefixStore>(
+      "fsdp" + (e.run_id.empty() ? "" : "/" + e.run_id) + "/cpu", hosted.store);
+  CpuProcessLaunch launch;
+  launch.world_size = e.world_size;
+  launch.first_rank = e.rank;
+  launch.results.push_back(run_rank(e.rank, e.world_size, options,
+                                    local_address_towards(e.master_addr),
+                                    [&] { return store; }, body));
+  // Every rank counts itself out; the host of the store keeps it up until all have.
+  store->add(kReapedKey, 1);
+  if (hosted.server) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (store->add(kReapedKey, 0) < e.world_size && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return launch;
 }
 
 // Waits for every child; on the first failure records it and stops the others. Returns the
@@ -181,13 +226,19 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
   FSDP_USER_CHECK(gloo_backend::built(),
                   "this build has no Gloo, which CPU ranks as processes need (install "
                   "libgloo-dev and configure again)");
-  FSDP_USER_CHECK(nproc >= 1, "the number of processes per host must be >= 1, got ", nproc);
-  FSDP_USER_CHECK(where.nnodes >= 1 && where.node_rank >= 0 && where.node_rank < where.nnodes,
-                  "node rank ", where.node_rank, " of ", where.nnodes, " hosts");
   FSDP_USER_CHECK(options.collective_timeout_s > 0,
                   "ranks as processes need a timeout > 0 s, got ", options.collective_timeout_s);
   FSDP_USER_CHECK(!options.virtual_clock,
                   "the virtual clock needs every rank in one process (ranks as threads)");
+  if (where.external) {
+    const LaunchEnv e = resolve_launch(LaunchFlags{});
+    FSDP_USER_CHECK(e.launcher != Launcher::Fsdp, "ranks as processes of an external launcher: "
+                    "RANK and WORLD_SIZE (or srun's or mpirun's variables) are not set");
+    return run_launched_rank(e, options, body);
+  }
+  FSDP_USER_CHECK(nproc >= 1, "the number of processes per host must be >= 1, got ", nproc);
+  FSDP_USER_CHECK(where.nnodes >= 1 && where.node_rank >= 0 && where.node_rank < where.nnodes,
+                  "node rank ", where.node_rank, " of ", where.nnodes, " hosts");
   FSDP_USER_CHECK(where.nnodes == 1 || (where.master_port > 0 && where.master_port < 65536),
                   "ranks on several hosts meet at --master-port, which must be given "
                   "(1..65535), got ", where.master_port);
