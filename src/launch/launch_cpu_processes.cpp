@@ -250,6 +250,13 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
   char dir_template[] = "/tmp/fsdp-cpu-ranks-XXXXXX";
   FSDP_CHECK(::mkdtemp(dir_template), "cannot make a temporary directory: ", std::strerror(errno));
   const std::string dir = dir_template;
+  struct RemoveOnExit {
+    std::string path;
+    ~RemoveOnExit() {
+      std::error_code ignored;
+      std::filesystem::remove_all(path, ignored);
+    }
+  } results_dir{dir};
   // Node 0's launcher hosts the store: bound now (so the port is known), served after the
   // forks (so the children inherit no serving thread).
   std::unique_ptr<rendezvous::TcpStoreServer> server;
@@ -313,8 +320,6 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
       launch.results.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
   }
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);  // the store's files and the results
   if (local_failure)
     throw Error(detail::concat("CPU ranks as processes failed: ",
                                notice ? notice->message : *local_failure));
