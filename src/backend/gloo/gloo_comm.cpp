@@ -6,14 +6,14 @@
 //    (Note [CPU collectives]): the host numbers it per communicator when it is issued, and the
 //    task first waits until the communicator's previous collective finished on this rank. So
 //    a communicator runs one collective at a time, in issue order, whatever stream it was
-//    issued on, and Gloo's tags (the sequence number) never collide; different communicators
+//    issued on, and Gloo's tags (numbered in issue order) never collide; different communicators
 //    (split children, each with its own Gloo context) progress independently.
 //  - Reductions. Gloo's allreduce reduces with a function over pairs of buffers along its
 //    ring, and has no bf16 type. We do not use it: a reduce-scatter is Gloo's alltoallv (each
 //    member receives every member's chunk for it) followed by a sum in fp32, in member order
 //    0..n-1, rounded to the dtype once; an all-reduce is that over chunks of the buffer
 //    followed by Gloo's allgatherv of the reduced chunks. The bytes on the wire are those of
-//    a ring all-reduce, bf16 travels as bf16 and is summed in fp32 (as NCCL does), and the
+//    a ring all-reduce, bf16 travels as bf16 and is summed in fp32 with one rounding, and the
 //    arithmetic is exactly the thread backend's: ranks as threads and ranks as processes give
 //    bit-identical results, which the parity tests check.
 //  - Rendezvous. Gloo's contexts meet through the job's store (GlooStoreAdapter) under
@@ -22,7 +22,9 @@
 //  - Failures. Every Gloo operation carries the timeout (CpuOptions::collective_timeout_s,
 //    the trainer's --timeout). A Gloo error (a peer's connection closed, or the timeout)
 //    becomes an fsdp::Error naming the communicator, the collective and, from the job's
-//    failure notice (Note [Failure notices]), the rank that was lost and why.
+//    failure notice (Note [Failure notices]), the rank that was lost and why. Without a
+//    notice (a peer alive but stuck elsewhere), the members that gave up on the collective
+//    say so in the store, and the error names those that never did.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
