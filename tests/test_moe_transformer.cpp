@@ -256,7 +256,12 @@ TEST(MoeTransformerMemory, PeakOfTheLastStepEqualsTheThird) {
 }
 
 // ---- chaos: random delays in every stream op and collective phase, the all-to-alls included
-TEST(MoeTransformerChaos, SchedulesGiveTheSameParams) {
+// As processes, the expert-parallel meshes are Gloo communicators split off the world, and
+// the token all-to-alls go through Gloo's alltoallv.
+class MoeTransformerChaos : public ::testing::TestWithParam<RanksAs> {};
+
+TEST_P(MoeTransformerChaos, SchedulesGiveTheSameParams) {
+  FSDP_SKIP_WITHOUT_PROCESSES(GetParam());
   const runtime::TrainConfig c = moe_config(2);
   const auto calm = run_fsdp(4, c);
   for (uint64_t seed : {1, 2, 3}) {
@@ -264,11 +269,15 @@ TEST(MoeTransformerChaos, SchedulesGiveTheSameParams) {
     chaos.chaos = true;
     chaos.chaos_seed = seed;
     chaos.chaos_max_us = 100;
-    const auto r = run_fsdp(4, c, chaos);
+    const auto r = run_fsdp(4, c, chaos, GetParam());
     for (int rank = 0; rank < 4; ++rank)
       EXPECT_EQ(r[rank].params, calm[rank].params) << "seed " << seed << " rank " << rank;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(RanksAs, MoeTransformerChaos,
+                         ::testing::Values(RanksAs::Threads, RanksAs::Processes),
+                         [](const auto& info) { return std::string(ranks_as_name(info.param)); });
 
 // ---- the command
 TEST(MoeTransformerCli, TrainsOnFourRanksWithEp2AndTheLossFalls) {

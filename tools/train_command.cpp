@@ -25,7 +25,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       "--world-size", o.world_size,
       "ranks; CPU backend: threads; CUDA backend: must equal the GPUs used (see --nproc)");
   o.nproc_opt = app.add_option("--nproc", o.nproc,
-                               "CUDA backend: processes, one per GPU (0: every visible GPU)");
+                               "processes per host: CUDA backend, one per GPU (0: every visible "
+                               "GPU); CPU backend, ranks as processes over Gloo");
   app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer | moe-transformer")
       ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer", "moe-transformer"}));
   app.add_option("--layers", o.config.model.layers, "blocks");
@@ -105,6 +106,20 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--peak-tflops", o.peak_tflops,
                  "GPU peak TFLOP/s for MFU (989: H200 dense bf16)");
   app.add_flag("--quiet", o.quiet, "no step lines; a progress line about every 10 s");
+  // ---- multi-node launch and rendezvous (docs/launch.md)
+  app.add_option("--nnodes", o.nnodes,
+                 "CUDA backend: nodes of the job; each runs this command with its own "
+                 "--node-rank [default: 1]");
+  app.add_option("--node-rank", o.node_rank, "this node's index in [0, --nnodes) [default: 0]");
+  app.add_option("--master-addr", o.master_addr,
+                 "host of node 0, where the ranks meet [default: MASTER_ADDR; 127.0.0.1 on "
+                 "one node]");
+  app.add_option("--master-port", o.master_port,
+                 "port of the rendezvous store on that host [default: MASTER_PORT; a free "
+                 "port on one node]");
+  app.add_option("--timeout", o.timeout_s,
+                 "seconds any rank may wait for the others (rendezvous, collectives) before "
+                 "the run fails naming the missing ranks");
   // ---- checkpoints (docs/checkpoint.md)
   app.add_option("--save-dir", o.config.checkpoint.save_dir, "save sharded checkpoints here");
   app.add_option("--save-every", o.config.checkpoint.save_every,
@@ -284,19 +299,29 @@ int run_train(TrainOptions& o) {
   };
   std::vector<runtime::RankResult> results;
   if (backend == "cpu") {
-    results.resize(o.world_size);
     cpu::CpuOptions cpu_options;
     cpu_options.chaos = o.chaos_seed.has_value();
     cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
-    runtime::run_cpu_ranks(o.world_size, cpu_options,
-                           [&](int rank, Device& device, std::shared_ptr<Comm> world) {
-                             results[rank] = runtime::train_rank(
-                                 device, world, o.config,
-                                 rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
-                                           : nullptr);
-                           });
+    if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
+      cpu_options.collective_timeout_s = o.timeout_s;
+      results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
+      if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
+        if (!results.empty())
+          std::printf("ranks %d..%d finished\n", results.front().rank, results.back().rank);
+        return 0;
+      }
+    } else {
+      results.resize(o.world_size);
+      runtime::run_cpu_ranks(o.world_size, cpu_options,
+                             [&](int rank, Device& device, std::shared_ptr<Comm> world) {
+                               results[rank] = runtime::train_rank(
+                                   device, world, o.config,
+                                   rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
+                                             : nullptr);
+                             });
+    }
   } else {
-    results = runtime::run_cuda_training(o.nproc, o.config, on_step, o.effective_world);
+    results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
   }
   const Summary s = summarize(backend, o.effective_world, o.config, results, o.peak_tflops);
   if (s.error.empty()) {
@@ -317,6 +342,17 @@ int run_train(TrainOptions& o) {
   }
   if (!s.error.empty()) throw UserError(s.error);
   return 0;
+}
+
+LaunchOptions launch_options_of(const TrainOptions& o) {
+  LaunchOptions l;
+  l.nproc = o.nproc;
+  l.nnodes = o.nnodes;
+  l.node_rank = o.node_rank;
+  l.master_addr = o.master_addr;
+  l.master_port = o.master_port;
+  l.timeout_s = o.timeout_s;
+  return l;
 }
 
 nn::ModelConfig model_config_of(TrainOptions& options) {

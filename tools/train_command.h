@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "fsdp/launch.h"
 #include "runtime/trainer.h"
 
 namespace fsdp::tools {
@@ -45,6 +46,14 @@ struct TrainOptions {
   // Which flags the user gave (for checks that depend on it).
   const CLI::Option* world_size_opt = nullptr;
   const CLI::Option* nproc_opt = nullptr;
+  // ---- multi-node launch and rendezvous (docs/launch.md); unset: the environment's, or one node
+  std::optional<int> nnodes, node_rank, master_port;
+  std::optional<std::string> master_addr;
+  double timeout_s = 60;  // every rendezvous wait, and the bound on a collective
+  // CPU ranks as processes over Gloo (--backend cpu --nproc; docs/cpu_processes.md): set by
+  // the checks, with where they run.
+  bool cpu_processes = false;
+  CpuProcessOptions cpu_place;
 };
 
 struct Summary {
@@ -68,6 +77,8 @@ struct Summary {
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);
+// The launch flags as the launcher takes them (include/fsdp/launch.h).
+LaunchOptions launch_options_of(const TrainOptions& options);
 // The model the parsed flags describe, defaults filled in (for `fsdp export --init`).
 nn::ModelConfig model_config_of(TrainOptions& options);
 int run_train(TrainOptions& options);
