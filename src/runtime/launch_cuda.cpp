@@ -44,7 +44,11 @@ nlohmann::json to_json(const RankResult& r) {
           {"peak", m.peak_bytes},
           {"rs_live", m.tag_peak_live[static_cast<int>(MemTag::RsInput)]},
           {"params", r.param_count},
-          {"max_expert_loads", r.max_expert_loads}};
+          {"max_expert_loads", r.max_expert_loads},
+          {"host_us_per_step", r.host_us_per_step},
+          {"backend_peak", r.backend_peak_bytes},
+          {"captured_step", r.captured_step},
+          {"graph_streams", r.graph_streams}};
 }
 
 RankResult from_json(const nlohmann::json& j) {
@@ -61,6 +65,10 @@ RankResult from_json(const nlohmann::json& j) {
   r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)] = j["rs_live"];
   r.param_count = j["params"];
   r.max_expert_loads = j["max_expert_loads"].get<std::vector<double>>();
+  r.host_us_per_step = j["host_us_per_step"];
+  r.backend_peak_bytes = j["backend_peak"];
+  r.captured_step = j["captured_step"];
+  r.graph_streams = j["graph_streams"].get<std::vector<std::string>>();
   r.timeline = timeline_from_json(j["timeline"]);
   return r;
 }

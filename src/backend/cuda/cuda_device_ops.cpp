@@ -82,6 +82,18 @@ void CudaDevice::with_device_descs(cudaStream_t stream, const std::vector<Desc>&
     launch(static_cast<const Desc*>(nullptr));
     return;
   }
+  if (capture_.active) [[unlikely]] {
+    // The staging ring's slots are reused, so a graph must own its descriptors' copy: a
+    // pinned snapshot and graph memory allocated and freed around the launch.
+    const size_t bytes = descs.size() * sizeof(Desc);
+    void* device_descs = nullptr;
+    FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&device_descs, bytes, pool_, stream));
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(device_descs, snapshot(descs.data(), bytes), bytes,
+                                    cudaMemcpyHostToDevice, stream));
+    launch(static_cast<const Desc*>(device_descs));
+    FSDP_CUDA_CHECK(cudaFreeAsync(device_descs, stream));
+    return;
+  }
   const auto* device_descs =
       static_cast<const Desc*>(staging_->upload(stream, descs.data(), descs.size() * sizeof(Desc)));
   try {
