@@ -224,7 +224,7 @@ void CudaDevice::free(void* ptr, Stream s) {
     // may run in a destructor, so the capture fails at end_capture instead of here (and the
     // block stays allocated).
     if (capture_.error.empty())
-      capture_.error = detail::concat("the step frees ", mem_tag_name(entry.tag),
+      capture_.error = fsdp::detail::concat("the step frees ", mem_tag_name(entry.tag),
                                       " memory allocated before it (state that crosses steps)");
     return;
   }

@@ -219,6 +219,7 @@ class CudaDevice final : public Device {
   // Under capture: a pinned copy of `bytes` of host data that lives as long as the graph.
   void* snapshot(const void* host_data, size_t bytes);
   void release_graphs() noexcept;
+  void reset_capture();  // to no capture, keeping the epoch
   cudaEvent_t native_event(Event e) const;
   // Runs launch(device_descs): nullptr when the descriptors fit in the kernel parameters,
   // else a device copy staged on `stream` for the launch.

@@ -34,7 +34,7 @@ void CudaDevice::note_captured(int stream_id, cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   FSDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
   if (status != cudaStreamCaptureStatusActive && capture_.error.empty())
-    capture_.error = detail::concat("work on stream '", streams_[stream_id].name, "' ('", label_,
+    capture_.error = fsdp::detail::concat("work on stream '", streams_[stream_id].name, "' ('", label_,
                                     "') was issued before that stream waited on the captured "
                                     "step, so it would run once, outside the graph");
   if (std::find(capture_.streams.begin(), capture_.streams.end(), stream_id) ==
@@ -56,6 +56,12 @@ void* CudaDevice::snapshot(const void* host_data, size_t bytes) {
   return pinned;
 }
 
+void CudaDevice::reset_capture() {
+  const uint64_t epoch = capture_.epoch;  // events compare against it: it only grows
+  capture_ = Capture{};
+  capture_.epoch = epoch;
+}
+
 void CudaDevice::begin_capture(Stream s) {
   FSDP_CHECK(!capture_.active, "begin_capture while a capture is in progress");
   const cudaStream_t stream = native(s);
@@ -68,9 +74,8 @@ void CudaDevice::begin_capture(Stream s) {
   FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero));
   FSDP_CUDA_CHECK(cudaDeviceSetGraphMemAttribute(ordinal_, cudaGraphMemAttrUsedMemHigh, &zero));
   if (!graph_join_) FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
-  const uint64_t epoch = capture_.epoch + 1;
-  capture_ = Capture{};
-  capture_.epoch = epoch;
+  reset_capture();
+  ++capture_.epoch;
   capture_.origin = s.id;
   FSDP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   capture_.active = true;
@@ -89,31 +94,31 @@ int CudaDevice::end_capture(Stream s) {
     error = "work on a side stream never joins back to the step's stream (no event recorded "
             "after it is waited on)";
   else if (error.empty() && status != cudaSuccess)
-    error = detail::concat("CUDA stopped the capture (", cudaGetErrorString(status), ")");
+    error = fsdp::detail::concat("CUDA stopped the capture (", cudaGetErrorString(status), ")");
   if (error.empty() && !capture_.live.empty()) {
     std::string tags;
     for (const auto& [ptr, tag] : capture_.live)
       if (tags.find(mem_tag_name(tag)) == std::string::npos)
         tags += std::string(tags.empty() ? "" : ", ") + mem_tag_name(tag);
-    error = detail::concat(capture_.live.size(), " allocations made inside the step outlive it (",
+    error = fsdp::detail::concat(capture_.live.size(), " allocations made inside the step outlive it (",
                            tags, "), so the graph could not run a second time");
   }
   cudaGraphExec_t exec = nullptr;
   if (error.empty()) {
     const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
     if (made != cudaSuccess)
-      error = detail::concat("instantiating the graph failed (", cudaGetErrorString(made), ")");
+      error = fsdp::detail::concat("instantiating the graph failed (", cudaGetErrorString(made), ")");
   }
   if (graph) (void)cudaGraphDestroy(graph);
   if (!error.empty()) {
     (void)cudaGetLastError();
     for (void* p : capture_.pinned) (void)cudaFreeHost(p);
     for (const auto& [ptr, tag] : capture_.live) ledger_.remove(ptr, name());
-    capture_ = Capture{.epoch = capture_.epoch};
+    reset_capture();
     FSDP_USER_FAIL(kCannotCapture, error);
   }
   graphs_.push_back(Graph{exec, capture_.streams, std::move(capture_.pinned)});
-  capture_ = Capture{.epoch = capture_.epoch};
+  reset_capture();
   return static_cast<int>(graphs_.size()) - 1;
 }
 
@@ -129,7 +134,7 @@ void CudaDevice::abort_capture(Stream) noexcept {
     for (const auto& [ptr, tag] : capture_.live) ledger_.remove(ptr, name());
   } catch (...) {
   }
-  capture_ = Capture{.epoch = capture_.epoch};
+  reset_capture();
 }
 
 void CudaDevice::replay(int graph, Stream s) {
