@@ -3,7 +3,9 @@
 // which must give bitwise-identical losses.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -109,26 +111,48 @@ nlohmann::json run_json(const std::string& args, const std::string& name) {
   return nlohmann::json::parse(in);
 }
 
-void expect_bitwise_equal(const std::string& args, const std::string& name) {
-  const nlohmann::json eager = run_json(args, name + "_eager");
-  const nlohmann::json graph = run_json(args + " --cuda-graph", name + "_graph");
-  ASSERT_TRUE(eager.contains("losses") && graph.contains("losses")) << args;
-  const auto a = eager["losses"].get<std::vector<float>>();
-  const auto b = graph["losses"].get<std::vector<float>>();
-  ASSERT_EQ(a.size(), 20u) << args;
-  ASSERT_EQ(b.size(), 20u) << args;
-  for (size_t i = 0; i < a.size(); ++i)
-    EXPECT_EQ(a[i], b[i]) << args << ": step " << i + 1 << " differs (eager then graph)";
-  EXPECT_EQ(graph["cuda_graph"], true);
-  EXPECT_GE(graph["streams_used"].get<int>(), 2) << args;  // compute and at least one side
-  const double eager_peak = eager["backend_peak_bytes"].get<double>();
-  const double graph_peak = graph["backend_peak_bytes"].get<double>();
-  std::printf("%s: streams %s, host us/step eager %.1f graph %.1f, peak eager %.1f MiB graph "
-              "%.1f MiB\n",
+std::vector<float> losses_of(const nlohmann::json& j) {
+  return j.contains("losses") ? j["losses"].get<std::vector<float>>() : std::vector<float>{};
+}
+
+// The first step (1-based) where two loss lists differ; 0 when bitwise equal.
+size_t first_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
+    if (a[i] != b[i]) return i + 1;
+  return a.size() == b.size() ? 0 : std::min(a.size(), b.size()) + 1;
+}
+
+void report(const std::string& args, const nlohmann::json& eager, const nlohmann::json& graph) {
+  std::printf("%s: streams %s, host us/step eager %.1f graph %.1f, backend peak eager %.1f MiB "
+              "graph %.1f MiB\n",
               args.c_str(), graph["graph_streams"].dump().c_str(),
               eager["host_us_per_step"].get<double>(), graph["host_us_per_step"].get<double>(),
-              eager_peak / 1048576.0, graph_peak / 1048576.0);
-  EXPECT_LE(graph_peak, 1.05 * eager_peak) << args;
+              eager["backend_peak_bytes"].get<double>() / 1048576.0,
+              graph["backend_peak_bytes"].get<double>() / 1048576.0);
+}
+
+// Eager and captured runs of the same flags: bitwise-identical losses over 20 steps, the graph
+// on at least two streams, its peak within 5% of eager's. Returns false when the losses differ.
+bool expect_bitwise_equal(const std::string& args, const std::string& name,
+                          bool require = true) {
+  const nlohmann::json eager = run_json(args, name + "_eager");
+  const nlohmann::json graph = run_json(args + " --cuda-graph", name + "_graph");
+  const auto a = losses_of(eager), b = losses_of(graph);
+  EXPECT_EQ(a.size(), 20u) << args;
+  EXPECT_EQ(b.size(), 20u) << args;
+  if (a.size() != 20u || b.size() != 20u) return false;
+  const size_t diff = first_difference(a, b);
+  if (require)
+    EXPECT_EQ(diff, 0u) << args << ": step " << diff << " differs (eager then graph)";
+  else if (diff != 0)
+    std::printf("%s: step %zu differs (eager %.9g, graph %.9g)\n", args.c_str(), diff,
+                a[diff - 1], b[diff - 1]);
+  EXPECT_EQ(graph["cuda_graph"], true);
+  EXPECT_EQ(graph["streams_used"].get<int>(), 3) << args;  // compute, all-gather, reduce-scatter
+  EXPECT_LE(graph["backend_peak_bytes"].get<double>(),
+            1.05 * eager["backend_peak_bytes"].get<double>()) << args;
+  report(args, eager, graph);
+  return diff == 0;
 }
 
 bool have_gpu() { return cuda::device_count() > 0; }
@@ -145,8 +169,14 @@ TEST(CudaGraphTrain, MlpLossesAreBitwiseEagerAndCaptured) {
         expect_bitwise_equal(args, "mlp_k" + std::to_string(k) + "_s" + std::to_string(sep) +
                                        "_mb" + std::to_string(mb));
       }
+  // Each group's optimizer step inside backward, on the reduce-scatter stream.
+  expect_bitwise_equal("--model mlp --layers 4 --dim 256 --tokens 512 --param-dtype bf16 "
+                       "--clip-grad-norm 0 --optimizer-in-backward 1",
+                       "mlp_oib");
 }
 
+// cuDNN's fused attention backward may not be deterministic from run to run; where two eager
+// runs differ, the check moves to the CUDA-core attention (FSDP_ATTENTION=simt) and says so.
 TEST(CudaGraphTrain, TransformerLossesAreBitwiseEagerAndCaptured) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
   for (int k : {1, 2})
@@ -156,7 +186,19 @@ TEST(CudaGraphTrain, TransformerLossesAreBitwiseEagerAndCaptured) {
           "--vocab 512 --tokens 256 --param-dtype bf16 --rs-max-input-buffers " +
           std::to_string(k) + " --separate-rs-group " + std::to_string(k - 1) +
           " --micro-batches " + std::to_string(mb);
-      expect_bitwise_equal(args, "transformer_k" + std::to_string(k) + "_mb" + std::to_string(mb));
+      const std::string name = "transformer_k" + std::to_string(k) + "_mb" + std::to_string(mb);
+      if (expect_bitwise_equal(args, name, /*require=*/false)) continue;
+      const auto again = losses_of(run_json(args, name + "_eager_again"));
+      const auto first = losses_of(run_json(args, name + "_eager"));
+      if (first_difference(first, again) == 0) {
+        ADD_FAILURE() << args << ": eager runs agree but the captured run differs";
+        continue;
+      }
+      std::printf("%s: two eager runs differ: cuDNN attention is not deterministic here; "
+                  "checking with FSDP_ATTENTION=simt\n", args.c_str());
+      setenv("FSDP_ATTENTION", "simt", 1);
+      expect_bitwise_equal(args, name + "_simt");
+      unsetenv("FSDP_ATTENTION");
     }
 }
 
