@@ -193,6 +193,8 @@ void* CudaDevice::alloc(size_t bytes, Stream s, MemTag tag) {
   FSDP_CHECK(static_cast<int>(tag) < kMemTagCount, "bad memory tag ", static_cast<int>(tag));
   make_current();
   const cudaStream_t stream = native(s);
+  if (capture_.active) [[unlikely]]
+    note_captured(s.id, stream);  // else a pool block, freed inside the graph at every replay
   void* ptr = nullptr;
   // A zero-byte request still gets a distinct pointer, so alloc/free pair up as usual.
   const cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes ? bytes : 1, pool_, stream);
@@ -219,6 +221,8 @@ void CudaDevice::free(void* ptr, Stream s) {
   const cudaStream_t stream = native(s);
   const core::AllocationLedger::Entry entry = ledger_.remove(ptr, name());
   const int64_t current = ledger_.current_bytes();
+  if (!orphaned_.empty() && orphaned_.erase(ptr) != 0) [[unlikely]]
+    return;  // from a capture that failed: never real memory
   if (capture_.active && capture_.live.erase(ptr) == 0) [[unlikely]] {
     // Memory from before the capture cannot be freed by a graph that runs many times; free
     // may run in a destructor, so the capture fails at end_capture instead of here (and the

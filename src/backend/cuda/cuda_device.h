@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backend/cuda/cublaslt_gemm.h"
@@ -212,14 +213,15 @@ class CudaDevice final : public Device {
     std::vector<int> streams;
     std::vector<void*> pinned;
   };
-  // Under capture: notes that `s` holds captured work, and that it really is capturing (work
-  // on a stream that never joined the capture would run now, outside the graph).
+  // Under capture: notes that `s` holds captured work; raises a UserError if it is not
+  // capturing (work on a stream that never joined the capture would run now, outside it).
   void note_captured(int stream_id, cudaStream_t stream);
   void fail_if_capturing(const char* what) const;
   // Under capture: a pinned copy of `bytes` of host data that lives as long as the graph.
   void* snapshot(const void* host_data, size_t bytes);
   void release_graphs() noexcept;
   void reset_capture();  // to no capture, keeping the epoch
+  void orphan_live_allocations();  // after a failed capture
   cudaEvent_t native_event(Event e) const;
   // Runs launch(device_descs): nullptr when the descriptors fit in the kernel parameters,
   // else a device copy staged on `stream` for the launch.
@@ -247,6 +249,8 @@ class CudaDevice final : public Device {
   std::vector<Graph> graphs_;
   std::vector<uint64_t> event_epoch_;  // per event id: Capture::epoch of its last record
   cudaEvent_t graph_join_ = nullptr;   // orders a replay after (and before) the other streams
+  // Allocations made inside a capture that failed: no memory behind them, freed as no-ops.
+  std::unordered_set<void*> orphaned_;
   const char* label_ = "";
 
   // Reused descriptor buffers for the multi-tensor launches (no allocation per step).

@@ -13,8 +13,9 @@
 //   before may not be freed inside: either would cross from one replay into the next.
 // - copy_from_host and staged descriptor lists read a pinned snapshot the graph owns, so a
 //   replay copies the bytes the host had at capture time (the staging ring's slots are reused).
-// - Host waits (synchronize*, query_event) raise a UserError; work issued on a stream that
-//   never joined the capture would run at once, outside the graph, so it fails end_capture.
+// - Host waits (synchronize*, query_event) raise a UserError, and so does work issued on a
+//   stream that never joined the capture (it would run at once, outside the graph, possibly on
+//   graph memory that exists only inside it), before it is enqueued.
 // Failures surface as one-line UserErrors from end_capture (or the host wait itself); the
 // caller then calls abort_capture, which drops the half-made graph.
 #include <algorithm>
@@ -33,10 +34,12 @@ constexpr const char* kCannotCapture = "cannot capture the training step in a CU
 void CudaDevice::note_captured(int stream_id, cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   FSDP_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  if (status != cudaStreamCaptureStatusActive && capture_.error.empty())
-    capture_.error = fsdp::detail::concat("work on stream '", streams_[stream_id].name, "' ('", label_,
-                                    "') was issued before that stream waited on the captured "
-                                    "step, so it would run once, outside the graph");
+  // Raised before the work is enqueued: run now, it could touch graph memory that does not
+  // exist outside the graph.
+  if (status != cudaStreamCaptureStatusActive)
+    FSDP_USER_FAIL(kCannotCapture, "work on stream '", streams_[stream_id].name, "' ('", label_,
+                   "') was issued before that stream waited on the captured step, so it would "
+                   "run once, outside the graph");
   if (std::find(capture_.streams.begin(), capture_.streams.end(), stream_id) ==
       capture_.streams.end())
     capture_.streams.push_back(stream_id);
@@ -54,6 +57,13 @@ void* CudaDevice::snapshot(const void* host_data, size_t bytes) {
   capture_.pinned.push_back(pinned);
   std::memcpy(pinned, host_data, bytes);
   return pinned;
+}
+
+void CudaDevice::orphan_live_allocations() {
+  // Their graph is gone, so the memory never existed; their owners free them later (free()
+  // then only drops them from the ledger).
+  for (const auto& [ptr, tag] : capture_.live) orphaned_.insert(ptr);
+  capture_.live.clear();
 }
 
 void CudaDevice::reset_capture() {
@@ -113,7 +123,7 @@ int CudaDevice::end_capture(Stream s) {
   if (!error.empty()) {
     (void)cudaGetLastError();
     for (void* p : capture_.pinned) (void)cudaFreeHost(p);
-    for (const auto& [ptr, tag] : capture_.live) ledger_.remove(ptr, name());
+    orphan_live_allocations();
     reset_capture();
     FSDP_USER_FAIL(kCannotCapture, error);
   }
@@ -130,10 +140,7 @@ void CudaDevice::abort_capture(Stream) noexcept {
   if (graph) (void)cudaGraphDestroy(graph);
   (void)cudaGetLastError();
   for (void* p : capture_.pinned) (void)cudaFreeHost(p);
-  try {
-    for (const auto& [ptr, tag] : capture_.live) ledger_.remove(ptr, name());
-  } catch (...) {
-  }
+  orphan_live_allocations();
   reset_capture();
 }
 
