@@ -8,6 +8,7 @@
 #include "command_util.h"
 #include "fsdp/error.h"
 #include "test_util.h"
+#include "tools/trace_writer.h"
 
 namespace fsdp::testing {
 namespace {
@@ -50,6 +51,22 @@ TEST(CudaGraphCpu, TheMoeTransformerIsRefusedBeforeAnyStep) {
     EXPECT_NE(std::string(e.what()).find("router runs on the host"), std::string::npos)
         << e.what();
   }
+}
+
+// A replayed step is one op: the trace says which step was captured, on which streams, and
+// that per-op times are unavailable after it.
+TEST(CudaGraphCpu, TraceSaysPerOpTimesAreUnavailableUnderAGraph) {
+  runtime::RankResult r;
+  r.captured_step = 4;
+  r.graph_streams = {"compute", "all-gather", "reduce-scatter"};
+  const nlohmann::json trace = tools::build_trace_json({r});
+  const nlohmann::json& entry = trace["otherData"]["fsdp"]["ranks"][0]["cuda_graph"];
+  EXPECT_EQ(entry["captured_step"], 5);  // 1-based, as the step lines count
+  EXPECT_EQ(entry["streams_used"], 3);
+  EXPECT_NE(entry["per_op_times"].get<std::string>().find("unavailable"), std::string::npos);
+  // An eager run's trace has no such entry.
+  EXPECT_FALSE(tools::build_trace_json({runtime::RankResult{}})["otherData"]["fsdp"]["ranks"][0]
+                   .contains("cuda_graph"));
 }
 
 }  // namespace

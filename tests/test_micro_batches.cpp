@@ -90,5 +90,14 @@ TEST(MicroBatches, TokensThatDoNotSplitAreRefusedInOneLine) {
             std::string::npos) << r.output;
 }
 
+TEST(MicroBatches, TransformerMicroBatchesMustHoldWholeSequences) {
+  CommandResult r = run_fsdp_command(
+      "train --backend cpu --model transformer --seq-len 64 --tokens 128 --micro-batches 4 "
+      "--steps 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--tokens / --micro-batches (32) must be a multiple of --seq-len (64)"),
+            std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace fsdp::testing
