@@ -223,6 +223,10 @@ class CudaDevice final : public Device {
   void reset_capture();  // to no capture, keeping the epoch
   void orphan_live_allocations();  // after a failed capture
   cudaEvent_t native_event(Event e) const;
+  // Host data a launch reads from device memory: through the staging ring, or under capture a
+  // copy the graph owns (Note [CUDA graph capture]). release_upload once the reader is enqueued.
+  const void* upload(cudaStream_t stream, const void* host_data, size_t bytes);
+  void release_upload(cudaStream_t stream);
   // Runs launch(device_descs): nullptr when the descriptors fit in the kernel parameters,
   // else a device copy staged on `stream` for the launch.
   template <typename Desc, typename Launch>
@@ -248,6 +252,7 @@ class CudaDevice final : public Device {
   Capture capture_;
   std::vector<Graph> graphs_;
   std::vector<uint64_t> event_epoch_;  // per event id: Capture::epoch of its last record
+  void* capture_upload_ = nullptr;     // upload() under capture, until release_upload()
   cudaEvent_t graph_join_ = nullptr;   // orders a replay after (and before) the other streams
   // Allocations made inside a capture that failed: no memory behind them, freed as no-ops.
   std::unordered_set<void*> orphaned_;
