@@ -78,6 +78,12 @@ class GraphEmulatorDevice final : public Device {
     for (const auto& op : graphs_.at(graph).ops) op();
     ++replays_;
   }
+  void destroy_graph(int graph) override {
+    d_.synchronize();
+    Graph& g = graphs_.at(graph);
+    for (const auto& [ptr, s] : g.memory) d_.free(ptr, s);
+    g = Graph{};
+  }
   bool capturing() const override { return active_; }
   std::vector<std::string> graph_streams(int graph) const override {
     std::vector<std::string> out;

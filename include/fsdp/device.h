@@ -319,6 +319,9 @@ class Device {
   // Ends a capture that failed half-way, dropping what it recorded; never throws.
   virtual void abort_capture(Stream s) noexcept;
   virtual void replay(int graph, Stream s);
+  // Releases a graph (after its last replay has run). Before the communicators whose
+  // collectives it holds go: their resources are tied to it.
+  virtual void destroy_graph(int graph);
   virtual bool capturing() const { return false; }
   // The names of the streams whose work a graph holds, in first-use order.
   virtual std::vector<std::string> graph_streams(int graph) const;

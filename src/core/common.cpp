@@ -168,6 +168,7 @@ void Device::begin_capture(Stream) { no_graphs(*this); }
 int Device::end_capture(Stream) { no_graphs(*this); }
 void Device::abort_capture(Stream) noexcept {}
 void Device::replay(int, Stream) { no_graphs(*this); }
+void Device::destroy_graph(int) { no_graphs(*this); }
 std::vector<std::string> Device::graph_streams(int) const { no_graphs(*this); }
 
 }  // namespace fsdp

@@ -25,6 +25,12 @@ CapturedStep::CapturedStep(Device& device, Stream stream, int micro_batches)
 
 CapturedStep::~CapturedStep() {
   synchronize_in_destructor(device_);
+  if (graph_ >= 0) {
+    try {
+      device_.destroy_graph(graph_);
+    } catch (...) {  // a failed device: its error surfaces elsewhere
+    }
+  }
   batches_.clear();
   device_.free(step_loss_, stream_);
 }

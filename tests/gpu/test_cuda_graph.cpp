@@ -62,6 +62,7 @@ TEST_F(CudaGraphDevice, ReplaysForkJoinWorkWithGraphMemory) {
   EXPECT_EQ(device->graph_streams(graph), (std::vector<std::string>{"compute", "side"}));
   for (int i = 0; i < 3; ++i) device->replay(graph, s);
   EXPECT_EQ(read(acc), 6.0f);
+  device->destroy_graph(graph);
   device->synchronize();
   device->free(acc, s);
   device->destroy_event(fork);

@@ -154,6 +154,7 @@ class CudaDevice final : public Device {
   int end_capture(Stream s) override;
   void abort_capture(Stream s) noexcept override;
   void replay(int graph, Stream s) override;
+  void destroy_graph(int graph) override;
   bool capturing() const override { return capture_.active; }
   std::vector<std::string> graph_streams(int graph) const override;
   int64_t backend_peak_bytes() const override;

@@ -163,6 +163,18 @@ void CudaDevice::replay(int graph, Stream s) {
     if (id != s.id) FSDP_CUDA_CHECK(cudaStreamWaitEvent(streams_[id].native, graph_join_, 0));
 }
 
+void CudaDevice::destroy_graph(int graph) {
+  FSDP_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()) && graphs_[graph].exec,
+             "graph ", graph, " does not exist on ", name());
+  make_current();
+  Graph& g = graphs_[graph];
+  // Its last replay may still run: the host copies it reads and its NCCL plans go only after.
+  for (const StreamEntry& s : streams_) FSDP_CUDA_CHECK(cudaStreamSynchronize(s.native));
+  FSDP_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
+  for (void* p : g.pinned) FSDP_CUDA_CHECK(cudaFreeHost(p));
+  g = Graph{};
+}
+
 std::vector<std::string> CudaDevice::graph_streams(int graph) const {
   FSDP_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()), "graph ", graph,
              " does not exist on ", name());
