@@ -8,6 +8,12 @@
 // with a memory-bound stream running beside it (as the optimizer or the reduce-scatter copy-in
 // can), and a last line with the step's GEMM time (22 layers + the LM head). FSDP_GEMM_AUTOTUNE=1
 // (Note [GEMM autotune]) times the plans' candidates instead of taking cuBLASLt's first choice.
+//
+// Both modes end with one "step_floor" line: the GEMMs alone plus AdamW's memory traffic at the
+// device-copy bandwidth measured here (a 1 GiB device-to-device copy, read + write counted). AdamW
+// over P fp32 params reads param, grad, exp_avg and exp_avg_sq and writes all but the grad:
+// 28 bytes per param. Nothing else in a step (norms, activations, collectives) is counted, so a
+// real step can only be slower.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +28,33 @@
 namespace {
 
 using namespace fsdp;
+
+double ms_per_call(Device& d, Stream s, int reps, const std::function<void()>& body);
+
+constexpr double kAdamWBytesPerParam = 28;
+
+// Device-to-device copy bandwidth in GB/s (bytes read + bytes written per second).
+double copy_gbps(Device& d, Stream s) {
+  const size_t bytes = size_t{1} << 30;
+  void* a = d.alloc(bytes, s, MemTag::Other);
+  void* b = d.alloc(bytes, s, MemTag::Other);
+  d.fill(s, a, DType::F32, static_cast<int64_t>(bytes / 4), 1.0f);
+  const double ms = ms_per_call(d, s, 5, [&] { d.copy(s, b, a, bytes); });
+  d.free(a, s);
+  d.free(b, s);
+  d.synchronize();
+  return 2.0 * static_cast<double>(bytes) / (ms * 1e-3) / 1e9;
+}
+
+void print_step_floor(Device& d, Stream s, double gemm_ms, double params) {
+  const double gbps = copy_gbps(d, s);
+  const double optimizer_bytes = kAdamWBytesPerParam * params;
+  const double optimizer_ms = optimizer_bytes / (gbps * 1e9) * 1e3;
+  std::printf("{\"step_floor_ms\": %.3f, \"gemm_ms\": %.3f, \"optimizer_ms\": %.3f, "
+              "\"optimizer_bytes\": %.0f, \"params\": %.0f, \"copy_gbps\": %.0f}\n",
+              gemm_ms + optimizer_ms, gemm_ms, optimizer_ms, optimizer_bytes, params, gbps);
+  std::fflush(stdout);
+}
 
 double ms_per_call(Device& d, Stream s, int reps, const std::function<void()>& body) {
   for (int i = 0; i < 3; ++i) body();
@@ -106,6 +139,10 @@ void llama_gemms(Device& d, int64_t tokens, int reps) {
   d.free(side_dst, side);
   d.free(side_src, side);
   d.synchronize();
+  // Every weight of the step's GEMMs, plus the embedding and the norms.
+  double params = 2048.0 * 32000 + 2048 + layers * 2.0 * 2048;
+  for (const Linear& l : linears) params += static_cast<double>(l.in) * l.out * l.count;
+  print_step_floor(d, s, step_ms, params);
 }
 
 }  // namespace
@@ -158,5 +195,11 @@ int main(int argc, char** argv) {
                 "\"tflops\": %.1f}\n",
                 static_cast<long long>(tokens), static_cast<long long>(dim), layers, median,
                 flops / (median * 1e-3) / 1e12);
+    for (void* p : weights) d.free(p, s);
+    for (void* p : acts) d.free(p, s);
+    d.free(grad_w, s);
+    d.free(grad_x, s);
+    d.synchronize();
+    print_step_floor(d, s, median, static_cast<double>(layers) * dim * dim);
   });
 }

@@ -171,6 +171,16 @@ nlohmann::json build_trace_json(const std::vector<runtime::RankResult>& ranks) {
       m = metrics_of_timeline(r.timeline, r.host_schedule_us_per_unit, kStallsKeptInTrace);
       entry["metrics"] = metrics_to_json(m);
     }
+    if (r.captured_step >= 0) {
+      // Note [Captured steps]: a replayed step is one op on the compute track.
+      entry["cuda_graph"] = {
+          {"captured_step", r.captured_step + 1},
+          {"streams_used", r.graph_streams.size()},
+          {"streams", r.graph_streams},
+          {"per_op_times", "unavailable: each replayed step is one op on the compute stream; "
+                           "the steps before the capture ran eagerly and have per-op times"}};
+      if (measurable) entry["metrics"]["streams_used"] = r.graph_streams.size();
+    }
     add_rank_events(r, measurable ? &m : nullptr, events);
     rank_data.push_back(std::move(entry));
   }

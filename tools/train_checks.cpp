@@ -311,11 +311,38 @@ void check_hsdp(const TrainOptions& o) {
                   replicas > 1 ? " (world / --hsdp)" : " (the world size)");
 }
 
+// --micro-batches N splits each rank's --tokens into N micro-batches of tokens / N (idempotent:
+// the config then holds the per-micro-batch count, as TrainConfig::tokens means).
+void split_micro_batches(TrainOptions& o) {
+  runtime::TrainConfig& c = o.config;
+  FSDP_USER_CHECK(o.micro_batches >= 1, "--micro-batches must be >= 1, got ", o.micro_batches);
+  if (o.micro_batches == c.micro_batches) return;
+  FSDP_USER_CHECK(c.tokens % o.micro_batches == 0, "--tokens (", c.tokens,
+                  ") must be divisible by --micro-batches (", o.micro_batches, ")");
+  const bool sequences = c.model.kind == "transformer" || c.model.kind == "moe-transformer";
+  FSDP_USER_CHECK(!sequences || (c.tokens / o.micro_batches) % c.model.seq_len == 0,
+                  "--tokens / --micro-batches (", c.tokens / o.micro_batches,
+                  ") must be a multiple of --seq-len (", c.model.seq_len, ")");
+  c.tokens /= o.micro_batches;
+  c.micro_batches = o.micro_batches;
+}
+
+// Note [Captured steps] (src/runtime/captured_step.h).
+void check_cuda_graph(TrainOptions& o, const std::string& backend) {
+  if (!o.cuda_graph) return;
+  FSDP_USER_CHECK(backend != "cpu", "--cuda-graph needs the CUDA backend (--backend cuda); the "
+                  "CPU backend cannot capture CUDA graphs");
+  o.config.cuda_graph = true;
+  o.config.prefetch_next_step = false;  // a prefetch crosses the step boundary
+}
+
 std::string check_train_options(TrainOptions& o, std::string& why) {
   check_ranges(o);
+  split_micro_batches(o);
   resolve_defaults(o);
   const std::string backend = choose_backend(o, why);
   check_hsdp(o);
+  check_cuda_graph(o, backend);
   attach_token_data(o);
   check_capacity(o, backend);
   check_writable("--json", o.json_path);

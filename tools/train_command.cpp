@@ -62,6 +62,12 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--aux-loss-weight", o.config.model.aux_loss_weight,
                  "moe-transformer: load-balancing loss weight");
   app.add_option("--tokens", o.config.tokens, "tokens per rank per step");
+  // ---- whole-step CUDA graphs and gradient accumulation (docs/cuda_graphs.md)
+  app.add_option("--micro-batches", o.micro_batches,
+                 "split each step's --tokens into N micro-batches (gradient accumulation)");
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "CUDA backend: capture one whole step in a CUDA graph after the warm-up and replay "
+               "it [default: off]");
   app.add_option("--steps", o.config.steps, "training steps");
   app.add_option("--warmup", o.config.warmup,
                  "steps left out of the timing statistics (the lr warm-up is --warmup-steps)");
@@ -162,7 +168,12 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"dim", c.model.dim},
       {"classes", c.model.classes},
       {"norm", c.model.norm},
-      {"tokens_per_rank", c.tokens},
+      {"tokens_per_rank", c.tokens * c.micro_batches},
+      {"micro_batches", c.micro_batches},
+      {"cuda_graph", c.cuda_graph},
+      {"graph_streams", s.graph_streams},
+      {"host_us_per_step", s.host_us_per_step},
+      {"backend_peak_bytes", s.backend_peak_bytes},
       {"steps", c.steps},
       {"steps_done", s.losses.size()},
       {"warmup", c.warmup},
@@ -199,7 +210,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"rs_recycle_stall_ms", number_or_null(s.traced, s.rs_recycle_stall_ms)},
       {"rs_drain_ms", number_or_null(s.traced, s.rs_drain_ms)},
       {"ag_rs_overlap_ms", number_or_null(s.traced, s.ag_rs_overlap_ms)},
-      {"streams_used", number_or_null(s.traced, s.streams_used)}};
+      {"streams_used", number_or_null(s.traced || !s.graph_streams.empty(), s.streams_used)}};
   // Throughput against a GPU's peak means nothing on the CPU backend: reported on GPUs only.
   if (s.tflops_per_gpu >= 0) {
     j["tflops_per_gpu"] = s.tflops_per_gpu;
@@ -237,18 +248,22 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
   const size_t skip = std::min<size_t>(static_cast<size_t>(c.warmup), r0.step_ms.size());
   std::vector<double> timed(r0.step_ms.begin() + skip, r0.step_ms.end());
   s.step_ms_median = median(timed);
-  s.tokens_per_s = s.step_ms_median > 0 ? c.tokens * world * 1000.0 / s.step_ms_median : 0;
+  const int64_t step_tokens = c.tokens * c.micro_batches;  // per rank
+  s.tokens_per_s = s.step_ms_median > 0 ? step_tokens * world * 1000.0 / s.step_ms_median : 0;
   if (backend != "cpu" && s.step_ms_median > 0) {
     s.tflops_per_gpu =
-        nn::flops_per_token(c.model) * c.tokens / (s.step_ms_median * 1e-3) / 1e12;
+        nn::flops_per_token(c.model) * step_tokens / (s.step_ms_median * 1e-3) / 1e12;
     s.mfu = s.tflops_per_gpu / peak_tflops;
   }
+  s.graph_streams = r0.graph_streams;
   for (const auto& r : ranks) {
     s.peak_mem_bytes = std::max(s.peak_mem_bytes, r.memory.peak_bytes);
     if (s.peak_mem_bytes_by_step.size() < r.peak_bytes_by_step.size())
       s.peak_mem_bytes_by_step.resize(r.peak_bytes_by_step.size(), 0);
     for (size_t i = 0; i < r.peak_bytes_by_step.size(); ++i)
       s.peak_mem_bytes_by_step[i] = std::max(s.peak_mem_bytes_by_step[i], r.peak_bytes_by_step[i]);
+    s.host_us_per_step = std::max(s.host_us_per_step, r.host_us_per_step);
+    s.backend_peak_bytes = std::max(s.backend_peak_bytes, r.backend_peak_bytes);
     s.rs_inputs_in_flight_max = std::max(
         s.rs_inputs_in_flight_max, r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)]);
     s.host_schedule_us_per_unit = std::max(s.host_schedule_us_per_unit, r.host_schedule_us_per_unit);
@@ -263,6 +278,9 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
       s.streams_used = std::max(s.streams_used, m.streams_used);
     }
   }
+  // Under a graph the streams are known without a trace (which sees one op per replayed step):
+  // those the graph's work runs on.
+  if (!s.graph_streams.empty()) s.streams_used = static_cast<int>(s.graph_streams.size());
   s.losses = r0.losses;
   s.lrs = r0.lrs;
   s.grad_norms = r0.grad_norms;

@@ -40,6 +40,8 @@ struct TrainOptions {
   const CLI::Option* vocab_opt = nullptr;
   bool quiet = false;
   int log_every = 1;
+  int micro_batches = 1;    // --micro-batches: --tokens splits into this many
+  bool cuda_graph = false;  // --cuda-graph (Note [Captured steps])
   double peak_tflops = 989.0;  // H200 dense bf16, for MFU on GPUs
   runtime::TrainConfig config;
   int effective_world = 1;
@@ -68,6 +70,10 @@ struct Summary {
   bool traced = false;
   double exposed_comm_ms = 0, rs_recycle_stall_ms = 0, rs_drain_ms = 0, ag_rs_overlap_ms = 0;
   int streams_used = 0;
+  // Under --cuda-graph: the streams the graph runs on (rank 0), and host time per step.
+  std::vector<std::string> graph_streams;
+  double host_us_per_step = 0;
+  int64_t backend_peak_bytes = 0;  // max over ranks of Device::backend_peak_bytes()
   std::vector<float> losses, lrs, grad_norms;  // rank 0's, every finished step
   std::vector<std::pair<int, float>> val_losses;  // (step, 0-based; validation loss)
   std::string error;                           // a non-finite step stopped the run

@@ -307,6 +307,29 @@ class Device {
   // Busy work of a known length; tests use it to force op durations.
   virtual void spin(Stream s, double microseconds) = 0;
 
+  // ---- CUDA graphs (Note [Captured steps] in src/runtime/captured_step.h; docs/cuda_graphs.md).
+  // begin_capture waits for every stream, then records (instead of running) the work enqueued
+  // on `s` and on every stream that waits on an event recorded after it; end_capture turns the
+  // record into a graph and returns its id; replay enqueues one run of it on `s`. Under
+  // capture, memory allocated and freed inside the capture comes from the graph's own memory,
+  // copy_from_host snapshots the host bytes at capture time, and anything that makes the host
+  // wait for the device raises a UserError. The defaults raise a UserError: the backend has no
+  // graphs.
+  virtual void begin_capture(Stream s);
+  virtual int end_capture(Stream s);
+  // Ends a capture that failed half-way, dropping what it recorded; never throws.
+  virtual void abort_capture(Stream s) noexcept;
+  virtual void replay(int graph, Stream s);
+  // Releases a graph (after its last replay has run). Before the communicators whose
+  // collectives it holds go: their resources are tied to it.
+  virtual void destroy_graph(int graph);
+  virtual bool capturing() const { return false; }
+  // The names of the streams whose work a graph holds, in first-use order.
+  virtual std::vector<std::string> graph_streams(int graph) const;
+  // The backend's own view of its peak device memory since reset_peak_memory: its allocator's
+  // high-water mark plus, on CUDA, the memory graphs hold. Without graphs, MemStats' peak.
+  virtual int64_t backend_peak_bytes() const { return memory_stats().peak_bytes; }
+
   // ---- labels and timeline. The label applies to the ops enqueued after the call; it must
   // outlive the timeline (the engine passes strings it owns for the run).
   virtual void set_label(const char* label) = 0;

@@ -154,3 +154,21 @@ std::unique_ptr<Comm> Comm::split(int color, int key, const std::string& name) {
 }
 
 }  // namespace fsdp
+
+namespace fsdp {
+
+namespace {
+[[noreturn]] void no_graphs(const Device& d) {
+  FSDP_USER_FAIL("device ", d.name(), " cannot capture CUDA graphs (--cuda-graph needs the CUDA "
+                 "backend: --backend cuda)");
+}
+}  // namespace
+
+void Device::begin_capture(Stream) { no_graphs(*this); }
+int Device::end_capture(Stream) { no_graphs(*this); }
+void Device::abort_capture(Stream) noexcept {}
+void Device::replay(int, Stream) { no_graphs(*this); }
+void Device::destroy_graph(int) { no_graphs(*this); }
+std::vector<std::string> Device::graph_streams(int) const { no_graphs(*this); }
+
+}  // namespace fsdp

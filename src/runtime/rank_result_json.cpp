@@ -44,6 +44,10 @@ nlohmann::json to_json(const RankResult& r) {
           {"max_expert_loads", r.max_expert_loads},
           {"val_losses", r.val_losses},
           {"peak_bytes_by_step", r.peak_bytes_by_step},
+          {"host_us_per_step", r.host_us_per_step},
+          {"backend_peak", r.backend_peak_bytes},
+          {"captured_step", r.captured_step},
+          {"graph_streams", r.graph_streams},
           {"collectives", collectives},
           {"ag_fwd", r.all_gathers_forward_first_step},
           {"ag_bwd", r.all_gathers_backward_first_step},
@@ -68,6 +72,10 @@ RankResult from_json(const nlohmann::json& j) {
   r.max_expert_loads = j["max_expert_loads"].get<std::vector<double>>();
   r.val_losses = j["val_losses"].get<std::vector<std::pair<int, float>>>();
   r.peak_bytes_by_step = j["peak_bytes_by_step"].get<std::vector<int64_t>>();
+  r.host_us_per_step = j["host_us_per_step"];
+  r.backend_peak_bytes = j["backend_peak"];
+  r.captured_step = j["captured_step"];
+  r.graph_streams = j["graph_streams"].get<std::vector<std::string>>();
   for (int k = 0; k < kCollectiveKindCount; ++k) r.collectives_first_step[k] = j["collectives"][k];
   r.all_gathers_forward_first_step = j["ag_fwd"];
   r.all_gathers_backward_first_step = j["ag_bwd"];

@@ -6,6 +6,7 @@
 
 #include "checkpoint/trainer_checkpoint.h"
 #include "core/fsdp_state.h"
+#include "runtime/captured_step.h"
 #include "fsdp/error.h"
 #include "runtime/step_reader.h"
 #include "runtime/trace_metrics.h"
@@ -41,6 +42,27 @@ void add_aux_loss(Device& d, Stream s, nn::Model& model, float* loss) {
   d.copy_from_host(s, value, &aux, sizeof(float));
   d.accumulate(s, loss, value, DType::F32, 1, 1.0f);
   d.free(value, s);
+}
+
+// Note [Captured steps]: what cannot be recorded into a graph fails here, in one line.
+void check_capturable(const TrainConfig& c) {
+  FSDP_USER_CHECK(c.model.kind != "moe-transformer",
+                  "--cuda-graph cannot capture --model moe-transformer: its router runs on the "
+                  "host (each MoE layer copies the router's probabilities to the host and waits "
+                  "for them, with or without --capacity-factor), and a graph cannot wait for "
+                  "the host inside a step");
+}
+
+// Scales the loss gradient of one of `n` micro-batches by 1/n (TrainConfig::micro_batches);
+// `scale` holds 1/n per row, made on first use.
+void scale_for_micro_batches(Device& d, Stream s, Tensor& dy, int n, Tensor& scale) {
+  if (n <= 1) return;
+  if (!scale.defined() || scale.rows != dy.rows) {
+    scale = empty_tensor(d, s, DType::F32, dy.rows, 1, MemTag::Other);
+    d.fill(s, scale.data, DType::F32, dy.rows, 1.0f / static_cast<float>(n));
+  }
+  d.set_label("micro-batch loss scale");
+  d.scale_rows(s, dy.data, dy.data, dy.dtype, scale.as<float>(), 1, dy.rows, dy.cols, false);
 }
 
 int64_t count_units(nn::Model& model) {
@@ -136,7 +158,9 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
                       const std::function<void(const StepReport&)>& on_step) {
   FSDP_USER_CHECK(config.steps >= 1, "--steps must be >= 1, got ", config.steps);
   FSDP_USER_CHECK(config.tokens >= 1, "--tokens must be >= 1, got ", config.tokens);
-  FSDP_CHECK(config.micro_batches >= 1, "micro-batches must be >= 1");
+  FSDP_USER_CHECK(config.micro_batches >= 1, "--micro-batches must be >= 1, got ",
+                  config.micro_batches);
+  if (config.cuda_graph) check_capturable(config);
   FSDP_USER_CHECK(!(config.optimizer_in_backward && config.optimizer.max_grad_norm > 0),
                   "the optimizer in backward cannot clip gradients (clipping needs every "
                   "gradient before any step): turn clipping off or the optimizer in backward off");
@@ -312,20 +336,21 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
 
   bool stopped = false;
   const float inv_micro = 1.0f / static_cast<float>(config.micro_batches);
-  for (int step = state.next_step; step < config.steps && !stopped; ++step) {
-    if (config.timeline && step == config.warmup) device.enable_timeline(true);
-    double host_us = 0;
-    StepReport report{};
-    report.step = step;
-    report.lr = config.schedule.at(step, config.optimizer.base_lr());
-    optimizer.begin_step(compute, report.lr);
-    float* step_loss = reader.begin(step);
+  Tensor micro_scale;  // 1/micro_batches per row
+  // Note [Captured steps]: a prefetch crosses the step boundary, which a graph cannot.
+  const bool prefetch = config.prefetch_next_step && !config.cuda_graph;
+  std::unique_ptr<CapturedStep> graph;
+  if (config.cuda_graph) graph = std::make_unique<CapturedStep>(device, compute, config.micro_batches);
+  const int capture_at = state.next_step + std::max(1, config.warmup);
+  double host_step_us_total = 0;
+  int host_step_count = 0;
+  // One whole step's device work: every micro-batch, the grad norm and the optimizer. Under a
+  // graph it is recorded once, reading the fixed batches and adding the loss up in place.
+  auto issue_step = [&](int step, float* step_loss, double& host_us,
+                        const std::function<const DeviceBatch&(int)>& batch_of) {
     for (int mb = 0; mb < config.micro_batches; ++mb) {
       root.set_requires_gradient_sync(mb == config.micro_batches - 1);
-      const int64_t index = static_cast<int64_t>(step) * config.micro_batches + mb;
-      DeviceBatch batch = source->make(device, compute, index, rank * config.tokens,
-                                       config.tokens, config.param_dtype);
-      report.tokens += batch.tokens;
+      const DeviceBatch& batch = batch_of(mb);
       const bool first = step == state.next_step && mb == 0;
       const int64_t ag0 = issued(CollectiveKind::AllGather);
       std::map<std::string, std::vector<int64_t>> c0, c1;
@@ -338,6 +363,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       if (first) c1 = by_comm();
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
       add_aux_loss(device, compute, model, loss);
+      scale_for_micro_batches(device, compute, dy, config.micro_batches, micro_scale);
       y = Tensor{};
       const double h1 = device.now_us();
       model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient
@@ -362,9 +388,51 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     // Clears the loss for the next step; on a timeline it marks where this step ends.
     device.set_label(kStepEndLabel);
     device.fill(compute, loss, DType::F32, 1, 0.0f);
-    if (config.prefetch_next_step && step + 1 < config.steps)
+  };
+  for (int step = state.next_step; step < config.steps && !stopped; ++step) {
+    if (config.timeline && step == config.warmup) device.enable_timeline(true);
+    double host_us = 0;
+    const double host_step_start = device.now_us();
+    StepReport report{};
+    report.step = step;
+    report.lr = config.schedule.at(step, config.optimizer.base_lr());
+    optimizer.begin_step(compute, report.lr);
+    float* step_loss = reader.begin(step);
+    auto make_batch = [&](int mb) {
+      const int64_t index = static_cast<int64_t>(step) * config.micro_batches + mb;
+      DeviceBatch batch = source->make(device, compute, index, rank * config.tokens,
+                                       config.tokens, config.param_dtype);
+      report.tokens += batch.tokens;
+      return batch;
+    };
+    if (graph && step >= capture_at) {
+      for (int mb = 0; mb < config.micro_batches; ++mb) graph->stage(mb, make_batch(mb));
+      if (!graph->captured()) {
+        graph->capture([&] {
+          device.fill(compute, graph->step_loss(), DType::F32, 1, 0.0f);
+          issue_step(step, graph->step_loss(), host_us,
+                     [&](int mb) -> const DeviceBatch& { return graph->batch(mb); });
+        });
+        result.captured_step = step;
+        result.graph_streams = graph->streams();
+      }
+      graph->replay();
+      device.set_label(kStepEndLabel);
+      device.copy(compute, step_loss, graph->step_loss(), sizeof(float));
+    } else {
+      DeviceBatch current;
+      issue_step(step, step_loss, host_us, [&](int mb) -> const DeviceBatch& {
+        current = make_batch(mb);
+        return current;
+      });
+    }
+    if (prefetch && step + 1 < config.steps)
       fsdp_module_of(*model.blocks().front())->unshard(/*async_op=*/true);
     reader.end(config.optimizer_in_backward ? nullptr : optimizer.grad_squares());
+    if (step >= config.warmup && step != result.captured_step) {
+      host_step_us_total += device.now_us() - host_step_start;
+      ++host_step_count;
+    }
     state.next_step = step + 1;
     report.max_expert_load = model.max_expert_load();  // before an evaluation routes again
     if (config.after_step) config.after_step(state);
@@ -408,6 +476,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   while (reader.pending() > 0) reader.pop();  // drain what ran after a stop
   if (ckpt) ckpt->finish();  // the last save is on disk
   device.synchronize();
+  result.host_us_per_step = host_step_count ? host_step_us_total / host_step_count : 0;
+  result.backend_peak_bytes = device.backend_peak_bytes();
+  graph.reset();
+  micro_scale = Tensor{};
   result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;
   if (config.timeline) device.enable_timeline(false);
   result.memory = device.memory_stats();
@@ -452,6 +524,7 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
   std::unique_ptr<BatchSource> source = make_source(config, 0, 1);
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   const int64_t rows = config.tokens * world_size;
+  Tensor micro_scale;
   for (int step = 0; step < config.steps; ++step) {
     optimizer.begin_step(compute, config.schedule.at(step, config.optimizer.base_lr()));
     float loss_sum = 0;
@@ -462,6 +535,7 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
       Tensor y = model.forward(ctx, batch.x);
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
       add_aux_loss(device, compute, model, loss);
+      scale_for_micro_batches(device, compute, dy, config.micro_batches, micro_scale);
       // Each rank's loss is a mean over its own rows, and FSDP averages the ranks: the same
       // as the mean over all rows.
       model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient

@@ -32,7 +32,13 @@ struct TrainConfig {
   int64_t tokens = 64;  // per rank per step (per micro-batch)
   int steps = 5;
   int warmup = 0;       // steps left out of the timing statistics
-  int micro_batches = 1;  // > 1: gradient accumulation with set_requires_gradient_sync(false)
+  // > 1: gradient accumulation with set_requires_gradient_sync(false) on all but the last; each
+  // micro-batch's loss gradient is scaled by 1 / micro_batches, so a step trains on the mean
+  // loss over its micro-batches (N micro-batches of B/N rows == one batch of B rows).
+  int micro_batches = 1;
+  // Capture one whole step in a CUDA graph after the warm-up steps (at least one) and replay
+  // it for the rest (Note [Captured steps]); the CPU backend raises a UserError.
+  bool cuda_graph = false;
   uint64_t seed = 1;
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
@@ -122,6 +128,12 @@ struct RankResult {
   std::map<std::string, std::vector<int64_t>> backward_by_comm_first_step;
   int64_t param_count = 0;  // active params (Model::active_param_count)
   int64_t sharded_state_bytes = 0;
+  // Host time to issue a step (batch, scalars, and the step's work or its replay), mean over
+  // the timed steps after the warm-up (and after the capture, under a graph).
+  double host_us_per_step = 0;
+  int64_t backend_peak_bytes = 0;  // Device::backend_peak_bytes() at the end
+  int captured_step = -1;          // the step recorded into the graph; -1: none
+  std::vector<std::string> graph_streams;  // the streams the graph's work runs on
   std::vector<std::vector<float>> params;  // when collect_params
   Timeline timeline;
 };

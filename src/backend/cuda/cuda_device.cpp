@@ -16,7 +16,9 @@ namespace fsdp::cuda {
 CudaDevice::OpScope::OpScope(CudaDevice& device, Stream s, OpKind kind) : device_(device) {
   device.make_current();
   stream_ = device.native(s);
-  if (device.timeline_.enabled()) [[unlikely]]
+  if (device.capture_.active) [[unlikely]]
+    device.note_captured(s.id, stream_);
+  if (device.timeline_.enabled() && !device.capture_.active) [[unlikely]]
     token_ = device.timeline_.begin(s.id, stream_, device.label_, kind);
 }
 
@@ -56,7 +58,9 @@ CudaDevice::~CudaDevice() {
   // staging) are not freed under it, then release in dependency order; the pool goes last
   // (a pool with live allocations is released by CUDA once they are freed).
   (void)cudaSetDevice(ordinal_);
+  abort_capture(Stream{capture_.origin});
   for (const StreamEntry& s : streams_) (void)cudaStreamSynchronize(s.native);
+  release_graphs();
   gemm_.reset();
   cudnn_attention_.reset();
   staging_.reset();
@@ -106,10 +110,12 @@ Event CudaDevice::create_event() {
     free_event_ids_.pop_back();
     events_[id] = event;
     event_recorded_[id] = 0;
+    event_epoch_[id] = 0;
     return Event{id};
   }
   events_.push_back(event);
   event_recorded_.push_back(0);
+  event_epoch_.push_back(0);
   return Event{static_cast<int>(events_.size()) - 1};
 }
 
@@ -123,21 +129,33 @@ void CudaDevice::destroy_event(Event e) {
 
 void CudaDevice::record_event(Event e, Stream s) {
   make_current();
-  FSDP_CUDA_CHECK(cudaEventRecord(native_event(e), native(s)));
+  const cudaStream_t stream = native(s);
+  if (capture_.active) [[unlikely]]
+    note_captured(s.id, stream);
+  FSDP_CUDA_CHECK(cudaEventRecord(native_event(e), stream));
   event_recorded_[e.id] = 1;
-  if (timeline_.enabled()) [[unlikely]]
+  event_epoch_[e.id] = capture_.active ? capture_.epoch : 0;
+  if (timeline_.enabled() && !capture_.active) [[unlikely]]
     timeline_.note_event_recorded(e.id, s.id);
 }
 
 void CudaDevice::wait_event(Stream s, Event e) {
   make_current();
   const cudaStream_t stream = native(s);
+  // Note [CUDA graph capture]: an event last recorded before the capture marks work that
+  // begin_capture already waited for, and a replay starts after every stream's earlier work;
+  // CUDA forbids waiting on it inside a capture, and the wait has nothing to order.
+  if (capture_.active && event_epoch_[e.id] != capture_.epoch) [[unlikely]]
+    return;
   FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream, native_event(e), 0));
-  if (timeline_.enabled() && event_recorded_[e.id]) [[unlikely]]
+  if (capture_.active) [[unlikely]]
+    note_captured(s.id, stream);  // the wait is what brings a side stream into the capture
+  if (timeline_.enabled() && !capture_.active && event_recorded_[e.id]) [[unlikely]]
     timeline_.record_wait(s.id, stream, e.id, label_);
 }
 
 bool CudaDevice::query_event(Event e) {
+  fail_if_capturing("query_event");
   make_current();
   const cudaError_t status = cudaEventQuery(native_event(e));
   if (status == cudaSuccess) return true;
@@ -150,16 +168,19 @@ bool CudaDevice::query_event(Event e) {
 }
 
 void CudaDevice::synchronize_event(Event e) {
+  fail_if_capturing("synchronize_event");
   make_current();
   FSDP_CUDA_CHECK(cudaEventSynchronize(native_event(e)));
 }
 
 void CudaDevice::synchronize_stream(Stream s) {
+  fail_if_capturing("synchronize_stream");
   make_current();
   FSDP_CUDA_CHECK(cudaStreamSynchronize(native(s)));
 }
 
 void CudaDevice::synchronize() {
+  fail_if_capturing("synchronize");
   make_current();
   // An asynchronous fault (illegal address, trap) surfaces in these calls as an error code.
   for (const StreamEntry& s : streams_) FSDP_CUDA_CHECK(cudaStreamSynchronize(s.native));
@@ -172,6 +193,8 @@ void* CudaDevice::alloc(size_t bytes, Stream s, MemTag tag) {
   FSDP_CHECK(static_cast<int>(tag) < kMemTagCount, "bad memory tag ", static_cast<int>(tag));
   make_current();
   const cudaStream_t stream = native(s);
+  if (capture_.active) [[unlikely]]
+    note_captured(s.id, stream);  // else a pool block, freed inside the graph at every replay
   void* ptr = nullptr;
   // A zero-byte request still gets a distinct pointer, so alloc/free pair up as usual.
   const cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes ? bytes : 1, pool_, stream);
@@ -182,8 +205,12 @@ void* CudaDevice::alloc(size_t bytes, Stream s, MemTag tag) {
               " with ", stats.current_bytes, " bytes live (pool holds ", pool_used_bytes(), ")");
   }
   FSDP_CUDA_CHECK(status);
+  // Under capture the pool only lends its properties: the memory is the graph's (a graph
+  // memory node), and it must be freed inside the same capture.
+  if (capture_.active) [[unlikely]]
+    capture_.live.emplace(ptr, tag);
   const int64_t current = ledger_.add(ptr, bytes, tag);
-  if (timeline_.enabled()) [[unlikely]]
+  if (timeline_.enabled() && !capture_.active) [[unlikely]]
     timeline_.record_memory(now_us(), current);
   return ptr;
 }
@@ -192,10 +219,21 @@ void CudaDevice::free(void* ptr, Stream s) {
   if (!ptr) return;
   make_current();
   const cudaStream_t stream = native(s);
-  ledger_.remove(ptr, name());
+  const core::AllocationLedger::Entry entry = ledger_.remove(ptr, name());
   const int64_t current = ledger_.current_bytes();
+  if (!orphaned_.empty() && orphaned_.erase(ptr) != 0) [[unlikely]]
+    return;  // from a capture that failed: never real memory
+  if (capture_.active && capture_.live.erase(ptr) == 0) [[unlikely]] {
+    // Memory from before the capture cannot be freed by a graph that runs many times; free
+    // may run in a destructor, so the capture fails at end_capture instead of here (and the
+    // block stays allocated).
+    if (capture_.error.empty())
+      capture_.error = fsdp::detail::concat("the step frees ", mem_tag_name(entry.tag),
+                                      " memory allocated before it (state that crosses steps)");
+    return;
+  }
   FSDP_CUDA_CHECK(cudaFreeAsync(ptr, stream));
-  if (timeline_.enabled()) [[unlikely]]
+  if (timeline_.enabled() && !capture_.active) [[unlikely]]
     timeline_.record_memory(now_us(), current);
 }
 
@@ -220,6 +258,7 @@ void CudaDevice::reset_peak_memory() {
   uint64_t zero = 0;  // the only value CUDA accepts: resets the high-water mark to current
   FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero));
   FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
+  FSDP_CUDA_CHECK(cudaDeviceSetGraphMemAttribute(ordinal_, cudaGraphMemAttrUsedMemHigh, &zero));
 }
 
 int64_t CudaDevice::pool_used_bytes() const {
@@ -245,6 +284,12 @@ void CudaDevice::copy(Stream s, void* dst, const void* src, size_t bytes) {
 void CudaDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) {
   OpScope op(*this, s, OpKind::Copy);
   if (bytes == 0) return;
+  if (capture_.active) [[unlikely]] {
+    // Note [CUDA graph capture]: the graph copies these bytes, as they are now, at every replay.
+    FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, snapshot(host_src, bytes), bytes,
+                                    cudaMemcpyHostToDevice, op.stream()));
+    return;
+  }
   if (bytes <= StagingRing::kMaxStagedCopyBytes) {
     // Small, frequent uploads (labels, scalars): copied into pinned staging now, so the
     // caller's buffer is free on return and the stream is not synchronized.

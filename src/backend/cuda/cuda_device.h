@@ -21,6 +21,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "backend/cuda/cublaslt_gemm.h"
@@ -148,6 +149,16 @@ class CudaDevice final : public Device {
   void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
                        int64_t ffn, void* dh) override;
 
+  // ---- CUDA graphs (cuda_graphs.cpp; Note [CUDA graph capture] there).
+  void begin_capture(Stream s) override;
+  int end_capture(Stream s) override;
+  void abort_capture(Stream s) noexcept override;
+  void replay(int graph, Stream s) override;
+  void destroy_graph(int graph) override;
+  bool capturing() const override { return capture_.active; }
+  std::vector<std::string> graph_streams(int graph) const override;
+  int64_t backend_peak_bytes() const override;
+
   void set_label(const char* label) override { label_ = label ? label : ""; }
   void enable_timeline(bool on) override;
   Timeline take_timeline() override;
@@ -188,7 +199,35 @@ class CudaDevice final : public Device {
     cudaStream_t native = nullptr;
     std::string name;
   };
+  // What a capture in progress has seen (cuda_graphs.cpp).
+  struct Capture {
+    bool active = false;
+    int origin = -1;     // the stream begin_capture was called on
+    uint64_t epoch = 0;  // counts captures; events remember the epoch of their last record
+    std::vector<int> streams;                       // streams with captured work, first use first
+    std::unordered_map<void*, MemTag> live;         // allocated inside, not yet freed
+    std::vector<void*> pinned;                      // host snapshots the graph's copies read
+    std::string error;  // the first thing that cannot be captured (raised by end_capture)
+  };
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    std::vector<int> streams;
+    std::vector<void*> pinned;
+  };
+  // Under capture: notes that `s` holds captured work; raises a UserError if it is not
+  // capturing (work on a stream that never joined the capture would run now, outside it).
+  void note_captured(int stream_id, cudaStream_t stream);
+  void fail_if_capturing(const char* what) const;
+  // Under capture: a pinned copy of `bytes` of host data that lives as long as the graph.
+  void* snapshot(const void* host_data, size_t bytes);
+  void release_graphs() noexcept;
+  void reset_capture();  // to no capture, keeping the epoch
+  void orphan_live_allocations();  // after a failed capture
   cudaEvent_t native_event(Event e) const;
+  // Host data a launch reads from device memory: through the staging ring, or under capture a
+  // copy the graph owns (Note [CUDA graph capture]). release_upload once the reader is enqueued.
+  const void* upload(cudaStream_t stream, const void* host_data, size_t bytes);
+  void release_upload(cudaStream_t stream);
   // Runs launch(device_descs): nullptr when the descriptors fit in the kernel parameters,
   // else a device copy staged on `stream` for the launch.
   template <typename Desc, typename Launch>
@@ -211,6 +250,13 @@ class CudaDevice final : public Device {
   bool attention_simt_ = false;                       // FSDP_ATTENTION=simt
   std::unique_ptr<StagingRing> staging_;
   TimelineRecorder timeline_;
+  Capture capture_;
+  std::vector<Graph> graphs_;
+  std::vector<uint64_t> event_epoch_;  // per event id: Capture::epoch of its last record
+  void* capture_upload_ = nullptr;     // upload() under capture, until release_upload()
+  cudaEvent_t graph_join_ = nullptr;   // orders a replay after (and before) the other streams
+  // Allocations made inside a capture that failed: no memory behind them, freed as no-ops.
+  std::unordered_set<void*> orphaned_;
   const char* label_ = "";
 
   // Reused descriptor buffers for the multi-tensor launches (no allocation per step).

@@ -75,6 +75,24 @@ kernels::ShardCopyDesc describe_slice(const ShardSlice& slice, int index, int wo
 
 }  // namespace
 
+const void* CudaDevice::upload(cudaStream_t stream, const void* host_data, size_t bytes) {
+  if (!capture_.active) return staging_->upload(stream, host_data, bytes);
+  // The staging ring's slots are reused, so a graph must own its copy: a pinned snapshot, and
+  // graph memory freed by release_upload once the reader is enqueued.
+  FSDP_CHECK(capture_upload_ == nullptr, "an upload under capture was never released");
+  FSDP_CUDA_CHECK(cudaMallocFromPoolAsync(&capture_upload_, bytes, pool_, stream));
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(capture_upload_, snapshot(host_data, bytes), bytes,
+                                  cudaMemcpyHostToDevice, stream));
+  return capture_upload_;
+}
+
+void CudaDevice::release_upload(cudaStream_t stream) {
+  if (!capture_upload_) return staging_->release_pending(stream);
+  void* p = capture_upload_;
+  capture_upload_ = nullptr;
+  FSDP_CUDA_CHECK(cudaFreeAsync(p, stream));
+}
+
 template <typename Desc, typename Launch>
 void CudaDevice::with_device_descs(cudaStream_t stream, const std::vector<Desc>& descs,
                                    Launch&& launch) {
@@ -83,14 +101,14 @@ void CudaDevice::with_device_descs(cudaStream_t stream, const std::vector<Desc>&
     return;
   }
   const auto* device_descs =
-      static_cast<const Desc*>(staging_->upload(stream, descs.data(), descs.size() * sizeof(Desc)));
+      static_cast<const Desc*>(upload(stream, descs.data(), descs.size() * sizeof(Desc)));
   try {
     launch(device_descs);
   } catch (...) {
-    staging_->release_pending(stream);
+    release_upload(stream);
     throw;
   }
-  staging_->release_pending(stream);  // the slot is reusable once the kernel has read it
+  release_upload(stream);  // reusable (or freed) once the kernel has read it
 }
 
 void CudaDevice::fill(Stream s, void* dst, DType t, int64_t n, float value) {

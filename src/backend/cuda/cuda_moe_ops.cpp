@@ -85,7 +85,7 @@ void CudaDevice::grouped_gemm(Stream s, bool trans_a, bool trans_b, const GemmGr
   pointers.insert(pointers.end(), b_ptrs.begin(), b_ptrs.end());
   pointers.insert(pointers.end(), c_ptrs.begin(), c_ptrs.end());
   const auto* staged = static_cast<const void* const*>(
-      staging_->upload(op.stream(), pointers.data(), pointers.size() * sizeof(void*)));
+      upload(op.stream(), pointers.data(), pointers.size() * sizeof(void*)));
   try {
     FSDP_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
         cublas_->get(), op_a.data(), op_b.data(), m.data(), n.data(), k.data(), alpha.data(),
@@ -93,10 +93,10 @@ void CudaDevice::grouped_gemm(Stream s, bool trans_a, bool trans_b, const GemmGr
         beta.data(), const_cast<void* const*>(staged + 2 * launched), cublas_type(c_t),
         ldc.data(), launched, group_size.data(), CUBLAS_COMPUTE_32F));
   } catch (...) {
-    staging_->release_pending(op.stream());
+    release_upload(op.stream());
     throw;
   }
-  staging_->release_pending(op.stream());
+  release_upload(op.stream());
 }
 
 }  // namespace fsdp::cuda

@@ -1,0 +1,124 @@
+// The trainer's captured steps (Note [Captured steps]) on CPU ranks, through the CUDA-graph
+// emulator of graph_emulator.h: the step recorded once and replayed must train bitwise as the
+// eager steps do (the same ops, in the same order, on the same streams), with the lr schedule
+// read from device memory at every replay; and what cannot be captured fails in one line.
+#include <gtest/gtest.h>
+
+#include "graph_emulator.h"
+#include "test_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+struct EmulatedRun {
+  std::vector<runtime::RankResult> ranks;
+  std::vector<int> replays;  // per rank
+};
+
+EmulatedRun run_captured(int world, runtime::TrainConfig c) {
+  c.cuda_graph = true;
+  EmulatedRun run;
+  run.ranks.resize(world);
+  run.replays.resize(world);
+  runtime::run_cpu_ranks(world, {}, [&](int rank, Device& device, std::shared_ptr<Comm> comm) {
+    GraphEmulatorDevice graphs(device);
+    auto comm_in_graphs = std::make_shared<GraphEmulatorComm>(comm, graphs);
+    run.ranks[rank] = runtime::train_rank(graphs, comm_in_graphs, c);
+    run.replays[rank] = graphs.replays();
+  });
+  return run;
+}
+
+runtime::TrainConfig small(const std::string& kind) {
+  runtime::TrainConfig c;
+  c.model.kind = kind;
+  c.model.layers = 3;
+  c.model.dim = 16;
+  c.model.hidden = 24;
+  c.model.experts = 3;
+  c.model.classes = kind == "transformer" ? 0 : 5;
+  c.model.heads = 2;
+  c.model.ffn_dim = 32;
+  c.model.seq_len = 4;
+  c.model.vocab = 37;
+  c.tokens = 8;
+  c.steps = 8;
+  c.warmup = 2;
+  c.optimizer.max_grad_norm = 1.0f;
+  c.schedule.kind = "cosine";  // a different lr at every replayed step
+  c.schedule.warmup_steps = 2;
+  c.schedule.min_lr = 1e-4f;
+  c.collect_params = true;
+  return c;
+}
+
+void expect_captured_equals_eager(const runtime::TrainConfig& c, int world) {
+  const auto eager = run_fsdp(world, c);
+  const EmulatedRun graph = run_captured(world, c);
+  const runtime::RankResult& r = graph.ranks[0];
+  EXPECT_EQ(r.captured_step, c.warmup);
+  EXPECT_EQ(graph.replays[0], c.steps - c.warmup);
+  EXPECT_EQ(r.graph_streams,
+            (std::vector<std::string>{"compute", "all-gather", "reduce-scatter"}));
+  ASSERT_EQ(r.losses.size(), eager[0].losses.size());
+  EXPECT_EQ(r.losses, eager[0].losses);
+  EXPECT_EQ(r.grad_norms, eager[0].grad_norms);
+  EXPECT_EQ(r.lrs, eager[0].lrs);
+  EXPECT_EQ(r.params, eager[0].params);
+}
+
+TEST(CapturedStepEmulated, MlpReplaysBitwiseAsEager) { expect_captured_equals_eager(small("mlp"), 2); }
+
+TEST(CapturedStepEmulated, FourMicroBatchesTwoRsBuffersSeparateGroup) {
+  runtime::TrainConfig c = small("mlp");
+  c.micro_batches = 4;
+  c.tokens = 4;
+  c.rs_max_input_buffers = 2;
+  c.separate_rs_group = true;
+  expect_captured_equals_eager(c, 2);
+}
+
+TEST(CapturedStepEmulated, TransformerWithTheOptimizerInBackward) {
+  runtime::TrainConfig c = small("transformer");
+  c.optimizer.max_grad_norm = 0;
+  c.optimizer_in_backward = true;
+  c.micro_batches = 2;
+  expect_captured_equals_eager(c, 2);
+}
+
+TEST(CapturedStepEmulated, MoeWithExpertsOnTheirOwnMesh) {
+  runtime::TrainConfig c = small("moe");
+  c.reshard_after_forward = false;
+  expect_captured_equals_eager(c, 2);
+}
+
+TEST(CapturedStepEmulated, AHostWaitInsideTheStepIsRefused) {
+  runtime::TrainConfig c = small("mlp");
+  c.after_backward = [](runtime::TrainState& s) { s.device.synchronize(); };
+  try {
+    run_captured(1, c);
+    FAIL() << "a host wait was captured";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("host waits for the device inside the step"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(CapturedStepEmulated, StateKeptAcrossStepsIsRefused) {
+  runtime::TrainConfig c = small("mlp");
+  void* kept = nullptr;  // a buffer made in each step and freed in the next
+  c.after_backward = [&kept](runtime::TrainState& s) {
+    if (kept) s.device.free(kept, s.compute);
+    kept = s.device.alloc(16, s.compute, MemTag::Other);
+  };
+  try {
+    run_captured(1, c);
+    FAIL() << "memory crossing the step boundary was captured";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("frees memory allocated before it"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::testing
