@@ -30,6 +30,7 @@ struct TrainOptions {
   int reshard_after_forward = 1, separate_rs_group = 0, prefetch_next_step = 1, norm = 1;
   double clip_grad_norm = 1.0, weight_decay = 0.01;
   std::optional<int64_t> chaos_seed;
+  std::optional<double> timeout_s;  // --timeout; unset: each backend's default (60 s)
   std::string json_path, trace_path;
   // --data DIR: token files of `fsdp prepare-data` (train_data.cpp).
   std::string data_dir;

@@ -28,6 +28,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
 #include "fsdp/launch.h"
+#include "launch/rank_processes.h"
 
 namespace fsdp {
 
@@ -53,6 +54,7 @@ std::string read_all(int fd) {
 std::string run_one_rank(int rank, int world, int local_rank, const cuda::UniqueId& id,
                          const RankBodyWithResult& body) {
   this_thread_identity() = {rank, "cuda:" + std::to_string(local_rank)};
+  cuda::set_exit_when_hung(true);  // this process is one rank (Note [NCCL watchdog])
   std::unique_ptr<Device> device = cuda::make_device(local_rank);
   std::shared_ptr<Comm> comm = cuda::make_world_comm(*device, id, rank, world);
   std::string result = body(rank, *device, comm);
@@ -176,19 +178,10 @@ CudaLaunch run_cuda_ranks_with_results(int nproc, const RankBodyWithResult& body
     }
     pids.push_back(pid);
   }
-  // Wait for every child; if one fails, the others would wait in NCCL forever: stop them.
-  bool failed = false;
-  for (int done = 0; done < world; ++done) {
-    int status = 0;
-    const pid_t pid = ::waitpid(-1, &status, 0);
-    if (pid < 0) break;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      if (!failed)
-        for (pid_t other : pids)
-          if (other != pid) ::kill(other, SIGTERM);
-      failed = true;
-    }
-  }
+  // If one child fails, the others would wait in NCCL forever: they are stopped at once, and
+  // the error names the rank that failed first (rank_processes.h).
+  const std::string first_failure = launch::wait_for_rank_processes(pids);
+  bool failed = !first_failure.empty();
   launch.results.resize(world);
   for (int rank = 0; rank < world; ++rank) {
     std::ifstream in(result_path(rank), std::ios::binary);
@@ -197,7 +190,9 @@ CudaLaunch run_cuda_ranks_with_results(int nproc, const RankBodyWithResult& body
     ::unlink(result_path(rank).c_str());
   }
   ::rmdir(dir.c_str());
-  FSDP_CHECK(!failed, "one or more GPU ranks failed (their errors are above)");
+  if (!first_failure.empty())
+    FSDP_FAIL(first_failure, "; the other ranks were stopped (any errors they printed are above)");
+  FSDP_CHECK(!failed, "a GPU rank left no result");
   return launch;
 }
 
