@@ -38,8 +38,8 @@ std::vector<std::string> run_checked(int world_size,
       this_thread_identity() = {r, "cpu:" + std::to_string(r)};
       try {
         auto device = world.make_device(r);
-        std::shared_ptr<Comm> comm =
-            with_collective_checks(std::shared_ptr<Comm>(world.make_world_comm(r, *device)), *device);
+        std::shared_ptr<Comm> raw = world.make_world_comm(r, *device);
+        std::shared_ptr<Comm> comm = with_collective_checks(raw, *device);
         const Stream s = device->create_stream("s", StreamPriority::Normal);
         fn(r, *device, *comm, s);
         device->synchronize();

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/error.h"
@@ -46,9 +47,16 @@ TEST(RankProcesses, AKilledRankIsNamedAndEveryOtherIsStoppedAndReaped) {
   const std::vector<pid_t> pids = {spawn(Child::WaitsForever), spawn(Child::KillsItself),
                                    spawn(Child::IgnoresSigterm)};
   // Rank 2 ignores SIGTERM, so it takes the SIGKILL after the grace period.
-  const std::string failure = launch::wait_for_rank_processes(pids, /*grace_s=*/0.2);
+  std::vector<std::pair<int, std::string>> recorded;
+  const std::string failure = launch::wait_for_rank_processes(
+      pids, /*grace_s=*/0.2,
+      [&](int rank, const std::string& why) { recorded.push_back({rank, why}); });
   EXPECT_EQ(failure, "rank 1 was killed by signal 9 (Killed)");
   EXPECT_TRUE(all_reaped(pids));
+  // Told once, about the first failure only (not about the ranks it stopped).
+  ASSERT_EQ(recorded.size(), 1u);
+  EXPECT_EQ(recorded[0].first, 1);
+  EXPECT_EQ(recorded[0].second, failure);
 }
 
 TEST(RankProcesses, ANonZeroExitIsNamed) {

@@ -104,6 +104,8 @@ class CheckedComm final : public Comm {
         name_hash_(fnv1a(name())) {}
 
   ~CheckedComm() override {
+    // An exchange that failed (an aborted world) may still be copying into host_.
+    if (host_) synchronize_in_destructor(device_);
     if (send_) device_.free(send_, last_stream_);
     if (recv_) device_.free(recv_, last_stream_);
     if (host_) device_.free_host(host_);
@@ -186,17 +188,28 @@ class CheckedComm final : public Comm {
     std::memcpy(all.data(), host_, n * sizeof(Fingerprint));
     for (size_t m = 1; m < n; ++m) {
       if (same(all[0], all[m])) continue;
+      drain_before_failing();
       const int r0 = world_ranks()[0], rm = world_ranks()[m];
       std::string where = detail::concat("collective ", mine.seq, " on '", name(), "'");
       if (all[0].seq != all[m].seq)
         FSDP_FAIL(where, ": rank ", r0, " is at its collective ", all[0].seq, ", rank ", rm,
-                  " at ", all[m].seq, " on this communicator (some collectives bypassed the check)");
+                  " at ", all[m].seq, " (some collectives bypassed the check)");
       if (all[0].name_hash != all[m].name_hash)
         FSDP_FAIL(where, ": rank ", r0, " issued ", describe(all[0]), " on '", name_of(all[0]),
                   "', rank ", rm, " issued ", describe(all[m]), " on '", name_of(all[m]), "'");
       FSDP_FAIL(where, ": rank ", r0, " issued ", describe(all[0]), ", rank ", rm, " issued ",
                 describe(all[m]), "; every rank must issue the same collectives in the same "
                 "order on a communicator");
+    }
+  }
+
+  // The error unwinds the caller's step, freeing what queued work may still use: let that
+  // work finish first. Everything queued was issued before this collective, so it needs no
+  // collective that the mismatch would leave unmatched; a failure in it is beside the point.
+  void drain_before_failing() {
+    try {
+      device_.synchronize();
+    } catch (const Error&) {
     }
   }
 

@@ -28,7 +28,9 @@ std::string describe_rank_exit(int rank, int status) {
   return detail::concat("rank ", rank, " ended with wait status ", status);
 }
 
-std::string wait_for_rank_processes(const std::vector<pid_t>& pids, double grace_s) {
+std::string wait_for_rank_processes(
+    const std::vector<pid_t>& pids, double grace_s,
+    const std::function<void(int rank, const std::string& failure)>& on_first_failure) {
   using Clock = std::chrono::steady_clock;
   std::vector<bool> reaped(pids.size(), false);
   size_t left = pids.size();
@@ -45,16 +47,14 @@ std::string wait_for_rank_processes(const std::vector<pid_t>& pids, double grace
       reaped[r] = true;
       --left;
       progressed = true;
-      if (got < 0) {  // not our child any more (reaped elsewhere): nothing to wait for
-        if (first_failure.empty())
-          first_failure = detail::concat("rank ", r, " could not be waited for: ",
-                                         std::strerror(errno));
-        continue;
-      }
-      const std::string failure = describe_rank_exit(static_cast<int>(r), status);
+      // A pid that is not our child any more (reaped elsewhere) cannot be accounted for.
+      const std::string failure =
+          got < 0 ? detail::concat("rank ", r, " could not be waited for: ", std::strerror(errno))
+                  : describe_rank_exit(static_cast<int>(r), status);
       if (failure.empty() || !first_failure.empty()) continue;
       // The first failure: the others would wait for this rank forever, so stop them now.
       first_failure = failure;
+      if (on_first_failure) on_first_failure(static_cast<int>(r), failure);
       for (size_t other = 0; other < pids.size(); ++other)
         if (!reaped[other]) ::kill(pids[other], SIGTERM);
       kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(

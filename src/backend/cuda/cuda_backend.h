@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -36,6 +37,10 @@ void set_collective_timeout_s(double seconds);
 // prints the error and exits the process with status 1 itself, so a rank never outlives the
 // bound. Off by default (a library caller keeps its process).
 void set_exit_when_hung(bool on);
+// Who was lost, for the watchdog's error: called once when it fires, allowed to wait up to
+// `wait_s` seconds, returns e.g. "rank 1 was killed by signal 9 (Killed)", or "" when nobody
+// knows. A launcher whose ranks share a store sets it to read the failure notice there.
+void set_lost_rank_reader(std::function<std::string(double wait_s)> reader);
 
 std::unique_ptr<Device> make_device(int local_rank);
 std::unique_ptr<Comm> make_world_comm(Device& device, const UniqueId& id, int rank, int world);

@@ -4,8 +4,9 @@
 //
 // Communicators are blocking (ncclConfig_t.blocking = 1): init, split and collectives return
 // once enqueued, with no ncclInProgress polling. Each is watched (Note [NCCL watchdog]): a
-// collective that does not complete within the timeout, or an NCCL error, aborts them all. NCCL_* environment variables are left to the
-// user; nothing here turns NVLS (NVLink SHARP) or any other feature on.
+// collective that does not complete within the timeout, or an NCCL error, aborts them all.
+// NCCL_* environment variables are left to the user; nothing here turns NVLS (NVLink SHARP)
+// or any other feature on.
 #include <cstring>
 #include <numeric>
 

@@ -17,21 +17,22 @@
 //  - Backstop: in a process that is one rank (set_exit_when_hung, set by the launchers), a
 //    host that has not come back a few seconds after the abort (stuck inside an NCCL call
 //    that the abort did not end) gets the error printed and the process exits with status 1.
-//  - Which peer died NCCL cannot say; the --nproc parent names it (it sees the child's exit,
+//  - Which peer died NCCL cannot say. The --nproc parent names it (it sees the child's exit,
 //    src/launch/rank_processes.h) and stops the others at once, usually long before this
-//    timeout. Under an external launcher the watchdog's error is the rank's message.
+//    timeout. Where the ranks share a store, a launcher sets set_lost_rank_reader, and the
+//    watchdog's error names the rank from the failure notice there (Note [Failure notices]).
 //  - Order at teardown: a CUDA graph that captured collectives must be destroyed before its
 //    communicator (this backend captures none today); an aborted communicator is never
 //    finalized (ncclCommDestroy would wait for the dead peer).
 #include "backend/cuda/nccl_watchdog.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -48,6 +49,24 @@ std::atomic<double> g_timeout_s{60.0};
 std::atomic<bool> g_exit_when_hung{false};
 std::atomic<bool> g_aborted{false};
 constexpr double kExitGraceSeconds = 10;
+constexpr double kLostRankWaitSeconds = 5;  // for a launcher a moment behind the broken rank
+
+std::mutex g_reader_mutex;
+std::function<std::string(double)> g_lost_rank_reader;
+
+std::string lost_rank() {
+  std::function<std::string(double)> reader;
+  {
+    std::lock_guard<std::mutex> lock(g_reader_mutex);
+    reader = g_lost_rank_reader;
+  }
+  if (!reader) return "";
+  try {
+    return reader(kLostRankWaitSeconds);
+  } catch (const std::exception&) {
+    return "";  // the store may have gone with the lost rank: the error says what it can
+  }
+}
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -140,9 +159,11 @@ class Watchdog {
   }
 
   void abort_all(int rank, const std::string& why) {
+    const std::string lost = lost_rank();
     {
       std::lock_guard<std::mutex> lock(reason_mutex_);
       reason_ = detail::concat("[rank ", rank, "] NCCL watchdog: ", why,
+                               lost.empty() ? "" : "; lost: " + lost,
                                "; every NCCL communicator of this rank was aborted");
     }
     g_aborted.store(true, std::memory_order_release);  // host waits throw from here on
@@ -180,6 +201,10 @@ void set_collective_timeout_s(double seconds) {
   g_timeout_s.store(seconds);
 }
 void set_exit_when_hung(bool on) { g_exit_when_hung.store(on); }
+void set_lost_rank_reader(std::function<std::string(double wait_s)> reader) {
+  std::lock_guard<std::mutex> lock(g_reader_mutex);
+  g_lost_rank_reader = std::move(reader);
+}
 bool watchdog_aborted() { return g_aborted.load(std::memory_order_acquire); }
 
 void throw_watchdog_error() { throw Error(Watchdog::get().reason()); }
