@@ -27,8 +27,10 @@
 #include "fsdp/collective_check.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "fsdp/error.h"
@@ -104,11 +106,11 @@ class CheckedComm final : public Comm {
         name_hash_(fnv1a(name())) {}
 
   ~CheckedComm() override {
-    // An exchange that failed (an aborted world) may still be copying into host_.
-    if (host_) synchronize_in_destructor(device_);
-    if (send_) device_.free(send_, last_stream_);
+    if (send_) device_.free(send_, last_stream_);  // stream-ordered: safe whatever is queued
     if (recv_) device_.free(recv_, last_stream_);
+    if (host_ && copy_may_be_queued_ && !wait_for_copy()) return;  // leaked, not freed under it
     if (host_) device_.free_host(host_);
+    if (copied_.valid()) device_.destroy_event(copied_);
   }
 
  protected:
@@ -173,6 +175,7 @@ class CheckedComm final : public Comm {
       send_ = device_.alloc(sizeof(Fingerprint), s, MemTag::Other);
       recv_ = device_.alloc(n * sizeof(Fingerprint), s, MemTag::Other);
       host_ = device_.alloc_host(n * sizeof(Fingerprint));
+      copied_ = device_.create_event();
     }
     last_stream_ = s;
     std::vector<Fingerprint> all(n);
@@ -180,7 +183,10 @@ class CheckedComm final : public Comm {
       device_.copy_from_host(s, send_, &mine, sizeof(Fingerprint));
       inner_->all_gather(send_, recv_, kFingerprintWords, DType::I32, s);
       device_.copy_to_host(s, host_, recv_, n * sizeof(Fingerprint));
+      device_.record_event(copied_, s);
+      copy_may_be_queued_ = true;
       device_.synchronize_stream(s);
+      copy_may_be_queued_ = false;
     } catch (const Error& e) {
       FSDP_FAIL("checking collective ", mine.seq, " on '", name(), "' (", describe(mine),
                 "): the fingerprint exchange failed: ", e.what());
@@ -213,6 +219,22 @@ class CheckedComm final : public Comm {
     }
   }
 
+  // After a failed synchronization (an aborted world gives up waiting at once) the copy into
+  // host_ may still be queued or running: polls its event, which every backend completes
+  // when its stream drains, for up to a minute. False if it never came (host_ must leak).
+  bool wait_for_copy() noexcept {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    try {
+      while (!device_.query_event(copied_)) {
+        if (std::chrono::steady_clock::now() > give_up) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
+
   std::shared_ptr<Comm> inner_;
   Device& device_;
   const uint64_t name_hash_;
@@ -220,6 +242,8 @@ class CheckedComm final : public Comm {
   void* send_ = nullptr;
   void* recv_ = nullptr;
   void* host_ = nullptr;
+  Event copied_;  // recorded after each copy into host_
+  bool copy_may_be_queued_ = false;
   Stream last_stream_;
 };
 
