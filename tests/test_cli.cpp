@@ -61,7 +61,13 @@ TEST(Cli, EveryBadInputGivesOneLineAndNonZeroExit) {
         "train --backend cpu --warmup-steps -2", "train --backend cpu --clip-grad-norm -1",
         "train --backend cpu --optimizer-in-backward 1", "train --backend cpu --log-every 0",
         "train --backend cpu --lr-schedule step", "train --backend cpu --json /nonexistent/dir/x.json",
-        "train --backend cpu --trace /", "train --backend cpu --experts 0"}) {
+        "train --backend cpu --trace /", "train --backend cpu --experts 0",
+        // multi-node launch and rendezvous
+        "train --backend cpu --timeout 0", "train --backend cpu --timeout -5",
+        "train --backend cpu --timeout soon", "train --backend cpu --nnodes 0",
+        "train --backend cpu --node-rank -1", "train --backend cpu --master-port 70000",
+        "train --backend cpu --master-port 0", "train --backend cpu --nnodes 2 --node-rank 1",
+        "train --backend cpu --master-addr 10.0.0.1"}) {
     CommandResult r = run_fsdp_command(args);
     EXPECT_NE(r.code, 0) << args;
     EXPECT_NE(r.code, -1) << args << ": crashed";

@@ -49,7 +49,7 @@ TEST(RankProcesses, AKilledRankIsNamedAndEveryOtherIsStoppedAndReaped) {
   // Rank 2 ignores SIGTERM, so it takes the SIGKILL after the grace period.
   std::vector<std::pair<int, std::string>> recorded;
   const std::string failure = launch::wait_for_rank_processes(
-      pids, /*grace_s=*/0.2,
+      pids, /*first_rank=*/0, /*grace_s=*/0.2,
       [&](int rank, const std::string& why) { recorded.push_back({rank, why}); });
   EXPECT_EQ(failure, "rank 1 was killed by signal 9 (Killed)");
   EXPECT_TRUE(all_reaped(pids));
@@ -59,9 +59,10 @@ TEST(RankProcesses, AKilledRankIsNamedAndEveryOtherIsStoppedAndReaped) {
   EXPECT_EQ(recorded[0].second, failure);
 }
 
-TEST(RankProcesses, ANonZeroExitIsNamed) {
+TEST(RankProcesses, ANonZeroExitIsNamedByItsGlobalRank) {
   const std::vector<pid_t> pids = {spawn(Child::ExitsWith3), spawn(Child::WaitsForever)};
-  EXPECT_EQ(launch::wait_for_rank_processes(pids, 0.2), "rank 0 exited with status 3");
+  // Ranks 4 and 5 of a job (a second node's).
+  EXPECT_EQ(launch::wait_for_rank_processes(pids, 4, 0.2), "rank 4 exited with status 3");
   EXPECT_TRUE(all_reaped(pids));
 }
 

@@ -1,6 +1,7 @@
 // The in-process rendezvous store: values, counters, and timeouts that name what is missing.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <thread>
 
 #include "fsdp/error.h"
@@ -55,6 +56,31 @@ TEST(MemoryStore, BarrierReturnsOnceEveryRankArrives) {
     ranks.emplace_back([&, r] { store->barrier("go", r, 4, Millis(60000)); });
   for (auto& t : ranks) t.join();
   EXPECT_EQ(store->check({"barrier/go/3"}), std::vector<bool>{true});
+}
+
+// A store that counts the keys asked about by check(): a barrier that completes polls its
+// counter only, so its cost per poll does not grow with the ranks.
+class CountingStore final : public Store {
+ public:
+  std::shared_ptr<Store> base = make_memory_store();
+  std::atomic<int64_t> checked_keys{0};
+  void set(const std::string& k, const std::string& v) override { base->set(k, v); }
+  std::string get(const std::string& k, Millis t) override { return base->get(k, t); }
+  int64_t add(const std::string& k, int64_t d) override { return base->add(k, d); }
+  std::vector<bool> check(const std::vector<std::string>& keys) override {
+    checked_keys += static_cast<int64_t>(keys.size());
+    return base->check(keys);
+  }
+};
+
+TEST(MemoryStore, ABarrierThatCompletesChecksNoRankKeys) {
+  CountingStore store;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 16; ++r)
+    ranks.emplace_back([&, r] { store.barrier("go", r, 16, Millis(60000)); });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(store.checked_keys.load(), 0);
+  EXPECT_EQ(store.get("barrier/go/count", Millis(0)), "16");
 }
 
 TEST(DescribeRanks, ReadsAsEnglish) {

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
+#include "launch/launch_env.h"
 #include "runtime/launch_cuda.h"
 #include "tools/train_command.h"
 
@@ -91,6 +92,15 @@ void check_ranges(const TrainOptions& o) {
   FSDP_USER_CHECK(o.log_every >= 1, "--log-every must be >= 1, got ", o.log_every);
   FSDP_USER_CHECK(std::isfinite(o.peak_tflops) && o.peak_tflops > 0,
                   "--peak-tflops must be > 0, got ", o.peak_tflops);
+  // ---- multi-node launch and rendezvous (the rest is checked with the environment, below)
+  FSDP_USER_CHECK(std::isfinite(o.timeout_s) && o.timeout_s > 0 && o.timeout_s <= 1e6,
+                  "--timeout must be in (0, 1e6] seconds, got ", o.timeout_s);
+  FSDP_USER_CHECK(!o.nnodes || *o.nnodes >= 1, "--nnodes must be >= 1, got ", o.nnodes.value_or(0));
+  FSDP_USER_CHECK(!o.node_rank || *o.node_rank >= 0, "--node-rank must be >= 0, got ",
+                  o.node_rank.value_or(0));
+  FSDP_USER_CHECK(!o.master_port || (*o.master_port >= 1 && *o.master_port <= 65535),
+                  "--master-port must be a TCP port (1 to 65535), got ", o.master_port.value_or(0));
+  FSDP_USER_CHECK(!o.master_addr || !o.master_addr->empty(), "--master-addr must not be empty");
 }
 
 // The "auto" defaults (Note [Command defaults]).
@@ -155,8 +165,12 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
     }
   }
   if (backend == "cpu") {
+    const std::string chose = why.empty() ? "" : " (--backend auto chose cpu: " + why + ")";
     FSDP_USER_CHECK(!nproc_given, "--nproc applies to the CUDA backend; the CPU backend runs "
-                    "--world-size ranks as threads", why.empty() ? "" : " (--backend auto chose cpu: " + why + ")");
+                    "--world-size ranks as threads", chose);
+    FSDP_USER_CHECK(!o.nnodes && !o.node_rank && !o.master_addr && !o.master_port,
+                    "--nnodes, --node-rank, --master-addr and --master-port apply to the CUDA "
+                    "backend; the CPU backend runs its ranks as threads of this process", chose);
     o.effective_world = o.world_size;
     return backend;
   }
@@ -165,12 +179,25 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
   FSDP_USER_CHECK(!chaos_given, "--chaos applies to the CPU backend only");
   if (gpus < 0) gpus = runtime::visible_gpu_count();
   FSDP_USER_CHECK(gpus > 0, "--backend cuda: no GPU is visible");
-  FSDP_USER_CHECK(o.nproc <= gpus, "--nproc ", o.nproc, " needs ", o.nproc, " GPUs; ", gpus,
-                  gpus == 1 ? " is" : " are", " visible");
-  const int used = o.nproc > 0 ? o.nproc : gpus;
+  // Where the ranks come from (Note [Launch environments]): one-line errors before any starts.
+  launch::LaunchFlags flags;
+  flags.nnodes = o.nnodes;
+  flags.node_rank = o.node_rank;
+  flags.master_addr = o.master_addr;
+  flags.master_port = o.master_port;
+  if (nproc_given) flags.nproc = std::max(o.nproc, 1);
+  if (launch::detect_launcher(flags) == launch::Launcher::Fsdp) {
+    FSDP_USER_CHECK(o.nproc <= gpus, "--nproc ", o.nproc, " needs ", o.nproc, " GPUs; ", gpus,
+                    gpus == 1 ? " is" : " are", " visible");
+    flags.nproc = o.nproc > 0 ? o.nproc : gpus;
+  }
+  const launch::LaunchEnv env = launch::resolve_launch(flags);
+  const int used = env.world_size;
   FSDP_USER_CHECK(!world_given || o.world_size == used, "--world-size ", o.world_size,
                   " does not match the ", used, " GPU", used == 1 ? "" : "s",
-                  " the CUDA backend would use (one rank per GPU; pick them with --nproc)");
+                  " the CUDA backend would use (one rank per GPU; pick them with --nproc",
+                  env.launcher == launch::Launcher::Fsdp ? " and --nnodes)"
+                      : std::string(" and ") + launch::launcher_name(env.launcher) + ")");
   o.effective_world = used;
   return backend;
 }

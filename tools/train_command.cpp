@@ -9,7 +9,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
 #include "runtime/launch.h"
 #include "runtime/launch_cuda.h"
@@ -101,14 +100,24 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--peak-tflops", o.peak_tflops,
                  "GPU peak TFLOP/s for MFU (989: H200 dense bf16)");
   app.add_flag("--quiet", o.quiet, "no step lines; a progress line about every 10 s");
-  // ---- failures that end the run instead of hanging it
+  // ---- multi-node launch and rendezvous (docs/launch.md)
+  app.add_option("--nnodes", o.nnodes,
+                 "CUDA backend: nodes of the job; each runs this command with its own "
+                 "--node-rank [default: 1]");
+  app.add_option("--node-rank", o.node_rank, "this node's index in [0, --nnodes) [default: 0]");
+  app.add_option("--master-addr", o.master_addr,
+                 "host of node 0, where the ranks meet [default: MASTER_ADDR; 127.0.0.1 on "
+                 "one node]");
+  app.add_option("--master-port", o.master_port,
+                 "port of the rendezvous store on that host [default: MASTER_PORT; a free "
+                 "port on one node]");
+  app.add_option("--timeout", o.timeout_s,
+                 "seconds any rank may wait for the others (rendezvous, collectives) before "
+                 "the run fails naming the missing ranks");
+  // ---- failures that end the run instead of hanging it (--timeout is above)
   app.add_flag("--check-collectives", o.config.check_collectives,
                "compare a fingerprint of every collective across ranks before it runs; a "
                "mismatch is an error naming both sides (a debug mode: it syncs) [default: off]");
-  app.add_option("--timeout", o.timeout_s,
-                 "seconds a collective may wait for its peers before the run fails (0: forever) "
-                 "[default: 60; CPU: FSDP_CPU_COLLECTIVE_TIMEOUT_S when set]")
-      ->check(CLI::NonNegativeNumber);
   // ---- checkpoints (docs/checkpoint.md)
   app.add_option("--save-dir", o.config.checkpoint.save_dir, "save sharded checkpoints here");
   app.add_option("--save-every", o.config.checkpoint.save_every,
@@ -284,7 +293,7 @@ int run_train(TrainOptions& o) {
     cpu::CpuOptions cpu_options;
     cpu_options.chaos = o.chaos_seed.has_value();
     cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
-    if (o.timeout_s) cpu_options.collective_timeout_s = *o.timeout_s;
+    cpu_options.collective_timeout_s = o.timeout_s;
     runtime::run_cpu_ranks(o.world_size, cpu_options,
                            [&](int rank, Device& device, std::shared_ptr<Comm> world) {
                              results[rank] = runtime::train_rank(
@@ -293,8 +302,7 @@ int run_train(TrainOptions& o) {
                                            : nullptr);
                            });
   } else {
-    if (o.timeout_s) cuda::set_collective_timeout_s(*o.timeout_s);  // before the ranks fork
-    results = runtime::run_cuda_training(o.nproc, o.config, on_step, o.effective_world);
+    results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
   }
   const Summary s = summarize(backend, o.effective_world, o.config, results, o.peak_tflops);
   if (s.error.empty()) {
@@ -315,6 +323,17 @@ int run_train(TrainOptions& o) {
   }
   if (!s.error.empty()) throw UserError(s.error);
   return 0;
+}
+
+LaunchOptions launch_options_of(const TrainOptions& o) {
+  LaunchOptions l;
+  l.nproc = o.nproc;
+  l.nnodes = o.nnodes;
+  l.node_rank = o.node_rank;
+  l.master_addr = o.master_addr;
+  l.master_port = o.master_port;
+  l.timeout_s = o.timeout_s;
+  return l;
 }
 
 nn::ModelConfig model_config_of(TrainOptions& options) {

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "fsdp/launch.h"
 #include "runtime/trainer.h"
 
 namespace fsdp::tools {
@@ -30,7 +31,6 @@ struct TrainOptions {
   int reshard_after_forward = 1, separate_rs_group = 0, prefetch_next_step = 1, norm = 1;
   double clip_grad_norm = 1.0, weight_decay = 0.01;
   std::optional<int64_t> chaos_seed;
-  std::optional<double> timeout_s;  // --timeout; unset: each backend's default (60 s)
   std::string json_path, trace_path;
   // --data DIR: token files of `fsdp prepare-data` (train_data.cpp).
   std::string data_dir;
@@ -46,6 +46,10 @@ struct TrainOptions {
   // Which flags the user gave (for checks that depend on it).
   const CLI::Option* world_size_opt = nullptr;
   const CLI::Option* nproc_opt = nullptr;
+  // ---- multi-node launch and rendezvous (docs/launch.md); unset: the environment's, or one node
+  std::optional<int> nnodes, node_rank, master_port;
+  std::optional<std::string> master_addr;
+  double timeout_s = 60;  // every rendezvous wait, and the bound on a collective
 };
 
 struct Summary {
@@ -68,6 +72,8 @@ struct Summary {
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);
+// The launch flags as the launcher takes them (include/fsdp/launch.h).
+LaunchOptions launch_options_of(const TrainOptions& options);
 // The model the parsed flags describe, defaults filled in (for `fsdp export --init`).
 nn::ModelConfig model_config_of(TrainOptions& options);
 int run_train(TrainOptions& options);

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,23 +50,46 @@ bool cuda_backend_built();
 // GPUs this process could use, counted without initializing CUDA here (so it can still
 // fork one process per GPU afterwards). 0 without the CUDA backend or without a GPU.
 int visible_gpu_count();
-// True when an external launcher started this process as one rank: RANK and WORLD_SIZE are
-// set (torchrun also sets LOCAL_RANK, MASTER_ADDR and MASTER_PORT).
+// True when an external launcher started this process as one rank: torchrun (RANK and
+// WORLD_SIZE set), srun (SLURM_PROCID, SLURM_NTASKS) or mpirun (OMPI_COMM_WORLD_RANK/SIZE,
+// PMI_RANK/PMI_SIZE). See docs/launch.md.
 bool under_external_launcher();
+
+// How the ranks of a GPU job start and meet (docs/launch.md). Unset fields come from the
+// environment (MASTER_ADDR, MASTER_PORT, a launcher's variables) or mean one node.
+struct LaunchOptions {
+  // Processes this node forks, one per GPU (0: every visible GPU). Given (> 0) under torchrun
+  // it is an error: torchrun already started one process per rank.
+  int nproc = 0;
+  // Several nodes: each runs the same program with its own node_rank; node 0 hosts the
+  // rendezvous store at master_addr:master_port and every rank meets there.
+  std::optional<int> nnodes, node_rank, master_port;
+  std::optional<std::string> master_addr;
+  // Every rendezvous wait (connecting to the store, the NCCL id, all ranks arriving) ends
+  // after this long with an error naming what is missing.
+  double timeout_s = 60;
+};
 
 struct CudaLaunch {
   int world_size = 0;  // ranks in the whole job
-  // Under an external launcher: this process's rank, and results holds only its result.
-  // Otherwise -1, and results holds every rank's result in rank order.
+  // Under an external launcher: this process's rank; otherwise -1.
   int this_rank = -1;
+  // The results of the ranks this process ran, in rank order from first_rank: every rank of
+  // the job on one node, this node's ranks on several, this process's rank under an
+  // external launcher.
+  int first_rank = 0;
   std::vector<std::string> results;
 };
 
-// Under an external launcher (RANK, WORLD_SIZE set), runs `body` once as this process's rank
-// on GPU LOCAL_RANK; rank 0 hands the NCCL id to the others over TCP at MASTER_ADDR,
-// port MASTER_PORT + 1. Otherwise forks `nproc` processes (0: one per visible GPU), one per
-// GPU, and waits for them; if one fails the others are stopped and an fsdp::Error is thrown.
+// Under an external launcher, runs `body` once as this process's rank on GPU LOCAL_RANK.
+// Otherwise forks `nproc` processes on this node (0: one per visible GPU) and waits for them;
+// if one fails the others are stopped and an fsdp::Error is thrown. Either way the ranks meet
+// at the rendezvous store (Note [Launching on GPUs]): rank 0 puts the NCCL id there, and all
+// wait for each other there (at most options.timeout_s) before NCCL starts.
 // The calling process must not have used CUDA before (see Note [Launching on GPUs]).
+CudaLaunch run_cuda_ranks_with_results(const LaunchOptions& options,
+                                       const RankBodyWithResult& body);
+// The same with only `nproc` given (ignored under an external launcher).
 CudaLaunch run_cuda_ranks_with_results(int nproc, const RankBodyWithResult& body);
 // The same without results; returns the world size.
 int run_cuda_ranks(int nproc, const RankBody& body);

@@ -29,7 +29,7 @@ std::string describe_rank_exit(int rank, int status) {
 }
 
 std::string wait_for_rank_processes(
-    const std::vector<pid_t>& pids, double grace_s,
+    const std::vector<pid_t>& pids, int first_rank, double grace_s,
     const std::function<void(int rank, const std::string& failure)>& on_first_failure) {
   using Clock = std::chrono::steady_clock;
   std::vector<bool> reaped(pids.size(), false);
@@ -48,13 +48,14 @@ std::string wait_for_rank_processes(
       --left;
       progressed = true;
       // A pid that is not our child any more (reaped elsewhere) cannot be accounted for.
+      const int rank = first_rank + static_cast<int>(r);
       const std::string failure =
-          got < 0 ? detail::concat("rank ", r, " could not be waited for: ", std::strerror(errno))
-                  : describe_rank_exit(static_cast<int>(r), status);
+          got < 0 ? detail::concat("rank ", rank, " could not be waited for: ", std::strerror(errno))
+                  : describe_rank_exit(rank, status);
       if (failure.empty() || !first_failure.empty()) continue;
       // The first failure: the others would wait for this rank forever, so stop them now.
       first_failure = failure;
-      if (on_first_failure) on_first_failure(static_cast<int>(r), failure);
+      if (on_first_failure) on_first_failure(rank, failure);
       for (size_t other = 0; other < pids.size(); ++other)
         if (!reaped[other]) ::kill(pids[other], SIGTERM);
       kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(

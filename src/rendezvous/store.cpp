@@ -93,15 +93,29 @@ void Store::wait_all(const std::vector<std::string>& keys, const std::vector<std
   FSDP_FAIL(what, " timed out after ", seconds_text(timeout), "; still missing: ", names);
 }
 
+// Each rank sets its own key (so a timeout can name the absent) and bumps a counter; the
+// wait polls the counter alone, so one poll costs one request however many ranks there are.
 void Store::barrier(const std::string& name, int rank, int world_size, Millis timeout) {
-  set("barrier/" + name + "/" + std::to_string(rank), "1");
+  const std::string base = "barrier/" + name + "/";
+  set(base + std::to_string(rank), "1");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  Millis pause(1);
+  int64_t arrived = add(base + "count", 1);
+  while (arrived < world_size && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, Millis(50));
+    arrived = add(base + "count", 0);
+  }
+  if (arrived >= world_size) return;
   std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) keys.push_back("barrier/" + name + "/" + std::to_string(r));
-  const std::vector<size_t> missing = missing_after(keys, timeout);
+  for (int r = 0; r < world_size; ++r) keys.push_back(base + std::to_string(r));
+  const std::vector<bool> present = check(keys);
+  std::vector<int> missing;
+  for (int r = 0; r < world_size; ++r)
+    if (!present[r]) missing.push_back(r);
   if (missing.empty()) return;
   FSDP_FAIL("rendezvous '", name, "' timed out after ", seconds_text(timeout), ": ",
-            describe_ranks(std::vector<int>(missing.begin(), missing.end())), " of ", world_size,
-            " never arrived");
+            describe_ranks(missing), " of ", world_size, " never arrived");
 }
 
 std::vector<bool> PrefixStore::check(const std::vector<std::string>& keys) {

@@ -2,6 +2,7 @@
 // runs train_rank on each rank; a rank's RankResult travels back to the parent as JSON.
 #include "runtime/launch_cuda.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -67,15 +68,18 @@ RankResult from_json(const nlohmann::json& j) {
 
 }  // namespace
 
-std::vector<RankResult> run_cuda_training(int nproc, const TrainConfig& config,
+std::vector<RankResult> run_cuda_training(const LaunchOptions& options, const TrainConfig& config,
                                           const std::function<void(const StepReport&)>& on_step,
                                           int& world_out) {
   const CudaLaunch launch = run_cuda_ranks_with_results(
-      nproc, [&](int rank, Device& device, std::shared_ptr<Comm> world) {
+      options, [&](int rank, Device& device, std::shared_ptr<Comm> world) {
         return to_json(train_rank(device, world, config, rank == 0 ? on_step : nullptr)).dump();
       });
   world_out = launch.world_size;
-  if (launch.this_rank > 0) std::_Exit(0);  // under torchrun only rank 0 reports
+  if (launch.first_rank > 0) {  // only the process that ran rank 0 reports
+    std::fflush(stdout);
+    std::_Exit(0);
+  }
   std::vector<RankResult> results;
   for (const std::string& r : launch.results) results.push_back(from_json(nlohmann::json::parse(r)));
   return results;

@@ -1,0 +1,112 @@
+// Forking a node's ranks and hosting the store for them (Note [Launching on GPUs]).
+#include "launch/node_ranks.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <memory>
+
+#include "fsdp/error.h"
+#include "launch/rank_processes.h"
+#include "rendezvous/tcp_store.h"
+
+namespace fsdp::launch {
+
+std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Millis timeout,
+                                        const RankMain& rank_main) {
+  FSDP_CHECK(node.launcher == Launcher::Fsdp, "run_node_ranks forks the ranks of fsdp's own "
+             "launch, not of ", launcher_name(node.launcher));
+  const int local = node.local_world_size;
+  // Node 0's launcher hosts the store: it listens now, so the port is known to the children,
+  // but serves only once they are all forked, so no child inherits an accepted connection;
+  // each child closes its copy of the listening socket. The store then lives exactly as long
+  // as this process, which outlives its ranks: a rank that dies cannot take it along.
+  std::unique_ptr<rendezvous::TcpStoreServer> server;
+  int port = node.master_port;
+  if (node.hosts_store()) {
+    server = std::make_unique<rendezvous::TcpStoreServer>(node.master_port, /*start=*/false);
+    port = server->port();
+  }
+  const std::string store_host = server ? "127.0.0.1" : node.master_addr;
+  // Each child writes its result (which can be large) to a file here.
+  char dir_template[] = "/tmp/fsdp-ranks-XXXXXX";
+  FSDP_CHECK(::mkdtemp(dir_template), "cannot make a temporary directory: ", std::strerror(errno));
+  const std::string dir = dir_template;
+  auto result_path = [&](int local_rank) {
+    return dir + "/rank" + std::to_string(local_rank) + ".out";
+  };
+  std::vector<pid_t> pids;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  for (int local_rank = 0; local_rank < local; ++local_rank) {
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      for (pid_t other : pids) ::kill(other, SIGTERM);
+      for (pid_t other : pids) ::waitpid(other, nullptr, 0);
+      FSDP_FAIL("fork failed: ", std::strerror(errno));
+    }
+    if (pid == 0) {
+      int code = 0;
+      try {
+        if (server) server->close_in_child();
+        const LaunchEnv e = for_local_rank(node, local_rank);
+        this_thread_identity() = {e.rank, "process " + std::to_string(::getpid())};
+        rendezvous::TcpStore store({store_host, port, timeout});
+        const std::string result = rank_main(e, store);
+        std::ofstream out(result_path(local_rank), std::ios::binary);
+        out << result;
+        out.close();
+        FSDP_CHECK(out.good(), "cannot write the rank's result to ", result_path(local_rank));
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "fsdp: error: %s\n", e.what());
+        code = 1;
+      }
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(code);  // a child must not run the parent's atexit handlers
+    }
+    pids.push_back(pid);
+  }
+  if (server) server->start();
+  // Names the first rank to fail, stops and reaps the others (rank_processes.h).
+  const std::string first_failure = wait_for_rank_processes(pids, node.rank);
+  bool failed = !first_failure.empty();
+  std::vector<std::string> results(local);
+  for (int local_rank = 0; local_rank < local; ++local_rank) {
+    std::ifstream in(result_path(local_rank), std::ios::binary);
+    if (!in.good()) failed = true;
+    else results[local_rank].assign(std::istreambuf_iterator<char>(in), {});
+    ::unlink(result_path(local_rank).c_str());
+  }
+  ::rmdir(dir.c_str());
+  if (!first_failure.empty())
+    FSDP_FAIL(first_failure, "; the other ranks were stopped (any errors they printed are above)");
+  FSDP_CHECK(!failed, "a rank left no result");
+  return results;
+}
+
+rendezvous::HostedStore open_rank_store(const LaunchEnv& e, rendezvous::Millis timeout) {
+  FSDP_CHECK(e.launcher != Launcher::Fsdp, "open_rank_store is for a rank of an external launcher");
+  rendezvous::HostedStore hosted =
+      rendezvous::host_or_join_tcp_store(e.hosts_store(), e.master_addr, e.master_port, timeout);
+  if (e.agent_store) {
+    try {
+      hosted.store->add("fsdp/" + e.run_id + "/joined", 1);
+    } catch (const Error& err) {
+      FSDP_FAIL("torchrun's agent store at ", hosted.store->address(), " (MASTER_ADDR:MASTER_PORT, "
+                "TORCHELASTIC_USE_AGENT_STORE=True) did not answer: is this a PyTorch whose "
+                "TCPStore protocol differs from Note [TCP store protocol]? ", err.what());
+    }
+  }
+  return hosted;
+}
+
+}  // namespace fsdp::launch
