@@ -21,7 +21,8 @@
 // device memory and 64 * members of host memory per communicator, allocated on first use.
 // Results do not change: the real collectives run as before, on the same streams, and
 // Comm::issued on the wrapper counts only them (the exchanges go through the wrapped
-// communicator, which nobody else sees).
+// communicator, which nobody else sees). A trace does show the exchanges, as collectives
+// under the label of the collective they check.
 // Not compared: all_to_all's per-peer counts (legitimately uneven; every backend checks the
 // pairs itself), so its fingerprint is op and dtype only.
 #include "fsdp/collective_check.h"

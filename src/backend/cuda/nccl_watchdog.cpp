@@ -6,21 +6,23 @@
 //    queryable). A thread polls, about ten times a second, the oldest pending event of each
 //    communicator and ncclCommGetAsyncError.
 //  - A collective that has not completed `timeout` seconds after it could start (its issue,
-//    or the completion of the one before it on the communicator, whichever is later; so work
+//    or the completion of the one before it on the communicator, whichever is later, so work
 //    queued long before its turn does not count), or an asynchronous NCCL error, makes the
 //    watchdog abort every watched communicator of the process (ncclCommAbort, which also
-//    ends the NCCL kernels still spinning, so the streams drain) and record why.
+//    ends the NCCL kernels still spinning, so the streams drain) and record why. A rank that
+//    pauses between collectives for longer (a long checkpoint write) needs a larger --timeout.
 //  - Host waits in CudaDevice poll (poll_until_ready) instead of blocking in
 //    cudaStreamSynchronize, so they see the abort and throw its error; NCCL calls check it
 //    before they enqueue. The rank's error then unwinds like any other, and a launcher child
 //    exits non-zero.
 //  - Backstop: in a process that is one rank (set_exit_when_hung, set by the launchers), a
-//    host that has not come back a few seconds after the abort (stuck inside an NCCL call
-//    that the abort did not end) gets the error printed and the process exits with status 1.
+//    host that has not come back 10 s after the abort (stuck inside an NCCL call that the
+//    abort did not end) gets the error printed and the process exits with status 1.
 //  - Which peer died NCCL cannot say. The --nproc parent names it (it sees the child's exit,
 //    src/launch/rank_processes.h) and stops the others at once, usually long before this
-//    timeout. Where the ranks share a store, a launcher sets set_lost_rank_reader, and the
-//    watchdog's error names the rank from the failure notice there (Note [Failure notices]).
+//    timeout. Where the ranks share a store, a launcher can set set_lost_rank_reader (to read
+//    the failure notice there, Note [Failure notices]), and the watchdog's error names the
+//    lost rank; nothing sets it yet.
 //  - Order at teardown: a CUDA graph that captured collectives must be destroyed before its
 //    communicator (this backend captures none today); an aborted communicator is never
 //    finalized (ncclCommDestroy would wait for the dead peer).
