@@ -232,8 +232,17 @@ def read_safetensors(path):
     return out
 
 
-def hf_to_engine(hf, a):
-    """Hugging Face Llama names -> the engine's fqns (q/k/v and gate/up concatenated by rows)."""
+def dense_ffn_from_hf(i, take, sd):
+    """Block i's dense feed-forward from its Llama names (gate and up concatenated by rows)."""
+    p = f"model.layers.{i}."
+    sd[f"layers.{i}.feed_forward.w13.weight"] = torch.cat(
+        [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
+    sd[f"layers.{i}.feed_forward.w2.weight"] = take(p + "mlp.down_proj.weight")
+
+
+def hf_to_engine(hf, a, ffn_from_hf=dense_ffn_from_hf):
+    """Hugging Face Llama names -> the engine's fqns (q/k/v and gate/up concatenated by rows).
+    ffn_from_hf(i, take, sd) fills block i's feed-forward (bench/torch_moe.py: MoE blocks)."""
     hf = dict(hf)
     sd = {}
 
@@ -251,9 +260,7 @@ def hf_to_engine(hf, a):
              take(p + "self_attn.v_proj.weight")], dim=0)
         sd[f"layers.{i}.attention.wo.weight"] = take(p + "self_attn.o_proj.weight")
         sd[f"layers.{i}.ffn_norm.weight"] = take(p + "post_attention_layernorm.weight")
-        sd[f"layers.{i}.feed_forward.w13.weight"] = torch.cat(
-            [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")], dim=0)
-        sd[f"layers.{i}.feed_forward.w2.weight"] = take(p + "mlp.down_proj.weight")
+        ffn_from_hf(i, take, sd)
     sd["norm.weight"] = take("model.norm.weight")
     sd["output.weight"] = take("lm_head.weight")
     if hf:
@@ -261,8 +268,8 @@ def hf_to_engine(hf, a):
     return sd
 
 
-def load_initial_weights(model, path, a):
-    sd = hf_to_engine(read_safetensors(path), a)
+def load_initial_weights(model, path, a, spec):
+    sd = spec.hf_to_engine(read_safetensors(path), a)
     own = dict(model.named_parameters())
     for name, t in sd.items():
         if tuple(t.shape) != tuple(own[name].shape):
@@ -286,19 +293,35 @@ def lr_at(step, a):
     return a.min_lr + 0.5 * (a.lr - a.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-def grad_norm_and_clip(model, max_norm):
-    """Global L2 norm of all gradient shards (one all-reduce inside full_tensor), then clipping."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    grads = [p.grad for p in params]
-    if hasattr(torch.nn.utils, "get_total_norm"):  # PyTorch >= 2.6
-        norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0, foreach=True)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        if max_norm > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
-        return norm
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+def grad_norm_and_clip(model, max_norm, groups=None):
+    """Global L2 norm of all gradient shards (one all-reduce inside full_tensor), then clipping.
+    groups: [(params, process group or None)] for params on different meshes (bench/torch_moe.py):
+    each group's squared norm, summed over its process group too when one is given (the experts'
+    ep group: each ep rank's shards hold other experts), then added up."""
+    if groups is None:
+        groups = [(list(model.parameters()), None)]
+    groups = [([p for p in ps if p.grad is not None], pg) for ps, pg in groups]
+    if len(groups) == 1 and groups[0][1] is None and not hasattr(torch.nn.utils, "get_total_norm"):
+        params = groups[0][0]  # PyTorch < 2.6
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"), foreach=True)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    square = None
+    for params, pg in groups:
+        if not params:
+            continue
+        n = torch.nn.utils.get_total_norm([p.grad for p in params], norm_type=2.0, foreach=True)
+        if isinstance(n, DTensor):
+            n = n.full_tensor()
+        n = n.float() ** 2
+        if pg is not None:
+            dist.all_reduce(n, group=pg)
+        square = n if square is None else square + n
+    norm = square.sqrt()
+    if max_norm > 0:
+        for params, _ in groups:
+            if params:
+                torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm
 
 
 def token_tensor(tokens):
@@ -317,8 +340,56 @@ def loss_of(model, inputs, labels):
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+class LlamaSpec:
+    """What differs between the models this driver trains (bench/torch_moe.py subclasses it)."""
+    description = __doc__
+    engine_name = "torch-fsdp2"
+
+    def add_args(self, model_group):
+        pass
+
+    def check_args(self, parser, a):
+        pass
+
+    def setup(self, a, rank, world):  # after init_process_group: meshes, process groups
+        pass
+
+    def build(self, a):
+        return Transformer(a)
+
+    def expected_param_count(self, a):
+        return expected_param_count(a)
+
+    def hf_to_engine(self, hf, a):
+        return hf_to_engine(hf, a)
+
+    def init_weights(self, model, a):
+        init_weights(model, a.seed)
+
+    def shard(self, model, a, mp):
+        for block in model.layers:
+            fully_shard(block, mp_policy=mp, reshard_after_forward=bool(a.reshard_after_forward))
+        fully_shard(model, mp_policy=mp)
+
+    def loss(self, model, inputs, labels):
+        return loss_of(model, inputs, labels)
+
+    def grad_norm_and_clip(self, model, max_norm):
+        return grad_norm_and_clip(model, max_norm)
+
+    def flops_params(self, a, params):
+        """The params that count for flops per token (non-embedding), and a description."""
+        return params - a.vocab * a.dim, "params - vocab * dim"
+
+    def config_name(self, a):
+        return f"llama L{a.layers} D{a.dim} T{a.seq_len} V{a.vocab} {a.param_dtype}"
+
+    def summary(self, model, a):  # extra fields of the JSON summary
+        return {}
+
+
+def parse_args(spec):
+    p = argparse.ArgumentParser(description=spec.description, formatter_class=argparse.RawDescriptionHelpFormatter)
     m = p.add_argument_group("model (as `fsdp train --model transformer`)")
     m.add_argument("--layers", type=int, default=4)
     m.add_argument("--dim", type=int, default=256)
@@ -328,6 +399,7 @@ def parse_args():
     m.add_argument("--seq-len", type=int, default=256)
     m.add_argument("--vocab", type=int, required=True)
     m.add_argument("--rope-theta", type=float, default=10000.0)
+    spec.add_args(m)
     t = p.add_argument_group("training")
     t.add_argument("--batch", type=int, default=4, help="sequences per rank")
     t.add_argument("--steps", type=int, default=100)
@@ -363,11 +435,13 @@ def parse_args():
         p.error("--warmup-steps must be >= 0 and --min-lr <= --lr")
     if a.eval_every and not a.val_data:
         p.error("--eval-every needs --val-data")
+    spec.check_args(p, a)
     return a
 
 
-def main():
-    a = parse_args()
+def main(spec=None):
+    spec = spec or LlamaSpec()
+    a = parse_args(spec)
     # Single process without torchrun: a world of one, still through FSDP2 and NCCL.
     for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"),
                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29511")):
@@ -379,6 +453,7 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    spec.setup(a, rank, world)
 
     try:
         train_tokens = llm_data.read_token_file(a.data, a.vocab, a.batch * world * a.seq_len + 1, "one global batch")
@@ -394,25 +469,23 @@ def main():
     train_tokens = token_tensor(train_tokens)
 
     with torch.device("meta"):  # no CPU copy of a 1B model: storage comes on the GPU below
-        model = Transformer(a)
+        model = spec.build(a)
     model.to_empty(device=device)
     for module in model.modules():
         if isinstance(module, Attention):
             module.reset_rope()
     params = sum(p.numel() for p in model.parameters())
-    assert params == expected_param_count(a), (params, expected_param_count(a))
+    assert params == spec.expected_param_count(a), (params, spec.expected_param_count(a))
     if a.init_from:
-        load_initial_weights(model, a.init_from, a)
+        load_initial_weights(model, a.init_from, a, spec)
     else:
-        init_weights(model, a.seed)
+        spec.init_weights(model, a)
     if a.compile:
         for block in model.layers:
             block.compile()
     dtype = torch.bfloat16 if a.param_dtype == "bf16" else torch.float32
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
-    for block in model.layers:
-        fully_shard(block, mp_policy=mp, reshard_after_forward=bool(a.reshard_after_forward))
-    fully_shard(model, mp_policy=mp)
+    spec.shard(model, a, mp)
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, a.beta2), eps=1e-8,
                             weight_decay=a.weight_decay, fused=True)
 
@@ -422,7 +495,7 @@ def main():
         with torch.no_grad():
             for k in range(val.count):
                 x, y = batch_of(val_tokens, val.rank_windows(k, rank), a.seq_len, device)
-                total += loss_of(model, x, y)
+                total += spec.loss(model, x, y)
         dist.all_reduce(total)
         model.train()
         return total.item() / (val.count * world)
@@ -430,7 +503,7 @@ def main():
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    step_ms, losses, norms, lrs, val_losses = [], [], [], [], []
+    step_ms, losses, norms, lrs, val_losses, peaks = [], [], [], [], [], []
     for step in range(a.steps):
         x, y = batch_of(train_tokens, sampler.rank_windows(step, rank), a.seq_len, device)
         lr = lr_at(step, a)
@@ -438,13 +511,14 @@ def main():
             group["lr"] = lr
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        loss = loss_of(model, x, y)
+        loss = spec.loss(model, x, y)
         loss.backward()
-        norm = grad_norm_and_clip(model, a.clip_grad_norm) if a.clip_grad_norm > 0 else None
+        norm = spec.grad_norm_and_clip(model, a.clip_grad_norm) if a.clip_grad_norm > 0 else None
         opt.step()
         opt.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         step_ms.append((time.perf_counter() - t0) * 1e3)
+        peaks.append(torch.cuda.max_memory_allocated())  # since the first step
         losses.append(loss.detach())
         norms.append(norm.detach() if norm is not None else None)
         lrs.append(lr)
@@ -463,18 +537,20 @@ def main():
     norm_vals = [float(n) for n in norms] if a.clip_grad_norm > 0 else None
     peak_t = torch.tensor([torch.cuda.max_memory_allocated()], dtype=torch.int64, device=device)
     dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
+    peaks_t = torch.tensor(peaks, dtype=torch.int64, device=device)
+    dist.all_reduce(peaks_t, op=dist.ReduceOp.MAX)
     timed = step_ms[a.bench_warmup:]
     mean_ms = statistics.fmean(timed)
     tokens_per_rank = a.batch * a.seq_len
     tokens_per_s = tokens_per_rank / (mean_ms * 1e-3)
-    non_embedding = params - a.vocab * a.dim
+    non_embedding, counted = spec.flops_params(a, params)
     flops_per_token = 6 * non_embedding + 12 * a.layers * a.dim * a.seq_len
     mfu = flops_per_token * tokens_per_s / (a.peak_tflops * 1e12)
 
     if rank == 0:
-        engine = "torch-fsdp2-compile" if a.compile else "torch-fsdp2"
+        engine = spec.engine_name + ("-compile" if a.compile else "")
         out = {
-            "config": a.config or f"llama L{a.layers} D{a.dim} T{a.seq_len} V{a.vocab} {a.param_dtype}",
+            "config": a.config or spec.config_name(a),
             "engine": engine,
             "world_size": world,
             "sequences_per_rank": a.batch,
@@ -482,6 +558,7 @@ def main():
             "tokens_per_s_per_gpu": tokens_per_s,
             "mfu": mfu,
             "peak_mem_bytes": int(peak_t.item()),
+            "peak_mem_bytes_by_step": peaks_t.tolist(),
             "step_ms_mean": mean_ms,
             "step_ms_median": statistics.median(timed),
             "losses": loss_vals,
@@ -491,7 +568,7 @@ def main():
             "params": params,
             "non_embedding_params": non_embedding,
             "flops_per_token": flops_per_token,
-            "mfu_formula": "(6 * (params - vocab * dim) + 12 * layers * dim * seq_len) * tokens_per_s_per_gpu / peak",
+            "mfu_formula": f"(6 * ({counted}) + 12 * layers * dim * seq_len) * tokens_per_s_per_gpu / peak",
             "peak_tflops": a.peak_tflops,
             "param_dtype": a.param_dtype,
             "reduce_dtype": "fp32",
@@ -508,6 +585,7 @@ def main():
             "torch_version": torch.__version__,
             "gpu": torch.cuda.get_device_name(device),
         }
+        out.update(spec.summary(model, a))
         print(f"done: {engine}, {world} ranks x {a.batch} x {a.seq_len}, step {mean_ms:.2f} ms (mean after "
               f"{a.bench_warmup}), {tokens_per_s:.0f} tokens/s per GPU, MFU {100 * mfu:.1f}%, peak "
               f"{out['peak_mem_bytes'] / 2**30:.2f} GiB, loss {loss_vals[0]:.4f} -> {loss_vals[-1]:.4f}", flush=True)

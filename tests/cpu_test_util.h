@@ -45,7 +45,7 @@ inline Floats download(Device& d, Stream s, const void* p, int64_t n, DType t) {
 }
 
 // A test with one CPU device and one stream; the buffers it makes are freed after the test.
-class DeviceTest : public testing::Test {
+class DeviceTest : public ::testing::Test {
  protected:
   CpuWorld world{1, {}};
   std::unique_ptr<Device> dev = world.make_device(0);

@@ -47,6 +47,7 @@ struct LoopOptions {
   int64_t tokens = 4;                   // rows per rank per micro-batch
   MixedPrecisionPolicy mp;
   std::optional<bool> reshard_after_forward;  // for the units; nullopt: FSDP2's default
+  int hsdp_replicas = 0;  // > 0: an HSDP mesh of hsdp_replicas x (world / hsdp_replicas)
   int rs_max_input_buffers = 1;
   bool host_sync_every_step = false;
   std::string optimizer = "adamw";
@@ -61,7 +62,8 @@ struct LoopOptions {
 struct LoopResult {
   std::vector<float> losses;               // per step: mean over ranks and micro-batches
   std::vector<std::vector<float>> params;  // full fp32 params after the last step
-  // Per rank: collectives issued on the mesh and on the separate RS communicators.
+  // Per rank: collectives issued on the mesh (HSDP: the shard and replicate groups) and on
+  // the separate RS communicators.
   std::vector<std::vector<int64_t>> issued;
   std::vector<MemStats> memory;            // per rank, peaks since the first step began
 };
@@ -81,7 +83,10 @@ inline LoopResult run_sharded_loop(const ModelFactory& make, const LoopOptions& 
   runtime::run_cpu_ranks(o.world, o.cpu, [&](int rank, Device& d, std::shared_ptr<Comm> comm) {
     const Stream s = d.create_stream("compute", StreamPriority::Normal);
     RunContext ctx{&d, s, o.mp.param_dtype};
-    Mesh mesh("dp", d, comm);  // declared before the model: it outlives the FSDP states
+    // Declared before the model: it outlives the FSDP states.
+    Mesh mesh = o.hsdp_replicas > 0
+                    ? make_hsdp_mesh("dp", d, *comm, o.hsdp_replicas, o.world / o.hsdp_replicas)
+                    : Mesh("dp", d, comm);
     std::unique_ptr<LoopModel> model = make();
     FullyShardOptions unit_options;
     unit_options.mp_policy = o.mp;
@@ -129,7 +134,9 @@ inline LoopResult run_sharded_loop(const ModelFactory& make, const LoopOptions& 
     d.free(averaged, s);
     for (int k = 0; k < kCollectiveKindCount; ++k) {
       const auto kind = static_cast<CollectiveKind>(k);
-      result.issued[rank].push_back(comm->issued(kind) + root.state().ctx->separate_comm_issued(kind));
+      int64_t n = comm->issued(kind) + root.state().ctx->separate_comm_issued(kind);
+      if (o.hsdp_replicas > 0) n += mesh.comm().issued(kind) + mesh.replicate_comm()->issued(kind);
+      result.issued[rank].push_back(n);
     }
     std::vector<std::vector<float>> params = gather_full_params(root, s);  // collective
     d.synchronize();

@@ -23,17 +23,21 @@ runtime::TrainConfig parity_config(const std::string& kind) {
 struct ParityCase {
   std::string kind;
   int world;
+  RanksAs as = RanksAs::Threads;
 };
 
-void PrintTo(const ParityCase& c, std::ostream* os) { *os << c.kind << " on " << c.world << " ranks"; }
+void PrintTo(const ParityCase& c, std::ostream* os) {
+  *os << c.kind << " on " << c.world << " ranks as " << ranks_as_name(c.as);
+}
 
 class Parity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(Parity, MatchesUnshardedReferenceOverAdamWSteps) {
   const ParityCase p = GetParam();
+  FSDP_SKIP_WITHOUT_PROCESSES(p.as);
   runtime::TrainConfig c = parity_config(p.kind);
   const runtime::RankResult ref = run_reference(c, p.world);
-  const auto results = run_fsdp(p.world, c);
+  const auto results = run_fsdp(p.world, c, {}, p.as);
   ASSERT_EQ(results[0].params.size(), ref.params.size());
   const double err = relative_error(results[0].params, ref.params);
   EXPECT_LE(err, 1e-6) << p.kind << " world " << p.world;
@@ -53,9 +57,14 @@ INSTANTIATE_TEST_SUITE_P(Worlds, Parity,
                                            ParityCase{"moe", 2}, ParityCase{"moe", 3},
                                            ParityCase{"moe", 4}, ParityCase{"moe", 8},
                                            ParityCase{"resmlp", 1}, ParityCase{"resmlp", 3},
-                                           ParityCase{"resmlp", 8}),
+                                           ParityCase{"resmlp", 8},
+                                           // Ranks as processes, over Gloo.
+                                           ParityCase{"mlp", 2, RanksAs::Processes},
+                                           ParityCase{"moe", 3, RanksAs::Processes},
+                                           ParityCase{"resmlp", 4, RanksAs::Processes}),
                          [](const auto& info) {
-                           return info.param.kind + "_world" + std::to_string(info.param.world);
+                           return info.param.kind + "_world" + std::to_string(info.param.world) +
+                                  (info.param.as == RanksAs::Processes ? "_processes" : "");
                          });
 
 TEST(ParityOptions, SgdReshardOffSeparateGroupAndMicroBatches) {

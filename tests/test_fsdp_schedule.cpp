@@ -166,6 +166,26 @@ TEST(Chaos, FiftySeedsKeepParityAndReadNoPoison) {
   EXPECT_EQ(runs, 50);
 }
 
+// The same with ranks as processes over Gloo, on fewer seeds (each run forks its ranks).
+TEST(Chaos, SeedsKeepParityWithRanksAsProcesses) {
+  FSDP_SKIP_WITHOUT_PROCESSES(RanksAs::Processes);
+  auto c = small("moe", 2);
+  c.collect_params = true;
+  const auto ref = run_reference(c, 2);
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    c.rs_max_input_buffers = 1 + static_cast<int>(seed % 2);
+    c.separate_rs_group = (seed / 2) % 2 == 1;
+    c.optimizer_in_backward = seed % 3 == 0;
+    c.prefetch_next_step = seed % 5 < 3;
+    cpu::CpuOptions o;
+    o.chaos = true;
+    o.chaos_seed = seed;
+    o.chaos_max_us = 100;
+    const auto r = run_fsdp(2, c, o, RanksAs::Processes);
+    ASSERT_LE(relative_error(r[0].params, ref.params), 1e-6) << "seed " << seed;
+  }
+}
+
 // ---- bad input
 TEST(BadInput, ClearErrors) {
   runtime::TrainConfig c = small("mlp", 2);

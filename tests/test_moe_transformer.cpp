@@ -99,6 +99,17 @@ TEST(MoeTransformerModel, ExpertParamsAndActiveParamsPerEpLayout) {
   EXPECT_TRUE(std::equal(w2_half.begin(), w2_half.end(), w2_all.begin() + w2_half.size()));
 }
 
+// MFU counts active params: 6 (active - vocab dim) + 12 layers dim seq_len, as the dense
+// transformer (the reported MFU once used the mlp's formula for this model).
+TEST(MoeTransformerModel, FlopsPerTokenCountActiveParams) {
+  runtime::TrainConfig c = moe_config(1);
+  c.model.layers = 4;  // blocks 1 and 3 are MoE
+  nn::Model model(c.model);
+  const double expected = 6.0 * static_cast<double>(model.active_param_count() - 23 * 16) +
+                          12.0 * 4 * 16 * 4;
+  EXPECT_DOUBLE_EQ(nn::flops_per_token(c.model), expected);
+}
+
 struct Layout {
   int world, ep;
 };
@@ -245,7 +256,12 @@ TEST(MoeTransformerMemory, PeakOfTheLastStepEqualsTheThird) {
 }
 
 // ---- chaos: random delays in every stream op and collective phase, the all-to-alls included
-TEST(MoeTransformerChaos, SchedulesGiveTheSameParams) {
+// As processes, the expert-parallel meshes are Gloo communicators split off the world, and
+// the token all-to-alls go through Gloo's alltoallv.
+class MoeTransformerChaos : public ::testing::TestWithParam<RanksAs> {};
+
+TEST_P(MoeTransformerChaos, SchedulesGiveTheSameParams) {
+  FSDP_SKIP_WITHOUT_PROCESSES(GetParam());
   const runtime::TrainConfig c = moe_config(2);
   const auto calm = run_fsdp(4, c);
   for (uint64_t seed : {1, 2, 3}) {
@@ -253,11 +269,15 @@ TEST(MoeTransformerChaos, SchedulesGiveTheSameParams) {
     chaos.chaos = true;
     chaos.chaos_seed = seed;
     chaos.chaos_max_us = 100;
-    const auto r = run_fsdp(4, c, chaos);
+    const auto r = run_fsdp(4, c, chaos, GetParam());
     for (int rank = 0; rank < 4; ++rank)
       EXPECT_EQ(r[rank].params, calm[rank].params) << "seed " << seed << " rank " << rank;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(RanksAs, MoeTransformerChaos,
+                         ::testing::Values(RanksAs::Threads, RanksAs::Processes),
+                         [](const auto& info) { return std::string(ranks_as_name(info.param)); });
 
 // ---- the command
 TEST(MoeTransformerCli, TrainsOnFourRanksWithEp2AndTheLossFalls) {
@@ -277,6 +297,13 @@ TEST(MoeTransformerCli, TrainsOnFourRanksWithEp2AndTheLossFalls) {
   const double load = s["max_expert_load"].get<double>();
   EXPECT_GE(load, 0.25);  // 4 experts: at least a quarter on the busiest
   EXPECT_LE(load, 1.0);
+  // The peak since the first step, after each step (bench/run_moe_bench.sh reads steps 3 and
+  // 100): one per step, never falling, ending at the run's peak (flatness with static shapes is
+  // MoeTransformerMemory's).
+  const auto peaks = s["peak_mem_bytes_by_step"].get<std::vector<int64_t>>();
+  ASSERT_EQ(peaks.size(), 40u);
+  EXPECT_TRUE(std::is_sorted(peaks.begin(), peaks.end()));
+  EXPECT_EQ(peaks.back(), s["peak_mem_bytes"].get<int64_t>());
 }
 
 TEST(MoeTransformerCli, BadLayoutsAreOneLineErrors) {

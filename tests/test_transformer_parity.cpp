@@ -31,13 +31,19 @@ runtime::TrainConfig transformer_parity_config() {
   return c;
 }
 
-class TransformerParity : public ::testing::TestWithParam<int> {};
+struct TransformerCase {
+  int world;
+  RanksAs as = RanksAs::Threads;
+};
+
+class TransformerParity : public ::testing::TestWithParam<TransformerCase> {};
 
 TEST_P(TransformerParity, MatchesUnshardedReferenceOverAdamWSteps) {
-  const int world = GetParam();
+  const int world = GetParam().world;
+  FSDP_SKIP_WITHOUT_PROCESSES(GetParam().as);
   const runtime::TrainConfig c = transformer_parity_config();
   const runtime::RankResult ref = run_reference(c, world);
-  const auto results = run_fsdp(world, c);
+  const auto results = run_fsdp(world, c, {}, GetParam().as);
   ASSERT_EQ(results[0].params.size(), ref.params.size());
   EXPECT_LE(relative_error(results[0].params, ref.params), 1e-6) << "world " << world;
   for (int s = 0; s < c.steps; ++s)
@@ -48,8 +54,32 @@ TEST_P(TransformerParity, MatchesUnshardedReferenceOverAdamWSteps) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, TransformerParity, ::testing::Values(1, 2, 4),
-                         [](const auto& info) { return "world" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Worlds, TransformerParity,
+                         ::testing::Values(TransformerCase{1}, TransformerCase{2},
+                                           TransformerCase{4},
+                                           TransformerCase{2, RanksAs::Processes},
+                                           TransformerCase{4, RanksAs::Processes}),
+                         [](const auto& info) {
+                           return "world" + std::to_string(info.param.world) +
+                                  (info.param.as == RanksAs::Processes ? "_processes" : "");
+                         });
+
+// Ranks as processes reduce in fp32 in member order, as ranks as threads do (Note [Gloo
+// collectives]): the two give the same bits.
+TEST(TransformerParityOptions, RanksAsProcessesGiveTheBitsOfRanksAsThreads) {
+  FSDP_SKIP_WITHOUT_PROCESSES(RanksAs::Processes);
+  runtime::TrainConfig c = transformer_parity_config();
+  for (DType t : {DType::F32, DType::BF16}) {
+    c.param_dtype = t;
+    const auto threads = run_fsdp(4, c);
+    const auto processes = run_fsdp(4, c, {}, RanksAs::Processes);
+    ASSERT_EQ(processes.size(), 4u);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(processes[r].params, threads[r].params) << dtype_name(t) << " rank " << r;
+      EXPECT_EQ(processes[r].losses, threads[r].losses) << dtype_name(t) << " rank " << r;
+    }
+  }
+}
 
 TEST(TransformerParityOptions, MicroBatchesReshardOffAndOptimizerInBackward) {
   runtime::TrainConfig c = transformer_parity_config();
@@ -68,7 +98,10 @@ TEST(TransformerParityOptions, MicroBatchesReshardOffAndOptimizerInBackward) {
 // Random delays before every stream op and collective phase: a missing cross-stream wait in
 // the transformer's use of saved activations and gathered params would show up as NaN
 // (checked mode poisons freed memory) or as a different result.
-TEST(TransformerParityOptions, ChaosSchedulesGiveTheSameParams) {
+class TransformerChaos : public ::testing::TestWithParam<RanksAs> {};
+
+TEST_P(TransformerChaos, ChaosSchedulesGiveTheSameParams) {
+  FSDP_SKIP_WITHOUT_PROCESSES(GetParam());
   const runtime::TrainConfig c = transformer_parity_config();
   const auto calm = run_fsdp(2, c);
   for (uint64_t seed : {1, 2, 3}) {
@@ -76,9 +109,13 @@ TEST(TransformerParityOptions, ChaosSchedulesGiveTheSameParams) {
     chaos.chaos = true;
     chaos.chaos_seed = seed;
     chaos.chaos_max_us = 100;
-    EXPECT_EQ(run_fsdp(2, c, chaos)[0].params, calm[0].params) << "seed " << seed;
+    EXPECT_EQ(run_fsdp(2, c, chaos, GetParam())[0].params, calm[0].params) << "seed " << seed;
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(RanksAs, TransformerChaos,
+                         ::testing::Values(RanksAs::Threads, RanksAs::Processes),
+                         [](const auto& info) { return std::string(ranks_as_name(info.param)); });
 
 TEST(TransformerParityOptions, Bf16ComputeTracksTheFp32Reference) {
   runtime::TrainConfig c = transformer_parity_config();

@@ -1,17 +1,37 @@
-// Helpers shared by the engine tests: run FSDP on CPU rank threads, run the reference.
+// Helpers shared by the engine tests: run FSDP on CPU ranks (threads or processes), run the
+// reference.
 #pragma once
 
 #include <cmath>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "fsdp/launch.h"
 #include "runtime/launch.h"
 #include "runtime/trainer.h"
 
 namespace fsdp::testing {
 
+// How a test's CPU ranks run: threads of this process sharing memory, or processes that
+// exchange data over Gloo (docs/cpu_processes.md).
+enum class RanksAs { Threads, Processes };
+
+inline const char* ranks_as_name(RanksAs as) {
+  return as == RanksAs::Threads ? "threads" : "processes";
+}
+
+// Skips the calling test when ranks as processes are wanted but this build has no Gloo.
+#define FSDP_SKIP_WITHOUT_PROCESSES(as)                                                    \
+  if ((as) == ::fsdp::testing::RanksAs::Processes && !::fsdp::cpu_processes_built())       \
+  GTEST_SKIP() << "this build has no Gloo (libgloo-dev), which CPU ranks as processes need"
+
 inline std::vector<runtime::RankResult> run_fsdp(int world, const runtime::TrainConfig& config,
-                                                 cpu::CpuOptions options = {}) {
+                                                 cpu::CpuOptions options = {},
+                                                 RanksAs as = RanksAs::Threads) {
+  if (as == RanksAs::Processes) {
+    if (options.collective_timeout_s <= 0) options.collective_timeout_s = 60;
+    return runtime::run_cpu_process_training(world, options, {}, config);
+  }
   std::vector<runtime::RankResult> results(world);
   runtime::run_cpu_ranks(world, options, [&](int rank, Device& device, std::shared_ptr<Comm> comm) {
     results[rank] = runtime::train_rank(device, comm, config);

@@ -108,6 +108,7 @@ void resolve_defaults(TrainOptions& o) {
   runtime::TrainConfig& c = o.config;
   c.param_dtype = parse_dtype(o.param_dtype);
   c.reshard_after_forward = o.reshard_after_forward != 0;
+  c.reshard_after_forward_size = o.reshard_after_forward >= 2 ? o.reshard_after_forward : 0;
   c.separate_rs_group = o.separate_rs_group != 0;
   c.prefetch_next_step = o.prefetch_next_step != 0;
   c.model.norm = o.norm != 0;
@@ -166,12 +167,38 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
   }
   if (backend == "cpu") {
     const std::string chose = why.empty() ? "" : " (--backend auto chose cpu: " + why + ")";
-    FSDP_USER_CHECK(!nproc_given, "--nproc applies to the CUDA backend; the CPU backend runs "
-                    "--world-size ranks as threads", chose);
-    FSDP_USER_CHECK(!o.nnodes && !o.node_rank && !o.master_addr && !o.master_port,
-                    "--nnodes, --node-rank, --master-addr and --master-port apply to the CUDA "
-                    "backend; the CPU backend runs its ranks as threads of this process", chose);
-    o.effective_world = o.world_size;
+    // Ranks as threads (--world-size), or as processes over Gloo (--nproc per host, and
+    // --nnodes hosts; docs/cpu_processes.md).
+    launch::LaunchFlags flags;
+    if (nproc_given) flags.nproc = o.nproc;
+    flags.nnodes = o.nnodes;
+    flags.node_rank = o.node_rank;
+    flags.master_addr = o.master_addr;
+    flags.master_port = o.master_port;
+    // Under torchrun, srun or mpirun each process is one rank.
+    o.cpu_place.external = launch::detect_launcher(flags) != launch::Launcher::Fsdp;
+    o.cpu_processes = nproc_given || o.cpu_place.external;
+    if (!o.cpu_processes) {
+      FSDP_USER_CHECK(!o.nnodes && !o.node_rank && !o.master_addr && !o.master_port,
+                      "--nnodes, --node-rank, --master-addr and --master-port need --nproc on "
+                      "the CPU backend (ranks as processes); without it the ranks are threads "
+                      "of this process", chose);
+      o.effective_world = o.world_size;
+      return backend;
+    }
+    FSDP_USER_CHECK(cpu_processes_built(), "--backend cpu --nproc: this build has no Gloo "
+                    "(libgloo-dev), which CPU ranks as processes need", chose);
+    FSDP_USER_CHECK(o.cpu_place.external || o.nproc >= 1, "--nproc must be >= 1 on the CPU "
+                    "backend (ranks as processes of this host), got ", o.nproc);
+    FSDP_USER_CHECK(!world_given, "give --world-size (ranks as threads) or --nproc (ranks as "
+                    "processes, per host) on the CPU backend, not both");
+    const launch::LaunchEnv env = launch::resolve_launch(flags);
+    o.cpu_place.nnodes = env.nnodes;
+    o.cpu_place.node_rank = env.node_rank;
+    o.cpu_place.master_addr = env.master_addr;
+    o.cpu_place.master_port = env.master_port;
+    o.cpu_place.timeout_s = o.timeout_s;
+    o.effective_world = env.world_size;
     return backend;
   }
   FSDP_USER_CHECK(cuda::compiled_with_cuda(),
@@ -211,7 +238,9 @@ void check_capacity(const TrainOptions& o, const std::string& backend) {
                     " needs about ", threads, " threads on the CPU backend (a thread per rank "
                     "and per stream); this machine allows ", limit, " in all");
   }
-  const double per_rank = static_cast<double>(estimate_rank_bytes(o.config, world));
+  // HSDP shards over world / --hsdp ranks (docs/memory.md).
+  const int shard = world / std::max(o.config.hsdp_replicas, 1);
+  const double per_rank = static_cast<double>(estimate_rank_bytes(o.config, std::max(shard, 1)));
   if (backend == "cpu") {
     const double total = per_rank * world;  // every CPU rank lives in this process
     const int64_t available = available_host_bytes();
@@ -266,10 +295,27 @@ void check_writable(const std::string& flag, const std::string& path) {
                   "': ", std::strerror(errno));
 }
 
+// --hsdp R and --reshard-after-forward N against the world size (docs/hsdp.md).
+void check_hsdp(const TrainOptions& o) {
+  const runtime::TrainConfig& c = o.config;
+  const int world = o.effective_world, replicas = c.hsdp_replicas;
+  FSDP_USER_CHECK(replicas >= 0, "--hsdp must be >= 1 (replicas), got ", replicas);
+  FSDP_USER_CHECK(world % std::max(replicas, 1) == 0, "--hsdp ", replicas,
+                  " must divide the world size ", world);
+  FSDP_USER_CHECK(replicas <= 1 || c.model.ep == 1, "--hsdp with --ep ", c.model.ep,
+                  " is not supported yet: use one of the two");
+  const int shard = world / std::max(replicas, 1);
+  const int n = c.reshard_after_forward_size;
+  FSDP_USER_CHECK(n == 0 || shard % n == 0, "--reshard-after-forward ", n,
+                  " must divide the shard size ", shard,
+                  replicas > 1 ? " (world / --hsdp)" : " (the world size)");
+}
+
 std::string check_train_options(TrainOptions& o, std::string& why) {
   check_ranges(o);
   resolve_defaults(o);
   const std::string backend = choose_backend(o, why);
+  check_hsdp(o);
   attach_token_data(o);
   check_capacity(o, backend);
   check_writable("--json", o.json_path);

@@ -25,7 +25,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       "--world-size", o.world_size,
       "ranks; CPU backend: threads; CUDA backend: must equal the GPUs used (see --nproc)");
   o.nproc_opt = app.add_option("--nproc", o.nproc,
-                               "CUDA backend: processes, one per GPU (0: every visible GPU)");
+                               "processes per host: CUDA backend, one per GPU (0: every visible "
+                               "GPU); CPU backend, ranks as processes over Gloo");
   app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer | moe-transformer")
       ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer", "moe-transformer"}));
   app.add_option("--layers", o.config.model.layers, "blocks");
@@ -67,8 +68,13 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--seed", o.config.seed, "seed for init and data");
   app.add_option("--param-dtype", o.param_dtype, "bf16 | fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--reshard-after-forward", o.reshard_after_forward,
-                 "0 | 1: free each block's gathered params after its forward")
-      ->check(CLI::Range(0, 1));
+                 "0 | 1: free each block's gathered params after its forward; N >= 2: keep 1/N "
+                 "of them, for a backward all-gather over N ranks (N divides the shard size)")
+      ->check(CLI::NonNegativeNumber);
+  // ---- HSDP (docs/hsdp.md)
+  app.add_option("--hsdp", o.config.hsdp_replicas,
+                 "R: HSDP, params sharded over world / R consecutive ranks and replicated R "
+                 "times; grads reduce-scattered, then all-reduced across replicas");
   app.add_option("--rs-max-input-buffers", o.config.rs_max_input_buffers,
                  "reduce-scatter input buffers in flight (k >= 1)");
   app.add_option("--separate-rs-group", o.separate_rs_group,
@@ -171,12 +177,16 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"warmup_steps", c.schedule.warmup_steps},
       {"min_lr", c.schedule.min_lr},
       {"clip_grad_norm", c.optimizer.max_grad_norm},
-      {"reshard_after_forward", c.reshard_after_forward},
+      {"reshard_after_forward", c.reshard_after_forward_size > 0
+                                    ? nlohmann::json(c.reshard_after_forward_size)
+                                    : nlohmann::json(c.reshard_after_forward)},
+      {"hsdp_replicas", c.hsdp_replicas > 0 ? c.hsdp_replicas : 1},
       {"optimizer_in_backward", c.optimizer_in_backward},
       {"prefetch_next_step", c.prefetch_next_step},
       {"step_ms_median", s.step_ms_median},
       {"tokens_per_s", s.tokens_per_s},
       {"peak_mem_bytes", s.peak_mem_bytes},
+      {"peak_mem_bytes_by_step", s.peak_mem_bytes_by_step},
       {"rs_inputs_in_flight_max", s.rs_inputs_in_flight_max},
       {"rs_max_input_buffers", c.rs_max_input_buffers},
       {"separate_rs_group", c.separate_rs_group},
@@ -239,6 +249,10 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
   }
   for (const auto& r : ranks) {
     s.peak_mem_bytes = std::max(s.peak_mem_bytes, r.memory.peak_bytes);
+    if (s.peak_mem_bytes_by_step.size() < r.peak_bytes_by_step.size())
+      s.peak_mem_bytes_by_step.resize(r.peak_bytes_by_step.size(), 0);
+    for (size_t i = 0; i < r.peak_bytes_by_step.size(); ++i)
+      s.peak_mem_bytes_by_step[i] = std::max(s.peak_mem_bytes_by_step[i], r.peak_bytes_by_step[i]);
     s.rs_inputs_in_flight_max = std::max(
         s.rs_inputs_in_flight_max, r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)]);
     s.host_schedule_us_per_unit = std::max(s.host_schedule_us_per_unit, r.host_schedule_us_per_unit);
@@ -289,18 +303,27 @@ int run_train(TrainOptions& o) {
   };
   std::vector<runtime::RankResult> results;
   if (backend == "cpu") {
-    results.resize(o.world_size);
     cpu::CpuOptions cpu_options;
     cpu_options.chaos = o.chaos_seed.has_value();
     cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
-    cpu_options.collective_timeout_s = o.timeout_s;
-    runtime::run_cpu_ranks(o.world_size, cpu_options,
-                           [&](int rank, Device& device, std::shared_ptr<Comm> world) {
-                             results[rank] = runtime::train_rank(
-                                 device, world, o.config,
-                                 rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
-                                           : nullptr);
-                           });
+    cpu_options.collective_timeout_s = o.timeout_s;  // threads and processes alike
+    if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
+      results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
+      if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
+        if (!results.empty())
+          std::printf("ranks %d..%d finished\n", results.front().rank, results.back().rank);
+        return 0;
+      }
+    } else {
+      results.resize(o.world_size);
+      runtime::run_cpu_ranks(o.world_size, cpu_options,
+                             [&](int rank, Device& device, std::shared_ptr<Comm> world) {
+                               results[rank] = runtime::train_rank(
+                                   device, world, o.config,
+                                   rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
+                                             : nullptr);
+                             });
+    }
   } else {
     results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
   }

@@ -50,6 +50,10 @@ struct TrainOptions {
   std::optional<int> nnodes, node_rank, master_port;
   std::optional<std::string> master_addr;
   double timeout_s = 60;  // every rendezvous wait, and the bound on a collective
+  // CPU ranks as processes over Gloo (--backend cpu --nproc; docs/cpu_processes.md): set by
+  // the checks, with where they run.
+  bool cpu_processes = false;
+  CpuProcessOptions cpu_place;
 };
 
 struct Summary {
@@ -69,6 +73,7 @@ struct Summary {
   std::string error;                           // a non-finite step stopped the run
   int failed_step = -1;
   double max_expert_load = -1;  // moe-transformer: rank 0's, last step
+  std::vector<int64_t> peak_mem_bytes_by_step;  // max over ranks (RankResult::peak_bytes_by_step)
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);

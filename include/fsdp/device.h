@@ -51,6 +51,7 @@ enum class MemTag : uint8_t {
   RsInput,       // reduce-scatter inputs: the ring's buffers
   RsOutput,      // reduce-scatter outputs, before accumulation into the grad shard
   Activation,    // activations and their grads
+  PostForward,   // reshard_after_forward=int: the post-forward shards kept for backward
   Count
 };
 constexpr int kMemTagCount = static_cast<int>(MemTag::Count);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "fsdp/comm.h"
@@ -26,15 +27,30 @@ class FsdpState;
 class CommContext;
 }  // namespace core
 
-// A 1-D device mesh: the ranks that one param group is sharded over, and their communicator.
+// A device mesh: the ranks that one param group is sharded over, and their communicator.
+// A 1-D mesh shards over all its ranks (FSDP). A 2-D mesh (HSDP, FSDP2's (replicate, shard)
+// mesh; make_hsdp_mesh) shards over the shard group and replicates each shard across the
+// replicate group: comm(), rank() and size() are the shard group's, replicate_comm() the
+// replicas'. Gradients are averaged over all replicate x shard ranks (docs/hsdp.md).
 class Mesh {
  public:
   Mesh(std::string name, Device& device, std::shared_ptr<Comm> comm);
+  // HSDP: `comm` is this rank's shard group, `replicate` the ranks holding the same shard.
+  Mesh(std::string name, Device& device, std::shared_ptr<Comm> comm,
+       std::shared_ptr<Comm> replicate);
   const std::string& name() const { return name_; }
   Device& device() const { return *device_; }
   Comm& comm() const { return *comm_; }
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
+  // The replicate group (nullptr on a 1-D mesh) and its extent; size 1 on a 1-D mesh.
+  Comm* replicate_comm() const { return replicate_.get(); }
+  int replicate_rank() const { return replicate_ ? replicate_->rank() : 0; }
+  int replicate_size() const { return replicate_ ? replicate_->size() : 1; }
+  // Whether gradients are all-reduced across replicas (a replicate group of more than one).
+  bool is_hsdp() const { return replicate_size() > 1; }
+  // Every rank that holds a part of the params: replicate x shard.
+  int data_parallel_size() const { return size() * replicate_size(); }
   // The stream fully_shard builds sharded state on (made on first use).
   Stream init_stream();
 
@@ -43,7 +59,13 @@ class Mesh {
   Stream init_stream_;
   Device* device_;
   std::shared_ptr<Comm> comm_;
+  std::shared_ptr<Comm> replicate_;
 };
+
+// The HSDP mesh of `world` as FSDP2's init_device_mesh((replicate, shard)) lays it out: world
+// rank r is replica r / shard, shard rank r % shard, so a shard group is `shard` consecutive
+// ranks (one node, typically). Collective over `world`; replicate x shard must equal its size.
+Mesh make_hsdp_mesh(std::string name, Device& device, Comm& world, int replicate, int shard);
 
 struct MixedPrecisionPolicy {
   DType param_dtype = DType::F32;   // unsharded params, activations, unsharded grads
@@ -51,8 +73,11 @@ struct MixedPrecisionPolicy {
 };
 
 struct FullyShardOptions {
-  // nullopt: FSDP2's default, true for every module but the root.
-  std::optional<bool> reshard_after_forward;
+  // nullopt: FSDP2's default, true for every module but the root. An int N (FSDP2's int form)
+  // reshards after forward to groups of N consecutive ranks of the shard group, e.g. one node:
+  // the backward all-gather then runs on that smaller group. N must divide the shard group's
+  // size and be > 1; N equal to the shard size means true (Note [Post-forward mesh]).
+  std::optional<std::variant<bool, int>> reshard_after_forward;
   MixedPrecisionPolicy mp_policy;
   // Per-param mesh: return the mesh a param shards over, or nullptr for the module's mesh.
   // Params on different meshes form different param groups (one AG and one RS each).
@@ -91,7 +116,12 @@ class FsdpModule {
 
   void set_reshard_after_forward(bool reshard, bool recurse = true);
   void set_reshard_after_backward(bool reshard, bool recurse = true);
+  // false: no reduce-scatter and no all-reduce; grads accumulate unsharded (micro-batches).
   void set_requires_gradient_sync(bool sync, bool recurse = true);
+  // HSDP only: false skips the all-reduce across replicas; the reduce-scattered grad
+  // accumulates in a partial buffer until a backward with the all-reduce on (FSDP2's name).
+  // Gradient sync off implies no all-reduce either.
+  void set_requires_all_reduce(bool all_reduce, bool recurse = true);
   void set_is_last_backward(bool last);  // root only
   // Most RS input buffers alive at once for this root (FSDP2 #186000), k >= 1. Per-module
   // values resolve to the maximum over the root's modules at lazy init, as in FSDP2; a call
@@ -106,7 +136,8 @@ class FsdpModule {
   // already sums the grads of its whole ep group's tokens (the all-to-all brought them), so
   // its grad of the global mean loss is sum over efsdp / dp, not the efsdp average
   // (docs/moe.md). With a factor F set, the RS sums and scales by 1 / F (FSDP2's
-  // set_gradient_divide_factor); a group whose mesh size equals F keeps the plain average.
+  // set_gradient_divide_factor); a group whose mesh's data-parallel size (replicate x shard)
+  // equals F keeps the plain average.
   void set_gradient_divide_factor(double factor, bool recurse = true);
   void set_modules_to_forward_prefetch(const std::vector<FsdpModule*>& modules);
   void set_modules_to_backward_prefetch(const std::vector<FsdpModule*>& modules);

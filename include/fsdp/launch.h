@@ -1,4 +1,5 @@
-// Starting ranks: threads of this process on the CPU backend, one process per GPU on CUDA
+// Starting ranks: threads of this process (or processes, over Gloo) on the CPU backend, one
+// process per GPU on CUDA
 // (or one rank per process under an external launcher such as torchrun).
 //
 //   fsdp::run_cpu_ranks(4, [](int rank, fsdp::Device& device, std::shared_ptr<fsdp::Comm> world) {
@@ -44,6 +45,42 @@ struct CpuLaunchOptions {
 // Runs `body` on `world_size` rank threads and returns when all have finished. The first
 // error of any rank is rethrown here, after the other ranks have been stopped.
 void run_cpu_ranks(int world_size, const RankBody& body, const CpuLaunchOptions& options = {});
+
+// ---- CPU backend, ranks as processes: each rank is a process with its own CPU device, and
+// the ranks exchange data with Gloo over TCP (docs/cpu_processes.md). Needs a build with
+// Gloo (cpu_processes_built()).
+bool cpu_processes_built();
+
+struct CpuProcessOptions {
+  CpuLaunchOptions cpu;  // checked mode, chaos delays (seeded per rank as with threads)
+  // Every collective and every rendezvous wait fails after this many seconds; a rank that
+  // dies ends the others with an error naming it, never a hang.
+  double timeout_s = 60;
+  // Several hosts: `nnodes` launchers, one per host, each starting `nproc` ranks
+  // (node_rank * nproc ...); they meet at master_addr:master_port, which node 0's launcher
+  // hosts. One host: master_port 0 picks a free port.
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;
+  // This process is one rank of torchrun, srun or mpirun (their environment variables say
+  // which): nproc and the placement above are ignored, and results holds this rank's only.
+  bool external = false;
+};
+
+struct CpuProcessLaunch {
+  int world_size = 0;
+  int first_rank = 0;                // the global rank of this host's first process
+  std::vector<std::string> results;  // this host's ranks' results, in rank order
+};
+
+// Forks `nproc` processes on this host, one rank each, and waits for them. If one fails or
+// dies, the others are stopped and an fsdp::Error names the first failure ("rank 2 was
+// killed by signal 9 (Killed)"). Call it before this process starts threads of its own.
+CpuProcessLaunch run_cpu_processes_with_results(int nproc, const RankBodyWithResult& body,
+                                                const CpuProcessOptions& options = {});
+// The same without results; returns the world size.
+int run_cpu_processes(int nproc, const RankBody& body, const CpuProcessOptions& options = {});
 
 // ---- CUDA backend (built when nvcc and NCCL were found; see cuda_backend_built()).
 bool cuda_backend_built();

@@ -241,6 +241,8 @@ std::vector<RowPiece> llama_pieces(const std::string& fqn, int64_t rows, int64_t
   const auto [layer, rest] = split_layer(fqn);
   if (layer < 0) return {};
   const std::string p = "model.layers." + std::to_string(layer) + ".";
+  // The MoE layer (docs/moe.md) has no Llama name: its params keep their fqns.
+  if (rest.starts_with("moe.")) return {{fqn, rows}};
   if (rest == "attention_norm.weight") return {{p + "input_layernorm.weight", rows}};
   if (rest == "ffn_norm.weight") return {{p + "post_attention_layernorm.weight", rows}};
   if (rest == "attention.wo.weight") return {{p + "self_attn.o_proj.weight", rows}};

@@ -57,7 +57,10 @@ void write_full_weights(const std::string& path, const std::vector<FullTensor>& 
 
 void export_initial_weights(const nn::ModelConfig& config, const std::string& out_path,
                             DType dtype) {
-  nn::Model model(config);
+  nn::ModelConfig all_experts = config;
+  all_experts.ep = 1;  // every expert: their init depends on the global index only (docs/moe.md)
+  all_experts.ep_rank = 0;
+  nn::Model model(all_experts);
   std::vector<FullTensor> tensors;
   model.visit([&](Module& m) {
     for (const auto& p : m.params())

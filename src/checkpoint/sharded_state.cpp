@@ -1,5 +1,6 @@
 #include "checkpoint/sharded_state.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/fsdp_state.h"
@@ -19,13 +20,24 @@ std::string param_fqn(const Module& owner, const Param& param) {
   return owner.fqn().empty() ? param.name() : owner.fqn() + "." + param.name();
 }
 
-ShardedState collect_sharded_state(FsdpModule& root, optim::Optimizer* optimizer) {
+ShardedState collect_sharded_state(FsdpModule& root, optim::Optimizer* optimizer,
+                                   const ExpertLayout& experts) {
   ShardedState out;
   Module& top = root.module();
   std::map<const Param*, std::string> names;
+  std::map<const Param*, bool> expert;
   top.visit([&](Module& m) {
-    for (const auto& p : m.params()) names[p.get()] = param_fqn(m, *p);
+    const bool e = experts.ep > 1 && experts.is_expert && experts.is_expert(m);
+    for (const auto& p : m.params()) {
+      names[p.get()] = param_fqn(m, *p);
+      expert[p.get()] = e;
+    }
   });
+  out.rank = root.state().mesh.rank();
+  out.world = root.state().mesh.size();  // HSDP: the shard group's
+  out.replica = root.state().mesh.replicate_rank();
+  const int ep = std::max(1, experts.ep);
+  FSDP_CHECK(out.world % ep == 0, "ep ", ep, " does not divide the world of ", out.world);
   out.optimizer = optimizer;
   if (optimizer) {
     out.optimizer_kind = optimizer->config().kind;
@@ -39,8 +51,6 @@ ShardedState collect_sharded_state(FsdpModule& root, optim::Optimizer* optimizer
     if (!s) return;
     for (auto& g : s->groups) {
       const core::GroupLayout& layout = g->layout();
-      out.rank = g->mesh().rank();
-      out.world = layout.world;
       const OptimTensor* t = nullptr;
       if (optimizer) {
         FSDP_CHECK(ordinal < static_cast<int>(optimizer->tensors().size()) &&
@@ -55,7 +65,22 @@ ShardedState collect_sharded_state(FsdpModule& root, optim::Optimizer* optimizer
         v.fqn = names.at(p);
         v.shape = p->shape();
         v.cols = slice.cols;
-        v.rows = rows_of_rank(slice.rows, layout.world, g->mesh().rank());
+        if (expert.at(p)) {  // Note [Expert params in checkpoints]
+          FSDP_CHECK(layout.world == out.world / ep && g->mesh().rank() == out.rank / ep,
+                     "expert param '", v.fqn, "' is not on the efsdp mesh of ep ", ep);
+          v.shape.at(0) = slice.rows * ep;
+          for (int r = 0; r < out.world; ++r) {
+            RowRange rr = rows_of_rank(slice.rows, out.world / ep, r / ep);
+            const int64_t first = (r % ep) * slice.rows;
+            v.rank_rows.push_back({first + rr.begin, first + rr.end});
+          }
+        } else {
+          FSDP_CHECK(layout.world == out.world && g->mesh().rank() == out.rank, "param '", v.fqn,
+                     "' is sharded over another mesh than the root's (", layout.world, " ranks)");
+          for (int r = 0; r < out.world; ++r)
+            v.rank_rows.push_back(rows_of_rank(slice.rows, out.world, r));
+        }
+        v.rows = v.rank_rows.at(static_cast<size_t>(out.rank));
         v.param = g->shard_param() + slice.offset;
         if (t) {
           v.states.push_back(t->state0 + slice.offset);

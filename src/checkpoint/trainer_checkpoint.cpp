@@ -21,23 +21,33 @@ double now_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
+// Note [Expert params in checkpoints]: the MoE transformer's GroupedExperts hold E / ep experts.
+ExpertLayout expert_layout(const nn::ModelConfig& model) {
+  if (model.kind != "moe-transformer") return {};
+  return {model.ep, [](const Module& owner) {
+            return dynamic_cast<const nn::GroupedExperts*>(&owner) != nullptr;
+          }};
+}
+
 }  // namespace
 
 TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const RunDescription& run,
                                      Device& device, Stream stream, FsdpModule& root,
                                      optim::Optimizer& optimizer)
     : options_(options), run_(run), run_json_(run_config_json(run)), device_(device),
-      stream_(stream), state_(collect_sharded_state(root, &optimizer)) {
+      stream_(stream), state_(collect_sharded_state(root, &optimizer, expert_layout(run.model))) {
   FSDP_USER_CHECK(options_.save_every >= 0, "--save-every must be >= 0, got ", options_.save_every);
   FSDP_USER_CHECK(options_.keep_last >= 0, "--keep-last must be >= 0, got ", options_.keep_last);
   FSDP_USER_CHECK(options_.resume.empty() || options_.init_from.empty(),
              "--resume and --init-from cannot be used together");
   FSDP_USER_CHECK(!options_.save_dir.empty() || (options_.save_every == 0 && options_.keep_last == 0),
              "--save-every and --keep-last need --save-dir");
-  if (!options_.save_dir.empty())
+  // HSDP: one replica's shards are the whole state; the others save nothing.
+  if (!options_.save_dir.empty() && state_.replica == 0)
     writer_ = std::make_unique<CheckpointWriter>(options_.save_dir, state_.rank, state_.world,
                                                  options_.keep_last,
                                                  options_.verbose && state_.rank == 0);
+  lead_ = state_.rank == 0 && state_.replica == 0;
 }
 
 TrainerCheckpoint::~TrainerCheckpoint() {
@@ -60,7 +70,7 @@ int TrainerCheckpoint::start(int total_steps) {
   }
   if (!options_.save_dir.empty()) check_save_dir(start_step);
   if (ckpt) resumed_state_ = load_checkpoint(*ckpt, state_, &device_, stream_);
-  if (options_.verbose && state_.rank == 0) changes_ = std::move(changes);
+  if (options_.verbose && lead_) changes_ = std::move(changes);
   if (!options_.init_from.empty()) load_full_weights(options_.init_from, state_, device_, stream_);
   if (writer_) {
     // The host copy of the shards, touched now: the first save's stall is then the copy alone,
@@ -71,7 +81,7 @@ int TrainerCheckpoint::start(int total_steps) {
     host_.reset(new float[host_floats_]);
     std::memset(host_.get(), 0, host_floats_ * sizeof(float));
   }
-  if (!options_.save_dir.empty() && state_.rank == 0) {
+  if (!options_.save_dir.empty() && lead_) {
     // Debris of crashed saves that this run will write again (Note [Checkpoint hooks]).
     for (const auto& [step, dir] : list_step_dirs(options_.save_dir, /*complete_only=*/false))
       if (step > start_step && step <= total_steps &&
@@ -88,7 +98,8 @@ void TrainerCheckpoint::check_save_dir(int64_t start_step) const {
   FSDP_USER_CHECK(!ec, "cannot create save dir '", dir, "': ", ec.message());
   FSDP_USER_CHECK(io::is_directory(dir), "save dir '", dir, "' is not a directory");
   const std::string probe =
-      join_path(dir, ".write-test-" + std::to_string(::getpid()) + "-" + std::to_string(state_.rank));
+      join_path(dir, ".write-test-" + std::to_string(::getpid()) + "-" + std::to_string(state_.rank) +
+                "-" + std::to_string(state_.replica));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   FSDP_USER_CHECK(fd >= 0, "save dir '", dir, "' is not writable: ", std::strerror(errno));
   ::close(fd);
@@ -156,11 +167,7 @@ double TrainerCheckpoint::after_step(int steps_done, int total_steps,
     nlohmann::json tensors = nlohmann::json::array();
     for (const ShardView& v : state_.tensors) {
       nlohmann::json ranks = nlohmann::json::array();
-      const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
-      for (int r = 0; r < state_.world; ++r) {
-        const RowRange rr = rows_of_rank(rows, state_.world, r);
-        ranks.push_back({rr.begin, rr.end});
-      }
+      for (const RowRange& rr : v.rank_rows) ranks.push_back({rr.begin, rr.end});
       tensors.push_back({{"name", v.fqn}, {"shape", v.shape}, {"dtype", "F32"},
                          {"optimizer_step", state_.optimizer->step_count()},
                          {"ranks", ranks}});

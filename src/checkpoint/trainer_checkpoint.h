@@ -68,6 +68,7 @@ class TrainerCheckpoint {
   nlohmann::json resumed_state_ = nlohmann::json::object();
   std::vector<std::string> changes_;  // to print
   double last_stall_ms_ = 0;
+  bool lead_ = false;  // rank 0 of replica 0: prints, removes crashed saves' debris
 };
 
 }  // namespace fsdp::checkpoint

@@ -23,6 +23,25 @@ Comm& CommContext::reduce_scatter_comm(Mesh& mesh) {
   return *it->second;
 }
 
+void CommContext::ensure_all_reduce_stream() {
+  if (!all_reduce_stream.valid())
+    all_reduce_stream = device.create_stream("all-reduce", StreamPriority::High);
+}
+
+void CommContext::create_post_forward_comm(Mesh& mesh, int size) {
+  auto& slot = post_forward_comms_[{mesh.comm().world_ranks(), size}];
+  if (!slot)
+    slot = mesh.comm().split(mesh.rank() / size, mesh.rank(),
+                             mesh.comm().name() + "/post_forward" + std::to_string(size));
+}
+
+Comm& CommContext::post_forward_comm(Mesh& mesh, int size) {
+  auto it = post_forward_comms_.find({mesh.comm().world_ranks(), size});
+  FSDP_CHECK(it != post_forward_comms_.end() && it->second,
+             "no post-forward communicator of size ", size, " for mesh '", mesh.name(), "'");
+  return *it->second;
+}
+
 const char* CommContext::intern(std::string label) {
   labels_.push_back(std::move(label));
   return labels_.back().c_str();

@@ -1,5 +1,6 @@
 // What one root shares with all its FSDP states: streams, the RS ring, the event pool, the
-// separate RS communicators and the schedule's event log. (FSDP2's FSDPCommContext.)
+// separate RS and post-forward communicators and the schedule's event log. (FSDP2's
+// FSDPCommContext.)
 #pragma once
 
 #include <deque>
@@ -23,6 +24,9 @@ class CommContext {
   Device& device;
   Stream all_gather_stream;
   Stream reduce_scatter_stream;
+  // HSDP only (made at lazy init when a group's mesh has replicas): the all-reduce of each
+  // reduce-scattered grad shard across replicas, and what follows it (Note [HSDP schedule]).
+  Stream all_reduce_stream;
   RsRing ring;
   EventPool events;
   bool separate_reduce_scatter_group = false;
@@ -42,12 +46,19 @@ class CommContext {
   // Whether work (accumulation, cast, optimizer) follows the newest ring entry's event on the
   // RS stream; finalize then joins the RS stream itself, not only the ring.
   bool rs_work_after_ring = false;
+  // Whether all-reduces were issued since finalize last joined the all-reduce stream.
+  bool all_reduce_pending = false;
+  void ensure_all_reduce_stream();
 
   // The communicator RS uses for `mesh`: the mesh's own, or (separate group on) one split
   // off per distinct rank set. Creating one is collective over the mesh; lazy init makes
   // them in the same order on every rank.
   Comm& reduce_scatter_comm(Mesh& mesh);
   void create_separate_comm(Mesh& mesh);
+  // Note [Post-forward mesh]: groups of `size` consecutive ranks of the mesh's shard group,
+  // for reshard_after_forward=int. Collective over the shard group, like the RS ones.
+  void create_post_forward_comm(Mesh& mesh, int size);
+  Comm& post_forward_comm(Mesh& mesh, int size);
 
   void log(const char* op, const std::string& unit, const char* phase) {
     if (event_log) event_log->push_back({op, unit, phase});
@@ -60,9 +71,23 @@ class CommContext {
     for (const auto& [ranks, comm] : separate_comms_) n += comm->issued(kind);
     return n;
   }
+  // Every communicator the context made (separate RS, post-forward), for counts.
+  std::vector<const Comm*> own_comms() const {
+    std::vector<const Comm*> out;
+    for (const auto& [ranks, comm] : separate_comms_) out.push_back(comm.get());
+    for (const auto& [key, comm] : post_forward_comms_) out.push_back(comm.get());
+    return out;
+  }
+  // Collectives issued on the post-forward communicators.
+  int64_t post_forward_comm_issued(CollectiveKind kind) const {
+    int64_t n = 0;
+    for (const auto& [key, comm] : post_forward_comms_) n += comm->issued(kind);
+    return n;
+  }
 
  private:
   std::map<std::vector<int>, std::unique_ptr<Comm>> separate_comms_;
+  std::map<std::pair<std::vector<int>, int>, std::unique_ptr<Comm>> post_forward_comms_;
   std::deque<std::string> labels_;
 };
 

@@ -37,7 +37,7 @@ DType parse_dtype(const std::string& name) {
 const char* mem_tag_name(MemTag tag) {
   static const char* names[] = {"other",     "sharded_state", "all_gather", "unsharded",
                                 "grad",      "grad_accum",    "rs_input",   "rs_output",
-                                "activation"};
+                                "activation", "post_forward"};
   static_assert(sizeof(names) / sizeof(names[0]) == kMemTagCount);
   return names[static_cast<int>(tag)];
 }

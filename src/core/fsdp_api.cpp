@@ -13,6 +13,26 @@ Mesh::Mesh(std::string name, Device& device, std::shared_ptr<Comm> comm)
   FSDP_CHECK(comm_ != nullptr, "mesh '", name_, "' needs a communicator");
 }
 
+Mesh::Mesh(std::string name, Device& device, std::shared_ptr<Comm> comm,
+           std::shared_ptr<Comm> replicate)
+    : Mesh(std::move(name), device, std::move(comm)) {
+  FSDP_CHECK(replicate != nullptr, "mesh '", name_, "' needs a replicate communicator");
+  replicate_ = std::move(replicate);
+}
+
+Mesh make_hsdp_mesh(std::string name, Device& device, Comm& world, int replicate, int shard) {
+  FSDP_CHECK(replicate >= 1 && shard >= 1, "HSDP mesh '", name,
+             "': replicate and shard sizes must be positive, got ", replicate, " x ", shard);
+  FSDP_CHECK(static_cast<int64_t>(replicate) * shard == world.size(), "HSDP mesh '", name,
+             "': replicate x shard (", replicate, " x ", shard, ") must equal the world size ",
+             world.size());
+  const int r = world.rank();
+  // Collective over `world`, in the same order on every rank: shard groups, then replicas.
+  std::shared_ptr<Comm> shard_comm = world.split(r / shard, r, name + "/shard");
+  std::shared_ptr<Comm> replicate_comm = world.split(r % shard, r, name + "/replicate");
+  return Mesh(std::move(name), device, std::move(shard_comm), std::move(replicate_comm));
+}
+
 Stream Mesh::init_stream() {
   if (!init_stream_.valid()) init_stream_ = device_->create_stream("init", StreamPriority::Normal);
   return init_stream_;
@@ -61,6 +81,9 @@ void FsdpModule::set_reshard_after_backward(bool reshard, bool recurse) {
 }
 void FsdpModule::set_requires_gradient_sync(bool sync, bool recurse) {
   for_each_state(*state_, recurse, [&](FsdpState& s) { s.requires_gradient_sync = sync; });
+}
+void FsdpModule::set_requires_all_reduce(bool all_reduce, bool recurse) {
+  for_each_state(*state_, recurse, [&](FsdpState& s) { s.requires_all_reduce = all_reduce; });
 }
 void FsdpModule::set_is_last_backward(bool last) { state_->is_last_backward = last; }
 

@@ -41,6 +41,32 @@ void check_placement_mesh(Mesh& target, Mesh& module_mesh, const Module& owner, 
              param.name(), "' is placed on mesh '", target.name(), "' (ranks ", rank_list(a),
              "), which is not a subset of mesh '", module_mesh.name(), "' (ranks ", rank_list(b),
              "): a param group's mesh must lie within its module's mesh");
+  // A 1-D group inside an HSDP module would never average its grads across the replicas.
+  FSDP_CHECK(target.is_hsdp() || !module_mesh.is_hsdp(), "param '", owner.fqn(), ".",
+             param.name(), "' is placed on 1-D mesh '", target.name(), "' inside HSDP mesh '",
+             module_mesh.name(), "': its grads would never be averaged across replicas; place "
+             "it on an HSDP mesh");
+}
+
+// Note [Post-forward mesh]
+// reshard_after_forward=N (an int, FSDP2's form) keeps, after forward, this rank's 1/N of the
+// unsharded group: the ranks of the shard group form groups of N consecutive ranks (FSDP2's
+// mesh.view(-1, N), so a group lies within one node when the shard group spans nodes), and
+// rank s keeps chunk s % N of the [W][shard_numel] all-gather output: W / N consecutive rank
+// slots. The backward all-gather runs on that group of N and rebuilds the same buffer. FSDP2's
+// rules: N must divide the shard group's size; N equal to it means true. FSDP2 warns on N = 1
+// and treats it as false; we reject it with an error instead (say false).
+void check_post_forward_size(const std::optional<std::variant<bool, int>>& option,
+                             const Mesh& mesh, const Module& module) {
+  if (!option) return;
+  const int* n = std::get_if<int>(&*option);
+  if (!n) return;
+  const std::string where = module.fqn().empty() ? "the root" : "module '" + module.fqn() + "'";
+  FSDP_CHECK(*n != 1, "reshard_after_forward=1 for ", where,
+             " would keep every param whole on each rank: pass false instead");
+  FSDP_CHECK(*n >= 2 && *n <= mesh.size() && mesh.size() % *n == 0, "reshard_after_forward=", *n,
+             " for ", where, " must divide the shard group size ", mesh.size(), " of mesh '",
+             mesh.name(), "' (an int from 2 to ", mesh.size(), ")");
 }
 
 }  // namespace
@@ -64,6 +90,7 @@ FsdpState::FsdpState(Module& m, Mesh& default_mesh, const FullyShardOptions& opt
                param->name(), "' is placed on mesh '", target->name(),
                "', which lives on another device than mesh '", default_mesh.name(), "'");
     check_placement_mesh(*target, default_mesh, *owner, *param);
+    check_post_forward_size(options.reshard_after_forward, *target, m);
     auto it = std::find(meshes.begin(), meshes.end(), target);
     if (it == meshes.end()) {
       meshes.push_back(target);
@@ -137,6 +164,12 @@ void FsdpState::lazy_init(RunContext& run) {
   if (ctx->separate_reduce_scatter_group)
     for (FsdpState* s : all_states)
       for (auto& g : s->groups) ctx->create_separate_comm(g->mesh());
+  // Every rank runs the same states in the same order, so the splits below match up.
+  for (FsdpState* s : all_states)
+    for (auto& g : s->groups) {
+      if (g->mesh().is_hsdp()) ctx->ensure_all_reduce_stream();
+      if (const int n = s->post_forward_size(g->mesh())) ctx->create_post_forward_comm(g->mesh(), n);
+    }
   optimizer_done_ = mesh.device().create_event();
 }
 
@@ -154,7 +187,12 @@ void FsdpState::root_pre_forward(RunContext& run) {
   ctx->backward_planned = false;
   for (FsdpState* s : all_states) {
     s->ran_forward = false;
-    for (auto& g : s->groups) g->reset_backward();
+    for (auto& g : s->groups) {
+      g->reset_backward();
+      // A post-forward shard left by a forward without backward (evaluation) predates the
+      // optimizer step that may have run since: gather from the fp32 shards instead.
+      if (g->is_sharded_post_forward()) g->reshard(run.compute);
+    }
   }
 }
 
@@ -173,11 +211,11 @@ void FsdpState::wait_for_unshard(Stream s) {
   for (auto& g : groups) g->wait_for_unshard(s);
 }
 
-void FsdpState::reshard(Stream s, const char* phase) {
+void FsdpState::reshard(Stream s, const char* phase, bool post_forward) {
   bool any = false;
   for (auto& g : groups) {
     any |= g->is_unsharded() || g->is_gathering();
-    g->reshard(s);
+    g->reshard(s, post_forward);
   }
   if (any) ctx->log("reshard", unit_label, phase);
 }
@@ -197,7 +235,7 @@ void FsdpState::pre_forward(RunContext& run) {
 }
 
 void FsdpState::post_forward(RunContext& run) {
-  if (effective_reshard_after_forward()) reshard(run.compute, "forward");
+  if (effective_reshard_after_forward()) reshard(run.compute, "forward", /*post_forward=*/true);
   ctx->post_forward_order.push_back(this);
   ctx->forward_hooks.push_back({this, false});
   training_state = TrainingState::Idle;
@@ -311,6 +349,15 @@ void FsdpState::finalize_backward(RunContext& run) {
     d.wait_event(run.compute, rs_done);
     ctx->events.release(rs_done);
     ctx->rs_work_after_ring = false;
+  }
+  // ...and, with HSDP, the all-reduces and the grad-shard writes that follow them.
+  if (ctx->all_reduce_pending) {
+    Device& d = mesh.device();
+    const Event ar_done = ctx->events.acquire();
+    d.record_event(ar_done, ctx->all_reduce_stream);
+    d.wait_event(run.compute, ar_done);
+    ctx->events.release(ar_done);
+    ctx->all_reduce_pending = false;
   }
   for (FsdpState* s : all_states)
     for (auto& g : s->groups) g->materialize_zero_grad(run.compute);

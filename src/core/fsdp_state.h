@@ -29,7 +29,8 @@ class FsdpState : public ModuleHooks {
   // Unshard: issue the AGs of every group (logged once as "unshard").
   void unshard(const char* phase);
   void wait_for_unshard(Stream compute);
-  void reshard(Stream compute, const char* phase);
+  // post_forward: keep the post-forward shard where reshard_after_forward is an int.
+  void reshard(Stream compute, const char* phase, bool post_forward = false);
 
   Module& module;
   Mesh& mesh;
@@ -38,9 +39,10 @@ class FsdpState : public ModuleHooks {
   std::vector<std::unique_ptr<ParamGroup>> groups;
 
   // Settings (FSDP2 names).
-  std::optional<bool> reshard_after_forward;
+  std::optional<std::variant<bool, int>> reshard_after_forward;
   bool reshard_after_backward = true;
   bool requires_gradient_sync = true;
+  bool requires_all_reduce = true;  // HSDP: all-reduce across replicas after the RS
   bool is_last_backward = true;  // root only
   int reduce_scatter_max_input_buffers = 1;
   bool separate_reduce_scatter_group = false;
@@ -70,7 +72,16 @@ class FsdpState : public ModuleHooks {
   std::vector<ParamHome> homes;
 
   bool effective_reshard_after_forward() const {
-    return reshard_after_forward.value_or(!is_root);
+    if (!reshard_after_forward) return !is_root;
+    if (const bool* b = std::get_if<bool>(&*reshard_after_forward)) return *b;
+    return true;  // an int: reshard, to a smaller group
+  }
+  // Note [Post-forward mesh]: the size of the group a param group on `m` reshards to after
+  // forward; 0 when it reshards fully (or not at all).
+  int post_forward_size(const Mesh& m) const {
+    if (!reshard_after_forward) return 0;
+    const int* n = std::get_if<int>(&*reshard_after_forward);
+    return n && *n < m.size() ? *n : 0;
   }
   CommContext& comm_context() const;
 

@@ -36,6 +36,7 @@ ParamGroup::ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params,
   device_->copy_from_host(init_stream, shard_param_, shard.data(), bytes);
   grads_.resize(params_.size());
   all_gather_done_ = device_->create_event();
+  post_forward_ready_ = device_->create_event();
 }
 
 ParamGroup::~ParamGroup() {
@@ -45,10 +46,17 @@ ParamGroup::~ParamGroup() {
   if (gathered_) device_->free(gathered_, s);
   for (void* p : copied_out_) device_->free(p, s);
   if (unsharded_accum_) device_->free(unsharded_accum_, s);
+  if (post_forward_) device_->free(post_forward_, s);
+  if (partial_reduce_) device_->free(partial_reduce_, s);
   grads_.clear();
   device_->free(shard_param_, s);
   if (shard_grad_) device_->free(shard_grad_, s);
   device_->destroy_event(all_gather_done_);
+  device_->destroy_event(post_forward_ready_);
+}
+
+int ParamGroup::post_forward_size() const {
+  return owner_->effective_reshard_after_forward() ? owner_->post_forward_size(*mesh_) : 0;
 }
 
 float* ParamGroup::ensure_grad_shard(Stream s) {
@@ -73,27 +81,40 @@ void ParamGroup::lazy_init(std::shared_ptr<CommContext> context, const std::stri
   label_rs_copy_in_ = ctx.intern("RS copy-in " + label);
   label_rs_ = ctx.intern("RS " + label);
   label_rs_accumulate_ = ctx.intern("RS accumulate " + label);
+  label_ar_ = ctx.intern("AR " + label);
+  label_post_forward_ = ctx.intern("post-forward shard " + label);
 }
 
 void ParamGroup::unshard() {
-  if (state_ != Sharded) return;
+  if (state_ == Gathering || state_ == Unsharded) return;
   const DType t = owner_->mp.param_dtype;
   const Stream s = ctx_->all_gather_stream;
   const int64_t n = layout_.shard_numel;
   gathered_ = device_->alloc(static_cast<size_t>(n * layout_.world) * dtype_size(t), s,
                              MemTag::AllGather);
-  // The AG input is this rank's slot of the output: the copy-in casts straight into it.
-  void* slot = static_cast<char*>(gathered_) + static_cast<size_t>(n * mesh_->rank()) * dtype_size(t);
-  device_->set_label(label_ag_copy_in_);
-  device_->cast(s, slot, t, shard_param_, DType::F32, n);
-  device_->set_label(label_ag_);
-  mesh_->comm().all_gather(slot, gathered_, n, t, s);
+  if (state_ == ShardedPostForward) {
+    // Note [Post-forward mesh]: the N ranks of the small group hold the whole buffer.
+    Comm& small = ctx_->post_forward_comm(*mesh_, post_forward_world_);
+    const int64_t chunk = n * (layout_.world / post_forward_world_);
+    device_->wait_event(s, post_forward_ready_);
+    device_->set_label(label_ag_);
+    small.all_gather(post_forward_, gathered_, chunk, t, s);
+    device_->free(post_forward_, s);  // stream-ordered: after the all-gather read it
+    post_forward_ = nullptr;
+  } else {
+    // The AG input is this rank's slot of the output: the copy-in casts straight into it.
+    void* slot = static_cast<char*>(gathered_) + static_cast<size_t>(n * mesh_->rank()) * dtype_size(t);
+    device_->set_label(label_ag_copy_in_);
+    device_->cast(s, slot, t, shard_param_, DType::F32, n);
+    device_->set_label(label_ag_);
+    mesh_->comm().all_gather(slot, gathered_, n, t, s);
+  }
   device_->record_event(all_gather_done_, s);
   state_ = Gathering;
 }
 
 void ParamGroup::wait_for_unshard(Stream compute) {
-  if (state_ == Sharded) unshard();
+  if (state_ == Sharded || state_ == ShardedPostForward) unshard();
   if (state_ == Unsharded) return;
   device_->wait_event(compute, all_gather_done_);
   const DType t = owner_->mp.param_dtype;
@@ -118,22 +139,47 @@ void ParamGroup::wait_for_unshard(Stream compute) {
     device_->all_gather_copy_out(compute, gathered_, t, layout_.shard_numel, layout_.world,
                                  layout_.slices.data(), dsts.data(), static_cast<int>(dsts.size()));
     // The copy-out ran on compute, which already waited for the AG: free in stream order.
-    device_->free(gathered_, compute);
-    gathered_ = nullptr;
+    // A forward that reshards to a smaller group cuts its post-forward shard from the AG
+    // output, so that stays until the post-forward reshard.
+    if (!(post_forward_size() > 0 && owner_->training_state == TrainingState::Forward)) {
+      device_->free(gathered_, compute);
+      gathered_ = nullptr;
+    }
   }
   state_ = Unsharded;
 }
 
-void ParamGroup::reshard(Stream compute) {
+void ParamGroup::reshard(Stream compute, bool post_forward) {
   if (state_ == Sharded) return;
+  if (state_ == ShardedPostForward) {
+    if (post_forward) return;
+    device_->free(post_forward_, compute);  // a pending all-gather would have consumed it
+    post_forward_ = nullptr;
+    state_ = Sharded;
+    return;
+  }
   // A prefetched AG nobody waited for is still writing its buffer: wait before the free.
   if (state_ == Gathering) device_->wait_event(compute, all_gather_done_);
+  const int small = post_forward && gathered_ ? post_forward_size() : 0;
+  if (small > 0) {
+    // Note [Post-forward mesh]: keep W / N rank slots of the AG output, the ones this rank
+    // contributes to the small group's all-gather.
+    const DType t = owner_->mp.param_dtype;
+    const size_t chunk = static_cast<size_t>(layout_.shard_numel * (layout_.world / small)) * dtype_size(t);
+    post_forward_ = device_->alloc(chunk, compute, MemTag::PostForward);
+    device_->set_label(label_post_forward_);
+    device_->copy(compute, post_forward_,
+                  static_cast<char*>(gathered_) + chunk * static_cast<size_t>(mesh_->rank() % small),
+                  chunk);
+    device_->record_event(post_forward_ready_, compute);
+    post_forward_world_ = small;
+  }
   if (gathered_) device_->free(gathered_, compute);
   for (void* p : copied_out_) device_->free(p, compute);
   gathered_ = nullptr;
   copied_out_.clear();
   for (Param* p : params_) p->value = Tensor{};
-  state_ = Sharded;
+  state_ = small > 0 ? ShardedPostForward : Sharded;
 }
 
 void ParamGroup::materialize_zero_grad(Stream compute) {
@@ -248,13 +294,17 @@ void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>&
 }
 
 void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
+  if (mesh_->is_hsdp()) {
+    all_reduce_into_grad(rs_in, rs_stream);
+    return;
+  }
   const DType rt = owner_->mp.reduce_dtype;
   const int64_t n = layout_.shard_numel;
   Comm& comm = ctx_->reduce_scatter_comm(*mesh_);
   // Note [Gradient divide factor]: the RS averages over the mesh unless the module asked for
   // another divisor; then it sums and the result is scaled by 1 / factor on the way out.
   const std::optional<double> factor = owner_->gradient_divide_factor;
-  const bool custom = factor && *factor != static_cast<double>(mesh_->size());
+  const bool custom = factor && *factor != static_cast<double>(mesh_->data_parallel_size());
   const ReduceOp op = custom ? ReduceOp::Sum : ReduceOp::Avg;
   const float scale = custom ? static_cast<float>(1.0 / *factor) : 1.0f;
   // The ring's event follows the collective alone: reclaiming rs_in needs nothing more.
@@ -302,6 +352,87 @@ void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
   // itself: no zero fill, no accumulation pass (and, in fp32, no RS output buffer).
   reduce_to(shard_grad_, grad_shard_zero_);
   grad_shard_zero_ = false;
+}
+
+// Note [HSDP schedule]
+// On a 2-D mesh each group's grad takes two collectives. On the RS stream: the reduce-scatter
+// within the shard group into an RS output (the ring's entry is recorded right after it, so
+// the ring's bound k is the same as without replicas), plus the partial sum of earlier
+// backwards that skipped the all-reduce. Then the all-reduce stream waits for an event
+// recorded there, all-reduces the RS output across the replicate group in place, and writes
+// it into the grad shard (or runs the optimizer in backward) on the same stream; the RS
+// output is freed there. The root's finalize joins the all-reduce stream before the optimizer
+// reads the grad shards. Both collectives average (Avg over S, then over R: the mean over all
+// R x S ranks) unless a divide factor other than R x S is set; then both sum and the write
+// scales by 1 / factor. With set_requires_all_reduce(false) the RS output is summed into
+// partial_reduce_ on the RS stream instead and nothing else happens (FSDP2's semantics).
+void ParamGroup::all_reduce_into_grad(void* rs_in, Stream rs_stream) {
+  const DType rt = owner_->mp.reduce_dtype;
+  const int64_t n = layout_.shard_numel;
+  const size_t bytes = static_cast<size_t>(n) * dtype_size(rt);
+  Comm& comm = ctx_->reduce_scatter_comm(*mesh_);
+  const std::optional<double> factor = owner_->gradient_divide_factor;
+  const bool custom = factor && *factor != static_cast<double>(mesh_->data_parallel_size());
+  const ReduceOp op = custom ? ReduceOp::Sum : ReduceOp::Avg;
+  const float scale = custom ? static_cast<float>(1.0 / *factor) : 1.0f;
+
+  void* out = device_->alloc(bytes, rs_stream, MemTag::RsOutput);
+  device_->set_label(label_rs_);
+  comm.reduce_scatter(rs_in, out, n, rt, op, rs_stream);
+  Event rs_done = ctx_->events.acquire();
+  device_->record_event(rs_done, rs_stream);
+  ctx_->ring.push({rs_in, rs_done, index_});
+  ctx_->rs_work_after_ring = false;
+  if (!owner_->requires_all_reduce) {
+    if (!partial_reduce_) {
+      partial_reduce_ = out;
+      return;
+    }
+    device_->set_label(label_rs_accumulate_);
+    device_->add(rs_stream, partial_reduce_, partial_reduce_, out, rt, n);
+    device_->free(out, rs_stream);
+    ctx_->rs_work_after_ring = true;
+    return;
+  }
+  if (partial_reduce_) {
+    device_->set_label(label_rs_accumulate_);
+    device_->add(rs_stream, out, out, partial_reduce_, rt, n);
+    device_->free(partial_reduce_, rs_stream);
+    partial_reduce_ = nullptr;
+    ctx_->rs_work_after_ring = true;
+  }
+  const Stream ar_stream = ctx_->all_reduce_stream;
+  const Event reduced = ctx_->events.acquire();
+  device_->record_event(reduced, rs_stream);
+  device_->wait_event(ar_stream, reduced);
+  ctx_->events.release(reduced);
+  device_->set_label(label_ar_);
+  mesh_->replicate_comm()->all_reduce(out, out, n, rt, op, ar_stream);
+  ctx_->all_reduce_pending = true;
+  // out (fp32) gets (overwrite) or adds (!overwrite) the all-reduced grad shard.
+  auto write_to = [&](float* dst, bool overwrite) {
+    device_->set_label(label_rs_accumulate_);
+    if (overwrite && !custom) {
+      device_->cast(ar_stream, dst, DType::F32, out, rt, n);
+    } else {
+      if (overwrite) device_->fill(ar_stream, dst, DType::F32, n, 0.0f);
+      device_->accumulate(ar_stream, dst, out, rt, n, scale);
+    }
+  };
+  if (ctx_->optimizer_in_backward) {
+    // Note [Optimizer in backward], on the stream where the grad is final.
+    float* grad = static_cast<float*>(
+        device_->alloc(static_cast<size_t>(n) * sizeof(float), ar_stream, MemTag::RsOutput));
+    write_to(grad, true);
+    device_->set_label(label_optimizer_);
+    ctx_->optimizer_in_backward(ar_stream, ordinal_, shard_param_, grad, n);
+    device_->free(grad, ar_stream);
+  } else {
+    ensure_grad_shard(ar_stream);
+    write_to(shard_grad_, grad_shard_zero_);  // Note [Lazy zero grad]
+    grad_shard_zero_ = false;
+  }
+  device_->free(out, ar_stream);
 }
 
 }  // namespace fsdp::core

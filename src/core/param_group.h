@@ -31,10 +31,13 @@ class ParamGroup {
   // Makes the compute stream wait for the all-gather and points every Param::value at the
   // unsharded data (a view of the AG output, or a copy-out).
   void wait_for_unshard(Stream compute);
-  // Frees the unsharded data, stream-ordered on the compute stream.
-  void reshard(Stream compute);
+  // Frees the unsharded data, stream-ordered on the compute stream. With post_forward and
+  // an int reshard_after_forward, keeps this rank's post-forward shard (Note [Post-forward
+  // mesh]); the next unshard gathers from it on the smaller group.
+  void reshard(Stream compute, bool post_forward = false);
   bool is_unsharded() const { return state_ == Unsharded; }
   bool is_gathering() const { return state_ == Gathering; }
+  bool is_sharded_post_forward() const { return state_ == ShardedPostForward; }
 
   // Grad sink: counts grads; the last one of the group triggers post_backward().
   void on_grad(RunContext& ctx, int param_index, Tensor grad);
@@ -63,12 +66,17 @@ class ParamGroup {
   float* ensure_grad_shard(Stream s);
 
  private:
-  enum UnshardState { Sharded, Gathering, Unsharded };
+  enum UnshardState { Sharded, ShardedPostForward, Gathering, Unsharded };
+  // The post-forward group size the next forward reshard goes to (0: fully sharded).
+  int post_forward_size() const;
   void reduce_scatter(RunContext& ctx, const std::vector<const void*>& srcs,
                       const std::vector<DType>& types);
   // The collective and what follows it on the RS stream: into the grad shard, or (optimizer
   // in backward) into a transient grad that the optimizer consumes.
   void reduce_into_grad(void* rs_in, Stream rs_stream);
+  // HSDP: the reduce-scatter's output (partial_reduce_ added) all-reduced across replicas
+  // on the all-reduce stream, then into the grad shard there (Note [HSDP schedule]).
+  void all_reduce_into_grad(void* rs_in, Stream rs_stream);
   void accumulate_unsharded(RunContext& ctx);
   void release_grads();
 
@@ -86,6 +94,12 @@ class ParamGroup {
 
   UnshardState state_ = Sharded;
   void* gathered_ = nullptr;  // [world][shard_numel] in the param dtype
+  void* post_forward_ = nullptr;  // this rank's chunk of gathered_ (Note [Post-forward mesh])
+  int post_forward_world_ = 0;    // the size of the group post_forward_ was cut for
+  Event post_forward_ready_;      // on compute, after post_forward_ was written
+  // HSDP with set_requires_all_reduce(false): reduce-scattered grads summed in the reduce
+  // dtype, waiting for a backward with the all-reduce (FSDP2's partial_reduce_output).
+  void* partial_reduce_ = nullptr;
   std::vector<void*> copied_out_;
   Event all_gather_done_;
 
@@ -104,6 +118,8 @@ class ParamGroup {
   const char* label_rs_copy_in_ = "";
   const char* label_rs_ = "";
   const char* label_rs_accumulate_ = "";
+  const char* label_ar_ = "";
+  const char* label_post_forward_ = "";
 };
 
 }  // namespace fsdp::core

@@ -106,6 +106,21 @@ std::vector<int64_t> unit_param_counts(const ModelConfig& c) {
 
 double flops_per_token(const ModelConfig& c) {
   if (c.kind == "transformer") return transformer_flops_per_token(transformer_config(c));
+  if (c.kind == "moe-transformer") {
+    // Active params (docs/moe.md): an MoE block counts its router and K of its experts; the
+    // attention term as the dense transformer's.
+    const TransformerConfig t = transformer_config(c);
+    const MoeConfig m = moe_config(c);
+    const double d = static_cast<double>(t.dim);
+    const double attention = d * static_cast<double>((t.heads + 2 * t.kv_heads) * t.head_dim()) +
+                             static_cast<double>(t.heads * t.head_dim()) * d + 2 * d;
+    double gemm_params = static_cast<double>(t.vocab) * d + d;  // the head and the final norm
+    for (int i = 0; i < t.layers; ++i)
+      gemm_params += attention + (is_moe_layer(i, c.moe_every)
+                                      ? m.experts * d + m.top_k * 3 * d * static_cast<double>(m.expert_ffn_dim)
+                                      : 3 * d * static_cast<double>(t.ffn_dim));
+    return 6.0 * gemm_params + 12.0 * t.layers * static_cast<double>(t.heads * t.head_dim()) * t.seq_len;
+  }
   double params = 0;
   for (int64_t n : unit_param_counts(c)) params += static_cast<double>(n);
   return 6.0 * params;

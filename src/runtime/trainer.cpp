@@ -107,6 +107,30 @@ float global_norm(const std::vector<float>& squares) {
   return static_cast<float>(std::sqrt(sum));
 }
 
+// gather_full_params gives an expert param's E / ep local experts; this appends the other ep
+// ranks' blocks (ep-rank order is global expert order, docs/moe.md), so every rank gets all of
+// them. Collective over the ep communicator.
+void gather_every_expert(Device& d, Comm& ep, Stream s, nn::Model& model,
+                         std::vector<std::vector<float>>& params) {
+  size_t index = 0;  // all_params() order: pre-order, each module's params in order
+  model.visit([&](Module& m) {
+    const bool experts = dynamic_cast<nn::GroupedExperts*>(&m) != nullptr;
+    for (size_t k = 0; k < m.params().size(); ++k, ++index) {
+      if (!experts) continue;
+      std::vector<float>& v = params.at(index);
+      const int64_t n = static_cast<int64_t>(v.size());
+      auto* buf = static_cast<float*>(
+          d.alloc(static_cast<size_t>(n * (1 + ep.size())) * sizeof(float), s, MemTag::Other));
+      if (n) d.copy_from_host(s, buf, v.data(), static_cast<size_t>(n) * sizeof(float));
+      ep.all_gather(buf, buf + n, n, DType::F32, s);
+      v.resize(static_cast<size_t>(n * ep.size()));
+      if (n) d.copy_to_host(s, v.data(), buf + n, v.size() * sizeof(float));
+      d.synchronize_stream(s);
+      d.free(buf, s);
+    }
+  });
+}
+
 }  // namespace
 
 RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
@@ -140,20 +164,33 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   nn::Model model(model_config);
   model.set_expert_comm(ep_comm.get());
   result.param_count = model.active_param_count();
-  Mesh mesh("dp", device, world);
+  // HSDP (docs/hsdp.md): every mesh is replicate x shard, the same ranks in each role.
+  const int replicas = config.hsdp_replicas;
+  FSDP_USER_CHECK(replicas >= 0, "--hsdp must be >= 1, got ", replicas);
+  FSDP_USER_CHECK(replicas == 0 || world->size() % replicas == 0, "--hsdp ", replicas,
+                  " must divide the world size ", world->size());
+  FSDP_USER_CHECK(replicas <= 1 || ep == 1, "--hsdp with --ep ", ep,
+                  " is not supported yet: use one of the two");
+  auto make_mesh = [&](const std::string& name, std::shared_ptr<Comm> one_d) {
+    if (replicas == 0) return std::make_unique<Mesh>(name, device, std::move(one_d));
+    return std::make_unique<Mesh>(make_hsdp_mesh(name, device, *world, replicas, world->size() / replicas));
+  };
+  std::unique_ptr<Mesh> dp_mesh = make_mesh("dp", world);
+  Mesh& mesh = *dp_mesh;
   std::unique_ptr<Mesh> expert_mesh;
   FullyShardOptions options;
   options.reshard_after_forward = config.reshard_after_forward;
+  if (config.reshard_after_forward_size > 0) options.reshard_after_forward = config.reshard_after_forward_size;
   options.mp_policy = {config.param_dtype, config.reduce_dtype};
   if (config.model.kind == "moe" && config.experts_on_own_mesh) {
-    expert_mesh = std::make_unique<Mesh>("experts", device, world->split(0, rank, "experts"));
+    expert_mesh = make_mesh("experts", replicas ? nullptr : world->split(0, rank, "experts"));
     Mesh* em = expert_mesh.get();
     options.shard_placement_fn = [em](const Module& owner, const Param&) -> Mesh* {
       return nn::MoeBlock::is_expert_param(owner) ? em : nullptr;
     };
   }
   if (moe_transformer) {
-    expert_mesh = std::make_unique<Mesh>("efsdp", device, world->split(rank % ep, rank, "efsdp"));
+    expert_mesh = make_mesh("efsdp", replicas ? nullptr : world->split(rank % ep, rank, "efsdp"));
     Mesh* em = expert_mesh.get();
     options.shard_placement_fn = [em](const Module& owner, const Param&) -> Mesh* {
       return dynamic_cast<const nn::GroupedExperts*>(&owner) ? em : nullptr;
@@ -208,12 +245,39 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   device.reset_peak_memory();
   const int64_t units = count_units(model);
 
+  // Every communicator the run uses, for the first step's counts.
+  auto comms = [&] {
+    std::vector<const Comm*> out{world.get()};
+    for (Mesh* m : {dp_mesh.get(), expert_mesh.get()}) {
+      if (!m) continue;
+      if (&m->comm() != world.get()) out.push_back(&m->comm());
+      if (m->replicate_comm()) out.push_back(m->replicate_comm());
+    }
+    if (ep_comm) out.push_back(ep_comm.get());
+    if (core::state_of(model)->ctx)
+      for (const Comm* c : core::state_of(model)->ctx->own_comms()) out.push_back(c);
+    return out;
+  };
   auto issued = [&](CollectiveKind k) {
-    int64_t n = world->issued(k);
-    if (expert_mesh) n += expert_mesh->comm().issued(k);
-    if (ep_comm) n += ep_comm->issued(k);
-    n += core::state_of(model)->ctx ? core::state_of(model)->ctx->separate_comm_issued(k) : 0;
+    int64_t n = 0;
+    for (const Comm* c : comms()) n += c->issued(k);
     return n;
+  };
+  auto by_comm = [&] {
+    std::map<std::string, std::vector<int64_t>> out;
+    for (const Comm* c : comms()) {
+      std::vector<int64_t>& v = out[c->name()];
+      v.resize(kCollectiveKindCount);
+      for (int k = 0; k < kCollectiveKindCount; ++k) v[k] += c->issued(static_cast<CollectiveKind>(k));
+    }
+    return out;
+  };
+  auto minus = [](std::map<std::string, std::vector<int64_t>> a,
+                  const std::map<std::string, std::vector<int64_t>>& b) {
+    for (auto& [name, v] : a)
+      if (auto it = b.find(name); it != b.end())
+        for (size_t k = 0; k < v.size(); ++k) v[k] -= it->second[k];
+    return a;
   };
 
   double host_us_total = 0;
@@ -244,6 +308,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     result.grad_norms.push_back(report.grad_norm);
     result.max_expert_loads.push_back(report.max_expert_load);
     result.step_ms.push_back(report.step_ms);
+    result.peak_bytes_by_step.push_back(device.memory_stats().peak_bytes);
     if (ckpt) ckpt->state_changes();  // after the first step: every rank has loaded
     if (on_step) on_step(report);
     return true;
@@ -265,19 +330,25 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       DeviceBatch batch = source->make(device, compute, index, rank * config.tokens,
                                        config.tokens, config.param_dtype);
       report.tokens += batch.tokens;
+      const bool first = step == state.next_step && mb == 0;
       const int64_t ag0 = issued(CollectiveKind::AllGather);
+      std::map<std::string, std::vector<int64_t>> c0, c1;
+      if (first) c0 = by_comm();
       const double h0 = device.now_us();
       Tensor y = model.forward(ctx, batch.x);
       host_us += device.now_us() - h0;
       const int64_t ag1 = issued(CollectiveKind::AllGather);
       const int64_t rs1 = issued(CollectiveKind::ReduceScatter);
+      if (first) c1 = by_comm();
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
       add_aux_loss(device, compute, model, loss);
       y = Tensor{};
       const double h1 = device.now_us();
       model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient
       host_us += device.now_us() - h1;
-      if (step == state.next_step && mb == 0) {
+      if (first) {
+        result.forward_by_comm_first_step = minus(c1, c0);  // the forward made new comms
+        result.backward_by_comm_first_step = minus(by_comm(), c1);
         result.all_gathers_forward_first_step = ag1 - ag0;
         result.all_gathers_backward_first_step = issued(CollectiveKind::AllGather) - ag1;
         result.reduce_scatters_first_step = issued(CollectiveKind::ReduceScatter) - rs1;
@@ -344,7 +415,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;
   if (config.timeline) device.enable_timeline(false);
   result.memory = device.memory_stats();
-  if (config.collect_params) result.params = gather_full_params(root, compute);
+  if (config.collect_params) {
+    result.params = gather_full_params(root, compute);
+    if (ep_comm) gather_every_expert(device, *ep_comm, compute, model, result.params);
+  }
   device.free(loss, compute);
   device.free(loss_avg, compute);
   device.synchronize();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,12 @@ struct TrainConfig {
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
   bool reshard_after_forward = true;
+  // > 0: the blocks reshard after forward to groups of this many ranks (FSDP2's
+  // reshard_after_forward=<int>, Note [Post-forward mesh]); it must divide the shard size.
+  int reshard_after_forward_size = 0;
+  // > 0: HSDP with this many replicas (--hsdp R): the world is an R x (W / R) mesh, params
+  // shard over W / R consecutive ranks and are replicated R times (docs/hsdp.md).
+  int hsdp_replicas = 0;
   int rs_max_input_buffers = 1;
   bool separate_rs_group = false;
   bool experts_on_own_mesh = true;  // moe: expert params shard over a second mesh
@@ -102,12 +109,20 @@ struct RankResult {
   std::string error;
   int failed_step = -1;
   std::vector<double> max_expert_loads;  // per step (StepReport::max_expert_load)
+  // The device's peak memory since the first step, read when each step is read (a step is read
+  // while the next one runs, so entry i covers the start of step i + 1): flat memory means the
+  // entries stop growing after the first steps.
+  std::vector<int64_t> peak_bytes_by_step;
   double host_schedule_us_per_unit = 0;  // host time in forward+backward calls per unit
   MemStats memory;
   int64_t collectives_first_step[kCollectiveKindCount] = {};  // on the main mesh + RS comms
   int64_t all_gathers_forward_first_step = 0;
   int64_t all_gathers_backward_first_step = 0;
   int64_t reduce_scatters_first_step = 0;
+  // Per communicator (by name: "dp/shard", "dp/replicate", "dp/shard/post_forward2", ...):
+  // collectives of each kind issued by the first micro-batch's forward and its backward.
+  std::map<std::string, std::vector<int64_t>> forward_by_comm_first_step;
+  std::map<std::string, std::vector<int64_t>> backward_by_comm_first_step;
   int64_t param_count = 0;  // active params (Model::active_param_count)
   int64_t sharded_state_bytes = 0;
   std::vector<std::vector<float>> params;  // when collect_params

@@ -1,0 +1,28 @@
+// Note [Failure notices]
+// When a rank of a multi-process job fails, the others learn of it as a broken connection or
+// a timeout deep inside a collective, which says nothing about who failed or why. So whoever
+// first sees a failure with its cause in hand writes one notice into the job's store: a rank
+// whose body threw (its message), or a launcher that reaped a child ("rank 2 was killed by
+// signal 9"). Only the first notice is kept. A rank whose collective breaks reads the notice
+// (waiting a little for it, since the launcher may be a moment behind the broken socket) and
+// names the lost rank and its cause in its own error.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "rendezvous/store.h"
+
+namespace fsdp::rendezvous {
+
+struct FailureNotice {
+  int rank = -1;        // the global rank that failed
+  std::string message;  // e.g. "rank 2 was killed by signal 9"
+};
+
+// Records `notice` unless one was recorded before; returns true if this one was kept.
+bool post_failure(Store& store, const FailureNotice& notice);
+// The recorded notice, waiting up to `wait` for one to appear; nullopt if none by then.
+std::optional<FailureNotice> read_failure(Store& store, Millis wait);
+
+}  // namespace fsdp::rendezvous
