@@ -172,12 +172,13 @@ runtime::TrainConfig small_config() {
   return c;
 }
 
-void expect_same_training(int world) {
+void expect_same_training(int world, RanksAs as = RanksAs::Threads) {
   runtime::TrainConfig off = small_config(), on = small_config();
   on.check_collectives = true;
-  const auto plain = run_fsdp(world, off);
-  const auto checked = run_fsdp(world, on);
-  for (int r = 0; r < world; ++r) {
+  const auto plain = run_fsdp(world, off, {}, as);
+  const auto checked = run_fsdp(world, on, {}, as);
+  ASSERT_EQ(checked.size(), plain.size());
+  for (size_t r = 0; r < plain.size(); ++r) {
     EXPECT_EQ(checked[r].losses, plain[r].losses) << "rank " << r;
     EXPECT_EQ(checked[r].grad_norms, plain[r].grad_norms) << "rank " << r;
     EXPECT_EQ(checked[r].all_gathers_forward_first_step, plain[r].all_gathers_forward_first_step);
@@ -191,6 +192,11 @@ void expect_same_training(int world) {
 
 TEST(CollectiveCheck, TrainingIsIdenticalWithTheCheckOnTwoRanks) { expect_same_training(2); }
 TEST(CollectiveCheck, TrainingIsIdenticalWithTheCheckOnFourRanks) { expect_same_training(4); }
+// Over Gloo (ranks as processes): the check is in the Comm wrapper, so any backend has it.
+TEST(CollectiveCheck, TrainingIsIdenticalWithTheCheckOnTwoRankProcesses) {
+  FSDP_SKIP_WITHOUT_PROCESSES(RanksAs::Processes);
+  expect_same_training(2, RanksAs::Processes);
+}
 
 // One rank builds a wider model than the others: its first all-gather moves more bytes.
 std::string first_error_of_mismatched_training(int world, int odd_rank) {
