@@ -61,5 +61,13 @@ if [ "$gpus" -ge 2 ]; then
   "$build/fsdp" train --backend cuda --nproc 2 --ep 2 $moe --json "$out/moe_cuda2.json" >"$out/moe_cuda2.log" 2>&1 || { failed=1; tail -5 "$out/moe_cuda2.log"; }
   compare "$out/moe_cuda2.json" "$out/moe_cpu2.json" 1e-3 "MoE transformer, CUDA vs CPU, 2 ranks as ep 2" || failed=1
 fi
+# --check-collectives on NCCL trains like without it; a rank killed mid-training ends the job
+# within the bound, naming the lost rank (tests/gpu/kill_rank.sh prints the exit times).
+if [ "$gpus" -ge 2 ]; then
+  "$build/fsdp" train --backend cuda --nproc 2 $common --param-dtype fp32 --separate-rs-group 1 --rs-max-input-buffers 2 --check-collectives --json "$out/cuda2_check.json" >"$out/cuda2_check.log" 2>&1 || { failed=1; tail -5 "$out/cuda2_check.log"; }
+  compare "$out/cuda2_check.json" "$out/cuda2_fp32.json" 0 "2 GPUs with --check-collectives vs without, fp32" || failed=1
+  bash "$(dirname "$0")/../tests/gpu/kill_rank.sh" "$build" 2>&1 | tee "$out/kill_rank.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || failed=1
+fi
 [ $failed -eq 0 ] && echo "GPU CHECK PASSED" || echo "GPU CHECK FAILED"
 exit $failed

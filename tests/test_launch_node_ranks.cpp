@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdlib>
 #include <map>
 #include <thread>
@@ -120,7 +121,26 @@ TEST(NodeRanks, AFailingRankStopsTheOthersAndTheLaunchFails) {
   } catch (const Error& e) {
     error = e.what();
   }
-  EXPECT_NE(error.find("one or more ranks failed"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 1 exited with status 1; the other ranks were stopped"),
+            std::string::npos) << error;
+}
+
+// A rank killed mid-run is named as killed, and the launch ends instead of waiting for it.
+TEST(NodeRanks, AKilledRankIsNamedAndTheOthersAreStopped) {
+  LaunchFlags f;
+  f.nproc = 3;
+  std::string error;
+  try {
+    run_node_ranks(node_of(f), kLong, [](const LaunchEnv& e, Store& store) -> std::string {
+      if (e.rank == 2) ::raise(SIGKILL);
+      store.barrier("start", e.rank, e.world_size, kLong);  // never completes: it is stopped
+      return "finished";
+    });
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("rank 2 was killed by signal 9 (Killed); the other ranks were stopped"),
+            std::string::npos) << error;
 }
 
 LaunchEnv torchrun_rank(int rank, int port, bool agent_store) {

@@ -126,6 +126,10 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--timeout", o.timeout_s,
                  "seconds any rank may wait for the others (rendezvous, collectives) before "
                  "the run fails naming the missing ranks");
+  // ---- failures that end the run instead of hanging it (--timeout is above)
+  app.add_flag("--check-collectives", o.config.check_collectives,
+               "compare a fingerprint of every collective across ranks before it runs; a "
+               "mismatch is an error naming both sides (a debug mode: it syncs) [default: off]");
   // ---- checkpoints (docs/checkpoint.md)
   app.add_option("--save-dir", o.config.checkpoint.save_dir, "save sharded checkpoints here");
   app.add_option("--save-every", o.config.checkpoint.save_every,
@@ -320,8 +324,8 @@ int run_train(TrainOptions& o) {
     cpu::CpuOptions cpu_options;
     cpu_options.chaos = o.chaos_seed.has_value();
     cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
+    cpu_options.collective_timeout_s = o.timeout_s;  // threads and processes alike
     if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
-      cpu_options.collective_timeout_s = o.timeout_s;
       results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
       if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
         if (!results.empty())

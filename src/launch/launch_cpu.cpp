@@ -1,6 +1,7 @@
 // Ranks as threads of one process sharing a CpuWorld (the in-process "network").
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -9,7 +10,35 @@
 
 namespace fsdp {
 
+using detail::concat;
+
 namespace launch {
+
+namespace {
+
+std::string message_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception that is not a std::exception";
+  }
+}
+
+// fsdp::Errors already name their rank (Note [Errors]) and UserErrors are plain sentences;
+// anything else a rank body throws becomes an fsdp::Error that names the rank.
+std::exception_ptr named_rank_error(int rank, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error&) {
+    return error;
+  } catch (...) {
+    return std::make_exception_ptr(Error(concat("[rank ", rank, "] failed: ", message_of(error))));
+  }
+}
+
+}  // namespace
 
 void run_cpu_world(int world_size, const cpu::CpuOptions& options, const RankBody& body) {
   FSDP_CHECK(world_size >= 1, "world size must be >= 1, got ", world_size);
@@ -27,10 +56,12 @@ void run_cpu_world(int world_size, const cpu::CpuOptions& options, const RankBod
         device->synchronize();
         comm.reset();
       } catch (...) {
-        // Abort the world so the other ranks stop instead of waiting in a collective.
+        // Abort the world so the other ranks stop instead of waiting in a collective; their
+        // errors name this rank as the one lost ("aborted: rank 1 failed: ...").
+        std::exception_ptr error = named_rank_error(rank, std::current_exception());
         std::lock_guard<std::mutex> lock(mutex);
-        if (!first_error) first_error = std::current_exception();
-        world.abort("another rank failed");
+        if (!first_error) first_error = error;
+        world.abort(concat("rank ", rank, " failed: ", message_of(error)));
       }
     });
   }

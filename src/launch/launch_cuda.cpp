@@ -44,6 +44,7 @@ using rendezvous::Millis;
 std::string run_one_rank(const launch::LaunchEnv& e, int gpu, rendezvous::Store& base,
                          Millis timeout, const RankBodyWithResult& body) {
   this_thread_identity() = {e.rank, "cuda:" + std::to_string(gpu)};
+  cuda::set_exit_when_hung(true);  // this process is one rank (Note [NCCL watchdog])
   // Keys of this run only: torchrun's store outlives a restart.
   rendezvous::PrefixStore store("fsdp" + (e.run_id.empty() ? "" : "/" + e.run_id) + "/cuda",
                                 std::shared_ptr<rendezvous::Store>(&base, [](auto*) {}));
@@ -124,6 +125,8 @@ CudaLaunch run_cuda_ranks_with_results(const LaunchOptions& options,
   FSDP_CHECK(cuda::compiled_with_cuda(),
              "this build has no CUDA backend (configure with nvcc and NCCL present)");
   const Millis timeout = timeout_of(options);
+  // The bound on a collective too (Note [NCCL watchdog]); set before the ranks fork.
+  cuda::set_collective_timeout_s(options.timeout_s);
   launch::LaunchFlags flags = flags_of(options);
   if (launch::detect_launcher(flags) != launch::Launcher::Fsdp)
     return run_as_one_rank(launch::resolve_launch(flags), timeout, body);

@@ -1,8 +1,6 @@
 // Forking a node's ranks and hosting the store for them (Note [Launching on GPUs]).
 #include "launch/node_ranks.h"
 
-#include <poll.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,51 +15,10 @@
 #include <memory>
 
 #include "fsdp/error.h"
+#include "launch/rank_processes.h"
 #include "rendezvous/tcp_store.h"
 
 namespace fsdp::launch {
-
-namespace {
-
-// Reaps exactly `pids` (never another child of this process, e.g. a caller's); as soon as
-// one fails, sends the others SIGTERM, since they could wait for it forever. Returns whether
-// all exited with 0. Waits on pidfds, so the first failure is seen whichever child it is.
-bool wait_for_children(const std::vector<pid_t>& pids) {
-  std::vector<pollfd> fds;
-  for (pid_t pid : pids) fds.push_back({static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)), POLLIN, 0});
-  const bool have_pidfds = std::all_of(fds.begin(), fds.end(), [](const pollfd& p) { return p.fd >= 0; });
-  bool all_ok = true;
-  auto reap = [&](size_t i) {
-    int status = 0;
-    while (::waitpid(pids[i], &status, 0) < 0 && errno == EINTR) {
-    }
-    if (fds[i].fd >= 0) ::close(fds[i].fd);
-    fds[i].fd = -1;  // poll() ignores it from now on
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
-    if (all_ok)
-      for (size_t j = 0; j < pids.size(); ++j)
-        if (j != i) ::kill(pids[j], SIGTERM);
-    all_ok = false;
-  };
-  if (!have_pidfds) {  // a kernel before 5.3: in order, so a failure is seen late
-    for (size_t i = 0; i < pids.size(); ++i) reap(i);
-    return all_ok;
-  }
-  for (size_t left = pids.size(); left > 0;) {
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
-      if (errno == EINTR) continue;
-      FSDP_FAIL("waiting for the ranks failed: ", std::strerror(errno));
-    }
-    for (size_t i = 0; i < fds.size(); ++i)
-      if (fds[i].fd >= 0 && fds[i].revents) {
-        reap(i);
-        --left;
-      }
-  }
-  return all_ok;
-}
-
-}  // namespace
 
 std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Millis timeout,
                                         const RankMain& rank_main) {
@@ -119,7 +76,9 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
     pids.push_back(pid);
   }
   if (server) server->start();
-  bool failed = !wait_for_children(pids);
+  // Names the first rank to fail, stops and reaps the others (rank_processes.h).
+  const std::string first_failure = wait_for_rank_processes(pids, node.rank);
+  bool failed = !first_failure.empty();
   std::vector<std::string> results(local);
   for (int local_rank = 0; local_rank < local; ++local_rank) {
     std::ifstream in(result_path(local_rank), std::ios::binary);
@@ -128,7 +87,9 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
     ::unlink(result_path(local_rank).c_str());
   }
   ::rmdir(dir.c_str());
-  FSDP_CHECK(!failed, "one or more ranks failed (their errors are above)");
+  if (!first_failure.empty())
+    FSDP_USER_FAIL(first_failure, "; the other ranks were stopped (any errors they printed are above)");
+  FSDP_CHECK(!failed, "a rank left no result");
   return results;
 }
 
@@ -140,7 +101,7 @@ rendezvous::HostedStore open_rank_store(const LaunchEnv& e, rendezvous::Millis t
     try {
       hosted.store->add("fsdp/" + e.run_id + "/joined", 1);
     } catch (const Error& err) {
-      FSDP_FAIL("torchrun's agent store at ", hosted.store->address(), " (MASTER_ADDR:MASTER_PORT, "
+      FSDP_USER_FAIL("torchrun's agent store at ", hosted.store->address(), " (MASTER_ADDR:MASTER_PORT, "
                 "TORCHELASTIC_USE_AGENT_STORE=True) did not answer: is this a PyTorch whose "
                 "TCPStore protocol differs from Note [TCP store protocol]? ", err.what());
     }

@@ -30,7 +30,7 @@ class MemoryStore final : public Store {
   std::string get(const std::string& key, Millis timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
     if (!changed_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; }))
-      FSDP_FAIL("rendezvous: key '", key, "' was not set within ", seconds_text(timeout));
+      FSDP_USER_FAIL("rendezvous: key '", key, "' was not set within ", seconds_text(timeout));
     return values_[key];
   }
   int64_t add(const std::string& key, int64_t delta) override {
@@ -90,7 +90,7 @@ void Store::wait_all(const std::vector<std::string>& keys, const std::vector<std
   if (missing.empty()) return;
   std::string names;
   for (size_t i : missing) names += (names.empty() ? "" : ", ") + labels[i];
-  FSDP_FAIL(what, " timed out after ", seconds_text(timeout), "; still missing: ", names);
+  FSDP_USER_FAIL(what, " timed out after ", seconds_text(timeout), "; still missing: ", names);
 }
 
 // Each rank sets its own key (so a timeout can name the absent) and bumps a counter; the
@@ -114,7 +114,7 @@ void Store::barrier(const std::string& name, int rank, int world_size, Millis ti
   for (int r = 0; r < world_size; ++r)
     if (!present[r]) missing.push_back(r);
   if (missing.empty()) return;
-  FSDP_FAIL("rendezvous '", name, "' timed out after ", seconds_text(timeout), ": ",
+  FSDP_USER_FAIL("rendezvous '", name, "' timed out after ", seconds_text(timeout), ": ",
             describe_ranks(missing), " of ", world_size, " never arrived");
 }
 

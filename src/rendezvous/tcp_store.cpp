@@ -265,7 +265,7 @@ TcpStoreServer::TcpStoreServer(int port, bool start_now) {
   std::string error = "unknown error";
   listen_fd_ = listen_on(port, error);
   if (listen_fd_ < 0)
-    FSDP_FAIL("rendezvous: cannot host the store on port ", port, ": ", error,
+    FSDP_USER_FAIL("rendezvous: cannot host the store on port ", port, ": ", error,
               port == 0 ? "" : " (is another job using it? pick another --master-port)");
   port_ = bound_port(listen_fd_);
   set_nonblocking(listen_fd_);
@@ -372,7 +372,7 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options) {
     pause = std::min(pause * 2, Millis(500));
   }
   if (fd_ < 0)
-    FSDP_FAIL("rendezvous: could not connect to the store at ", address(), " (tried for ",
+    FSDP_USER_FAIL("rendezvous: could not connect to the store at ", address(), " (tried for ",
               seconds_text(std::chrono::duration_cast<Millis>(Clock::now() - start)),
               "; last error: ", error,
               "); is the process that hosts it (rank 0) running, and are the address and "
@@ -395,7 +395,7 @@ std::string TcpStore::address() const {
 void TcpStore::lost(const std::string& why) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  FSDP_FAIL("rendezvous: lost the connection to the store at ", address(), ": ", why);
+  FSDP_USER_FAIL("rendezvous: lost the connection to the store at ", address(), ": ", why);
 }
 
 void TcpStore::send_bytes(const std::string& bytes) {
@@ -468,7 +468,7 @@ std::string TcpStore::get(const std::string& key, Millis timeout) {
   Millis pause(1);
   while (!check({key})[0]) {
     if (Clock::now() >= deadline)
-      FSDP_FAIL("rendezvous: key '", key, "' was not set within ", seconds_text(timeout),
+      FSDP_USER_FAIL("rendezvous: key '", key, "' was not set within ", seconds_text(timeout),
                 " (store at ", address(), ")");
     std::this_thread::sleep_for(std::min<Millis>(pause, Millis(remaining_ms(deadline))));
     pause = std::min(pause * 2, Millis(50));

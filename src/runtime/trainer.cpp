@@ -6,6 +6,7 @@
 
 #include "checkpoint/trainer_checkpoint.h"
 #include "core/fsdp_state.h"
+#include "fsdp/collective_check.h"
 #include "runtime/captured_step.h"
 #include "fsdp/error.h"
 #include "runtime/step_reader.h"
@@ -164,6 +165,9 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   FSDP_USER_CHECK(!(config.optimizer_in_backward && config.optimizer.max_grad_norm > 0),
                   "the optimizer in backward cannot clip gradients (clipping needs every "
                   "gradient before any step): turn clipping off or the optimizer in backward off");
+  // Note [Collective fingerprints]: every collective below, on `world` and on the
+  // communicators split from it, is compared across ranks before it runs.
+  if (config.check_collectives) world = with_collective_checks(std::move(world), device);
   const int rank = world->rank();
   RankResult result;
   result.rank = rank;

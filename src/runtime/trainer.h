@@ -74,6 +74,9 @@ struct TrainConfig {
   // Between steps, start the first unit's all-gather for the next step (FsdpModule::unshard
   // with async_op) so it runs while the host finishes the step.
   bool prefetch_next_step = false;
+  // Compare a fingerprint of every collective across ranks before it runs (a debug mode:
+  // Note [Collective fingerprints] in src/comm/collective_check.cpp).
+  bool check_collectives = false;
   bool timeline = false;
   bool collect_params = false;      // gather full fp32 params after the last step
   RsReclaimPolicy rs_policy = RsReclaimPolicy::BoundedRing;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,21 @@ struct UniqueId {
   std::array<char, 128> bytes{};
 };
 UniqueId make_unique_id();  // ncclGetUniqueId; safe before fork (does not initialize CUDA)
+
+// Note [NCCL watchdog] (nccl_watchdog.cpp): a collective that has not completed this many
+// seconds after it could start, or an asynchronous NCCL error, aborts every communicator of
+// the process, and the rank's blocked calls fail with an error saying so. 0: never. Default
+// 60. A launcher sets it before it forks the ranks.
+void set_collective_timeout_s(double seconds);
+// In a process that is one rank (the launchers' children, torchrun's ranks): if the host has
+// not returned from its blocked call some seconds after the watchdog aborted, the watchdog
+// prints the error and exits the process with status 1 itself, so a rank never outlives the
+// bound. Off by default (a library caller keeps its process).
+void set_exit_when_hung(bool on);
+// Who was lost, for the watchdog's error: called once when it fires, allowed to wait up to
+// `wait_s` seconds, returns e.g. "rank 1 was killed by signal 9 (Killed)", or "" when nobody
+// knows. A launcher whose ranks share a store sets it to read the failure notice there.
+void set_lost_rank_reader(std::function<std::string(double wait_s)> reader);
 
 std::unique_ptr<Device> make_device(int local_rank);
 std::unique_ptr<Comm> make_world_comm(Device& device, const UniqueId& id, int rank, int world);

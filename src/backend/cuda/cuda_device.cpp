@@ -1,6 +1,7 @@
 // CudaDevice: construction, streams, events, memory, host copies and the timeline.
 // The compute and FSDP ops are in cuda_device_ops.cpp. See Note [CUDA device].
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/nccl_watchdog.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -59,7 +60,9 @@ CudaDevice::~CudaDevice() {
   // (a pool with live allocations is released by CUDA once they are freed).
   (void)cudaSetDevice(ordinal_);
   abort_capture(Stream{capture_.origin});
-  for (const StreamEntry& s : streams_) (void)cudaStreamSynchronize(s.native);
+  // After a watchdog abort (Note [NCCL watchdog]) a stream may never drain: skip the wait.
+  if (!watchdog_aborted())
+    for (const StreamEntry& s : streams_) (void)cudaStreamSynchronize(s.native);
   release_graphs();
   gemm_.reset();
   cudnn_attention_.reset();
@@ -170,20 +173,24 @@ bool CudaDevice::query_event(Event e) {
 void CudaDevice::synchronize_event(Event e) {
   fail_if_capturing("synchronize_event");
   make_current();
-  FSDP_CUDA_CHECK(cudaEventSynchronize(native_event(e)));
+  const cudaEvent_t native = native_event(e);
+  FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaEventQuery(native); }));
 }
 
 void CudaDevice::synchronize_stream(Stream s) {
   fail_if_capturing("synchronize_stream");
   make_current();
-  FSDP_CUDA_CHECK(cudaStreamSynchronize(native(s)));
+  const cudaStream_t stream = native(s);
+  FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaStreamQuery(stream); }));
 }
 
 void CudaDevice::synchronize() {
   fail_if_capturing("synchronize");
   make_current();
   // An asynchronous fault (illegal address, trap) surfaces in these calls as an error code.
-  for (const StreamEntry& s : streams_) FSDP_CUDA_CHECK(cudaStreamSynchronize(s.native));
+  // Polled, not blocking, so that a watchdog abort ends the wait (Note [NCCL watchdog]).
+  for (const StreamEntry& s : streams_)
+    FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaStreamQuery(s.native); }));
   FSDP_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -300,7 +307,8 @@ void CudaDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_
   // only after the source is consumed, but from page-locked memory it returns at once, and
   // we cannot know which kind the caller has; a sync makes "reusable on return" hold always.
   FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, op.stream()));
-  FSDP_CUDA_CHECK(cudaStreamSynchronize(op.stream()));
+  const cudaStream_t stream = op.stream();
+  FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaStreamQuery(stream); }));
 }
 
 void CudaDevice::copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) {

@@ -3,14 +3,17 @@
 // collectives of one communicator one at a time, in issue order, whatever their streams).
 //
 // Communicators are blocking (ncclConfig_t.blocking = 1): init, split and collectives return
-// once enqueued, with no ncclInProgress polling. NCCL_* environment variables are left to the
-// user; nothing here turns NVLS (NVLink SHARP) or any other feature on.
+// once enqueued, with no ncclInProgress polling. Each is watched (Note [NCCL watchdog]): a
+// collective that does not complete within the timeout, or an NCCL error, aborts them all.
+// NCCL_* environment variables are left to the user; nothing here turns NVLS (NVLink SHARP)
+// or any other feature on.
 #include <cstring>
 #include <numeric>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/nccl_watchdog.h"
 
 namespace fsdp::cuda {
 
@@ -38,49 +41,54 @@ class NcclComm final : public Comm {
  public:
   NcclComm(CudaDevice& device, ncclComm_t comm, int rank, std::vector<int> world_ranks,
            std::string name)
-      : Comm(rank, std::move(world_ranks), std::move(name)), device_(device), comm_(comm) {}
+      : Comm(rank, std::move(world_ranks), std::move(name)),
+        device_(device),
+        comm_(std::make_unique<WatchedComm>(comm, device.ordinal(), this->world_ranks()[rank],
+                                            this->name())) {}
 
-  // Destroys the communicator; queued collectives on it complete first (ncclCommDestroy
-  // finalizes). A CUDA graph that captured collectives of this communicator must be destroyed
-  // before it: the graph's NCCL kernels refer to the communicator's resources. After an
-  // asynchronous NCCL error the peers may be gone, so the communicator is aborted instead of
-  // finalized (finalizing could wait for them forever).
-  ~NcclComm() override {
-    (void)cudaSetDevice(device_.ordinal());
-    ncclResult_t async_error = ncclSuccess;
-    if (ncclCommGetAsyncError(comm_, &async_error) == ncclSuccess && async_error == ncclSuccess)
-      (void)ncclCommDestroy(comm_);
-    else
-      (void)ncclCommAbort(comm_);
-  }
+  // The WatchedComm finalizes the communicator (queued collectives on it complete first), or
+  // aborts it after an NCCL error or a watchdog abort, when the peers may be gone. A CUDA
+  // graph that captured collectives of this communicator must be destroyed before it: the
+  // graph's NCCL kernels refer to the communicator's resources.
+  ~NcclComm() override = default;
 
  protected:
   void do_all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) override {
     CudaDevice::OpScope op(device_, s, OpKind::Collective);
-    FSDP_NCCL_CHECK(
-        ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(t), comm_, op.stream()));
+    comm_->collective(op.stream(), "all_gather", count * dtype_size(t), [&](ncclComm_t c) {
+      FSDP_NCCL_CHECK(
+          ncclAllGather(send, recv, static_cast<size_t>(count), nccl_type(t), c, op.stream()));
+    });
   }
 
   void do_reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp reduce,
                          Stream s) override {
     CudaDevice::OpScope op(device_, s, OpKind::Collective);
-    FSDP_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(count), nccl_type(t),
-                                      nccl_op(reduce), comm_, op.stream()));
+    comm_->collective(op.stream(), "reduce_scatter", size() * count * dtype_size(t),
+                      [&](ncclComm_t c) {
+                        FSDP_NCCL_CHECK(ncclReduceScatter(send, recv, static_cast<size_t>(count),
+                                                          nccl_type(t), nccl_op(reduce), c,
+                                                          op.stream()));
+                      });
   }
 
   void do_all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp reduce,
                      Stream s) override {
     FSDP_CHECK(count >= 0, "all_reduce count ", count);
     CudaDevice::OpScope op(device_, s, OpKind::Collective);
-    FSDP_NCCL_CHECK(ncclAllReduce(send, recv, static_cast<size_t>(count), nccl_type(t),
-                                  nccl_op(reduce), comm_, op.stream()));
+    comm_->collective(op.stream(), "all_reduce", count * dtype_size(t), [&](ncclComm_t c) {
+      FSDP_NCCL_CHECK(ncclAllReduce(send, recv, static_cast<size_t>(count), nccl_type(t),
+                                    nccl_op(reduce), c, op.stream()));
+    });
   }
 
   void do_broadcast(void* buf, int64_t count, DType t, int root, Stream s) override {
     FSDP_CHECK(count >= 0, "broadcast count ", count);
     CudaDevice::OpScope op(device_, s, OpKind::Collective);
-    FSDP_NCCL_CHECK(ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(t), root, comm_,
-                                  op.stream()));
+    comm_->collective(op.stream(), "broadcast", count * dtype_size(t), [&](ncclComm_t c) {
+      FSDP_NCCL_CHECK(ncclBroadcast(buf, buf, static_cast<size_t>(count), nccl_type(t), root, c,
+                                    op.stream()));
+    });
   }
 
   // NCCL's ncclAlltoAll takes one count for every peer; uneven counts go through grouped
@@ -89,29 +97,36 @@ class NcclComm final : public Comm {
                      const std::vector<int64_t>& recv_counts, DType t, Stream s) override {
     CudaDevice::OpScope op(device_, s, OpKind::Collective);
     const size_t elem = dtype_size(t);
-    FSDP_NCCL_CHECK(ncclGroupStart());
-    size_t send_offset = 0, recv_offset = 0;
-    for (int peer = 0; peer < size(); ++peer) {
-      const size_t n_send = static_cast<size_t>(send_counts[peer]);
-      const size_t n_recv = static_cast<size_t>(recv_counts[peer]);
-      if (n_send)
-        FSDP_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + send_offset * elem, n_send,
-                                 nccl_type(t), peer, comm_, op.stream()));
-      if (n_recv)
-        FSDP_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + recv_offset * elem, n_recv,
-                                 nccl_type(t), peer, comm_, op.stream()));
-      send_offset += n_send;
-      recv_offset += n_recv;
-    }
-    FSDP_NCCL_CHECK(ncclGroupEnd());
+    int64_t sent = 0;
+    for (int64_t n : send_counts) sent += n;
+    comm_->collective(op.stream(), "all_to_all", sent * static_cast<int64_t>(elem),
+                      [&](ncclComm_t c) {
+      FSDP_NCCL_CHECK(ncclGroupStart());
+      size_t send_offset = 0, recv_offset = 0;
+      for (int peer = 0; peer < size(); ++peer) {
+        const size_t n_send = static_cast<size_t>(send_counts[peer]);
+        const size_t n_recv = static_cast<size_t>(recv_counts[peer]);
+        if (n_send)
+          FSDP_NCCL_CHECK(ncclSend(static_cast<const char*>(send) + send_offset * elem, n_send,
+                                   nccl_type(t), peer, c, op.stream()));
+        if (n_recv)
+          FSDP_NCCL_CHECK(ncclRecv(static_cast<char*>(recv) + recv_offset * elem, n_recv,
+                                   nccl_type(t), peer, c, op.stream()));
+        send_offset += n_send;
+        recv_offset += n_recv;
+      }
+      FSDP_NCCL_CHECK(ncclGroupEnd());
+    });
   }
 
   std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) override {
     device_.make_current();
     ncclConfig_t config = blocking_config(name.c_str());
     ncclComm_t child = nullptr;
-    FSDP_NCCL_CHECK(
-        ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config));
+    comm_->call([&](ncclComm_t c) {
+      FSDP_NCCL_CHECK(
+          ncclCommSplit(c, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config));
+    });
     if (child == nullptr) return nullptr;  // this rank took no part
     try {
       int child_rank = 0, child_size = 0;
@@ -127,7 +142,8 @@ class NcclComm final : public Comm {
 
  private:
   // The launch-global rank of every member of `child`, in child rank order: an all-gather of
-  // one int over the new communicator. Split is rare and collective anyway, so this syncs.
+  // one int over the new communicator. Split is rare and collective anyway, so this waits
+  // (polling, so that a watchdog abort ends the wait).
   std::vector<int> gather_global_ranks(ncclComm_t child, int child_size) {
     const int32_t my_global_rank = world_ranks()[rank()];
     std::vector<int32_t> members(child_size, -1);
@@ -144,10 +160,10 @@ class NcclComm final : public Comm {
           cudaMemcpyAsync(members.data(), buffer, bytes, cudaMemcpyDeviceToHost, stream));
       FSDP_CUDA_CHECK(cudaFreeAsync(buffer, stream));
       buffer = nullptr;
-      FSDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+      FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaStreamQuery(stream); }));
     } catch (...) {
       if (buffer) (void)cudaFreeAsync(buffer, stream);
-      (void)cudaStreamSynchronize(stream);
+      if (!watchdog_aborted()) (void)cudaStreamSynchronize(stream);
       (void)cudaStreamDestroy(stream);
       throw;
     }
@@ -156,7 +172,7 @@ class NcclComm final : public Comm {
   }
 
   CudaDevice& device_;
-  ncclComm_t comm_;
+  std::unique_ptr<WatchedComm> comm_;
 };
 
 }  // namespace

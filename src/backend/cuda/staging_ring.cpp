@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/nccl_watchdog.h"
 
 namespace fsdp::cuda {
 
@@ -15,7 +16,7 @@ StagingRing::~StagingRing() {
   // Destructors must not throw; the device is being torn down, so errors are moot here.
   for (Slot& slot : slots_) {
     if (slot.done) {
-      (void)cudaEventSynchronize(slot.done);
+      if (!watchdog_aborted()) (void)cudaEventSynchronize(slot.done);
       (void)cudaEventDestroy(slot.done);
     }
     if (slot.host) (void)cudaFreeHost(slot.host);
@@ -30,7 +31,9 @@ StagingRing::Slot& StagingRing::take_slot(cudaStream_t stream, size_t bytes, boo
   if (!slot.done) {
     FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
   } else {
-    FSDP_CUDA_CHECK(cudaEventSynchronize(slot.done));  // only blocks when the ring wrapped
+    // Only waits when the ring wrapped; polled, so a watchdog abort ends the wait.
+    cudaEvent_t done = slot.done;
+    FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaEventQuery(done); }));
   }
   const size_t want = std::max(kMinSlotBytes, bytes);
   if (slot.host_bytes < bytes) {

@@ -1,0 +1,75 @@
+// The --nproc parent's wait (rank_processes.h). It polls each child with WNOHANG rather than
+// waitpid(-1): only its own children are reaped (a caller may have others), and it can act
+// the moment any one of them fails, whatever the order they end in.
+#include "launch/rank_processes.h"
+
+#include <sys/wait.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <thread>
+
+#include "fsdp/error.h"
+
+namespace fsdp::launch {
+
+std::string describe_rank_exit(int rank, int status) {
+  if (WIFEXITED(status))
+    return WEXITSTATUS(status) == 0
+               ? std::string()
+               : detail::concat("rank ", rank, " exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    const char* name = ::strsignal(WTERMSIG(status));
+    return detail::concat("rank ", rank, " was killed by signal ", WTERMSIG(status),
+                          name ? detail::concat(" (", name, ")") : std::string());
+  }
+  return detail::concat("rank ", rank, " ended with wait status ", status);
+}
+
+std::string wait_for_rank_processes(
+    const std::vector<pid_t>& pids, int first_rank, double grace_s,
+    const std::function<void(int rank, const std::string& failure)>& on_first_failure) {
+  using Clock = std::chrono::steady_clock;
+  std::vector<bool> reaped(pids.size(), false);
+  size_t left = pids.size();
+  std::string first_failure;
+  Clock::time_point kill_at{};
+  bool killed = false;
+  while (left > 0) {
+    bool progressed = false;
+    for (size_t r = 0; r < pids.size(); ++r) {
+      if (reaped[r]) continue;
+      int status = 0;
+      const pid_t got = ::waitpid(pids[r], &status, WNOHANG);
+      if (got == 0) continue;
+      reaped[r] = true;
+      --left;
+      progressed = true;
+      // A pid that is not our child any more (reaped elsewhere) cannot be accounted for.
+      const int rank = first_rank + static_cast<int>(r);
+      const std::string failure =
+          got < 0 ? detail::concat("rank ", rank, " could not be waited for: ", std::strerror(errno))
+                  : describe_rank_exit(rank, status);
+      if (failure.empty() || !first_failure.empty()) continue;
+      // The first failure: the others would wait for this rank forever, so stop them now.
+      first_failure = failure;
+      if (on_first_failure) on_first_failure(rank, failure);
+      for (size_t other = 0; other < pids.size(); ++other)
+        if (!reaped[other]) ::kill(pids[other], SIGTERM);
+      kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(grace_s));
+    }
+    if (left == 0) break;
+    if (!first_failure.empty() && !killed && Clock::now() >= kill_at) {
+      for (size_t r = 0; r < pids.size(); ++r)
+        if (!reaped[r]) ::kill(pids[r], SIGKILL);
+      killed = true;
+    }
+    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return first_failure;
+}
+
+}  // namespace fsdp::launch
