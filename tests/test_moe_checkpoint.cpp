@@ -21,23 +21,7 @@ namespace {
 
 // 6 experts: 3 per ep rank on ep 2, which split 2 + 1 over efsdp 2 (uneven, padded).
 runtime::TrainConfig moe_checkpoint_config(int ep) {
-  runtime::TrainConfig c;
-  c.model.kind = "moe-transformer";
-  c.model.layers = 2;  // layer 0 dense, layer 1 MoE
-  c.model.dim = 16;
-  c.model.heads = 2;
-  c.model.ffn_dim = 24;
-  c.model.expert_ffn_dim = 8;
-  c.model.experts = 6;
-  c.model.top_k = 2;
-  c.model.ep = ep;
-  c.model.seq_len = 4;
-  c.model.vocab = 23;
-  c.tokens = 8;
-  c.steps = 6;
-  c.optimizer.adamw.lr = 3e-3f;
-  c.collect_params = true;
-  return c;
+  return tiny_moe_transformer_config(ep, /*experts=*/6, /*steps=*/6);
 }
 
 std::vector<float> read_tensor(const io::SafetensorsFile& f, const std::string& name) {

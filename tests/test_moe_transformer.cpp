@@ -17,23 +17,7 @@ namespace fsdp::testing {
 namespace {
 
 runtime::TrainConfig moe_config(int ep) {
-  runtime::TrainConfig c;
-  c.model.kind = "moe-transformer";
-  c.model.layers = 2;  // layer 0 dense, layer 1 MoE
-  c.model.dim = 16;
-  c.model.heads = 2;
-  c.model.ffn_dim = 24;
-  c.model.expert_ffn_dim = 8;
-  c.model.experts = 4;
-  c.model.top_k = 2;
-  c.model.ep = ep;
-  c.model.seq_len = 4;
-  c.model.vocab = 23;
-  c.tokens = 8;  // two sequences per rank
-  c.steps = 3;
-  c.optimizer.adamw.lr = 3e-3f;
-  c.collect_params = true;
-  return c;
+  return tiny_moe_transformer_config(ep, /*experts=*/4, /*steps=*/3);
 }
 
 // Every param's initial value (all experts): what the reference starts from.

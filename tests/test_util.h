@@ -64,4 +64,25 @@ inline int64_t tag_peak_live(const runtime::RankResult& r, MemTag tag) {
   return r.memory.tag_peak_live[static_cast<int>(tag)];
 }
 
+// A tiny MoE transformer (layer 0 dense, layer 1 MoE) for tests that train it on a few ranks.
+inline runtime::TrainConfig tiny_moe_transformer_config(int ep, int experts, int steps) {
+  runtime::TrainConfig c;
+  c.model.kind = "moe-transformer";
+  c.model.layers = 2;
+  c.model.dim = 16;
+  c.model.heads = 2;
+  c.model.ffn_dim = 24;
+  c.model.expert_ffn_dim = 8;
+  c.model.experts = experts;
+  c.model.top_k = 2;
+  c.model.ep = ep;
+  c.model.seq_len = 4;
+  c.model.vocab = 23;
+  c.tokens = 8;  // two sequences per rank
+  c.steps = steps;
+  c.optimizer.adamw.lr = 3e-3f;
+  c.collect_params = true;
+  return c;
+}
+
 }  // namespace fsdp::testing
