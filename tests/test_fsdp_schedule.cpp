@@ -207,11 +207,7 @@ TEST(BadInput, PlacementMeshOutsideTheModulesMesh) {
       Mesh world_mesh("world", device, world);
       // each rank alone: the module's mesh spans one rank, the placement mesh two
       Mesh lonely("lonely", device, world->split(rank, 0, "lonely"));
-      nn::ModelConfig mc;
-      mc.kind = "mlp";
-      mc.layers = 1;
-      mc.dim = 4;
-      nn::Model model(mc);
+      nn::Model model(tiny_mlp_config(1, 4));
       FullyShardOptions o;
       o.shard_placement_fn = [&](const Module&, const Param&) { return &world_mesh; };
       fully_shard(model, lonely, o);
@@ -227,11 +223,7 @@ TEST(SubMesh, APlacementMeshInsideTheModulesMeshIsAccepted) {
   runtime::run_cpu_ranks(2, {}, [](int rank, Device& device, std::shared_ptr<Comm> world) {
     Mesh dp("dp", device, world);
     Mesh lonely("lonely", device, world->split(rank, 0, "lonely"));
-    nn::ModelConfig mc;
-    mc.kind = "mlp";
-    mc.layers = 1;
-    mc.dim = 4;
-    nn::Model model(mc);
+    nn::Model model(tiny_mlp_config(1, 4));
     FullyShardOptions o;
     o.shard_placement_fn = [&](const Module&, const Param&) { return &lonely; };
     FsdpModule& root = fully_shard(model, dp, o);

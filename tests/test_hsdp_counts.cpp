@@ -162,11 +162,7 @@ void expect_no_stale_params_after_a_forward(int world_size, int replicas) {
     RunContext ctx{&d, s, DType::F32};
     Mesh mesh = replicas ? make_hsdp_mesh("dp", d, *world, replicas, world_size / replicas)
                          : Mesh("dp", d, world);
-    nn::ModelConfig mc;
-    mc.kind = "mlp";
-    mc.layers = 2;
-    mc.dim = 8;
-    nn::Model model(mc);
+    nn::Model model(tiny_mlp_config(2, 8));
     FullyShardOptions o;
     o.reshard_after_forward = 2;
     for (Module* b : model.blocks()) fully_shard(*b, mesh, o);
@@ -218,11 +214,7 @@ TEST(HsdpBadInput, OneLineErrors) {
     e = error_of([n] {
       runtime::run_cpu_ranks(4, {}, [n](int, Device& d, std::shared_ptr<Comm> world) {
         Mesh mesh = make_hsdp_mesh("dp", d, *world, 1, 4);
-        nn::ModelConfig mc;
-        mc.kind = "mlp";
-        mc.layers = 1;
-        mc.dim = 4;
-        nn::Model model(mc);
+        nn::Model model(tiny_mlp_config(1, 4));
         FullyShardOptions o;
         o.reshard_after_forward = n;
         fully_shard(*model.blocks()[0], mesh, o);
@@ -241,11 +233,7 @@ TEST(HsdpBadInput, OneLineErrors) {
     runtime::run_cpu_ranks(4, {}, [](int rank, Device& d, std::shared_ptr<Comm> world) {
       Mesh mesh = make_hsdp_mesh("dp", d, *world, 2, 2);
       Mesh flat("flat", d, world->split(rank / 2, rank, "flat"));  // the shard group's ranks
-      nn::ModelConfig mc;
-      mc.kind = "mlp";
-      mc.layers = 1;
-      mc.dim = 4;
-      nn::Model model(mc);
+      nn::Model model(tiny_mlp_config(1, 4));
       FullyShardOptions o;
       o.shard_placement_fn = [&](const Module&, const Param&) { return &flat; };
       fully_shard(*model.blocks()[0], mesh, o);

@@ -64,6 +64,15 @@ inline int64_t tag_peak_live(const runtime::RankResult& r, MemTag tag) {
   return r.memory.tag_peak_live[static_cast<int>(tag)];
 }
 
+// A plain mlp of `layers` blocks of width `dim` (for placement and bad-input tests).
+inline nn::ModelConfig tiny_mlp_config(int layers, int dim) {
+  nn::ModelConfig c;
+  c.kind = "mlp";
+  c.layers = layers;
+  c.dim = dim;
+  return c;
+}
+
 // A tiny MoE transformer (layer 0 dense, layer 1 MoE) for tests that train it on a few ranks.
 inline runtime::TrainConfig tiny_moe_transformer_config(int ep, int experts, int steps) {
   runtime::TrainConfig c;
