@@ -8,6 +8,10 @@
 // - memory allocated inside must be freed inside (it stays reserved for the graph, as graph
 //   memory does), and memory from before may not be freed inside;
 // - copy_from_host snapshots the host bytes; host waits raise a UserError.
+// It also plans the graph's memory the way a graph must (Note [Graph memory plan]): a block
+// freed inside the capture may be reused by a later allocation only when the free happens
+// before it (same stream, or through recorded events), since a replay runs streams
+// concurrently; graph_memory_bytes() is the memory that plan needs.
 #pragma once
 
 #include <cstring>
@@ -35,6 +39,10 @@ class GraphEmulatorDevice final : public Device {
   }
 
   int replays() const { return replays_; }
+  // Bytes the last captured graph needs for its own allocations (Note [Graph memory plan]).
+  int64_t graph_memory_bytes() const { return plan_bytes_; }
+  // The inner device's live bytes when the last capture began: the state kept across steps.
+  int64_t bytes_before_capture() const { return bytes_before_capture_; }
   // Records `work` (which issues on `s`) while capturing, else runs it now.
   void issue(Stream s, std::function<void()> work) {
     if (!active_) return work();
@@ -43,6 +51,7 @@ class GraphEmulatorDevice final : public Device {
                     "waited on the captured step");
     if (std::find(streams_.begin(), streams_.end(), s.id) == streams_.end())
       streams_.push_back(s.id);
+    ++clock_[s.id][s.id];
     ops_.push_back(std::move(work));
   }
 
@@ -58,6 +67,12 @@ class GraphEmulatorDevice final : public Device {
     live_.clear();
     freed_.clear();
     error_.clear();
+    clock_.clear();
+    event_clock_.clear();
+    plan_free_.clear();
+    plan_block_.clear();
+    plan_bytes_ = 0;
+    bytes_before_capture_ = d_.memory_stats().current_bytes;
   }
   int end_capture(Stream) override {
     active_ = false;
@@ -103,12 +118,15 @@ class GraphEmulatorDevice final : public Device {
   void record_event(Event e, Stream s) override {
     if (active_) epochs_[e.id] = epoch_;
     issue(s, [=, this] { d_.record_event(e, s); });
+    if (active_) event_clock_[e.id] = clock_[s.id];
   }
   void wait_event(Stream s, Event e) override {
     if (!active_) return d_.wait_event(s, e);
     if (epochs_[e.id] != epoch_) return;  // recorded before the capture: nothing to order
     joined_.insert(s.id);
     issue(s, [=, this] { d_.wait_event(s, e); });
+    for (const auto& [stream, tick] : event_clock_[e.id])
+      clock_[s.id][stream] = std::max(clock_[s.id][stream], tick);
   }
   bool query_event(Event e) override { no_host_wait("query_event"); return d_.query_event(e); }
   void synchronize_event(Event e) override { no_host_wait("synchronize_event"); d_.synchronize_event(e); }
@@ -119,13 +137,20 @@ class GraphEmulatorDevice final : public Device {
   void* alloc(size_t bytes, Stream s, MemTag tag) override {
     if (active_) issue(s, [] {});  // the stream must have joined
     void* p = d_.alloc(bytes, s, tag);
-    if (active_) live_[p] = s;
+    if (active_) {
+      live_[p] = s;
+      plan_alloc(bytes, s);
+      plan_block_[p] = bytes;
+    }
     return p;
   }
   void free(void* ptr, Stream s) override {
     if (!active_ || !ptr) return d_.free(ptr, s);
     if (live_.erase(ptr)) {
       freed_.push_back({ptr, s});  // graph memory: reserved until the graph goes
+      issue(s, [] {});
+      plan_free_.push_back({plan_block_.at(ptr), s.id, clock_[s.id][s.id]});
+      plan_block_.erase(ptr);
       return;
     }
     if (error_.empty()) error_ = "the step frees memory allocated before it";
@@ -328,6 +353,28 @@ class GraphEmulatorDevice final : public Device {
     std::vector<int> streams;
     std::vector<std::pair<void*, Stream>> memory;
   };
+  // Note [Graph memory plan]: an allocation on `s` takes freed bytes whose free happens before
+  // it (those freed on `s` first, the oldest first), and the graph needs new bytes for the rest.
+  // Freed bytes are pooled without regard to addresses: the plan measures what the ordering
+  // allows, not an allocator's fragmentation.
+  struct FreeBlock {
+    size_t bytes;
+    int stream;
+    uint64_t tick;  // the free's position on its stream
+  };
+  void plan_alloc(size_t bytes, Stream s) {
+    size_t need = bytes;
+    for (const bool same_stream : {true, false})
+      for (FreeBlock& f : plan_free_) {
+        if (need == 0) break;
+        if ((f.stream == s.id) != same_stream || clock_[s.id][f.stream] < f.tick) continue;
+        const size_t take = std::min(need, f.bytes);
+        f.bytes -= take;
+        need -= take;
+      }
+    std::erase_if(plan_free_, [](const FreeBlock& f) { return f.bytes == 0; });
+    plan_bytes_ += static_cast<int64_t>(need);
+  }
   void no_host_wait(const char* what) const {
     FSDP_USER_CHECK(!active_, "cannot capture the training step in a CUDA graph: the host waits "
                     "for the device inside the step (", what, ")");
@@ -346,6 +393,12 @@ class GraphEmulatorDevice final : public Device {
   std::string error_;
   std::vector<Graph> graphs_;
   int replays_ = 0;
+  std::map<int, std::map<int, uint64_t>> clock_;        // stream: what it has waited for
+  std::map<int, std::map<int, uint64_t>> event_clock_;  // event: its stream's clock at record
+  std::vector<FreeBlock> plan_free_;
+  std::map<void*, size_t> plan_block_;  // live allocation: the planned block serving it
+  int64_t plan_bytes_ = 0;
+  int64_t bytes_before_capture_ = 0;
 };
 
 // Collectives issued while the device captures are recorded with the device's other work.

@@ -50,6 +50,14 @@ class CommContext {
   bool all_reduce_pending = false;
   void ensure_all_reduce_stream();
 
+  // Note [All-gather ordering]: order_all_gather makes the all-gather stream wait for the
+  // compute stream as it was when the newest module began its compute (noted by
+  // note_compute_started); forget_compute_started at a step's start, where the all-gather
+  // stream has just waited for everything before.
+  void order_all_gather();
+  void note_compute_started(Stream compute);
+  void forget_compute_started() { compute_started_valid_ = false; }
+
   // The communicator RS uses for `mesh`: the mesh's own, or (separate group on) one split
   // off per distinct rank set. Creating one is collective over the mesh; lazy init makes
   // them in the same order on every rank.
@@ -89,6 +97,8 @@ class CommContext {
   std::map<std::vector<int>, std::unique_ptr<Comm>> separate_comms_;
   std::map<std::pair<std::vector<int>, int>, std::unique_ptr<Comm>> post_forward_comms_;
   std::deque<std::string> labels_;
+  Event compute_started_;  // made on first use
+  bool compute_started_valid_ = false;
 };
 
 }  // namespace fsdp::core

@@ -180,6 +180,7 @@ void FsdpState::root_pre_forward(RunContext& run) {
   // The all-gathers read the shards the optimizer wrote on the compute stream.
   d.record_event(optimizer_done_, run.compute);
   d.wait_event(ctx->all_gather_stream, optimizer_done_);
+  ctx->forget_compute_started();
   ctx->post_forward_order.clear();
   ctx->forward_hooks.clear();
   ctx->backward_plan.clear();
@@ -187,6 +188,7 @@ void FsdpState::root_pre_forward(RunContext& run) {
   ctx->backward_planned = false;
   for (FsdpState* s : all_states) {
     s->ran_forward = false;
+    s->own_free_valid = false;
     for (auto& g : s->groups) {
       g->reset_backward();
       // A post-forward shard left by a forward without backward (evaluation) predates the
@@ -200,6 +202,11 @@ void FsdpState::unshard(const char* phase) {
   bool issued = false;
   for (auto& g : groups) {
     if (!g->is_unsharded() && !g->is_gathering()) {
+      if (!issued && !holds_all_gather) {
+        ctx->order_all_gather();
+        if (own_free_valid) mesh.device().wait_event(ctx->all_gather_stream, own_free);
+        holds_all_gather = true;
+      }
       issued = true;
       g->unshard();
     }
@@ -207,8 +214,20 @@ void FsdpState::unshard(const char* phase) {
   if (issued) ctx->log("unshard", unit_label, phase);
 }
 
+void FsdpState::note_all_gather_freed(Stream s) {
+  if (!holds_all_gather) return;
+  for (auto& g : groups)
+    if (g->holds_all_gather_buffer()) return;
+  holds_all_gather = false;
+  if (!own_free.valid()) own_free = ctx->events.acquire();  // kept for good
+  mesh.device().record_event(own_free, s);
+  own_free_valid = true;
+}
+
 void FsdpState::wait_for_unshard(Stream s) {
   for (auto& g : groups) g->wait_for_unshard(s);
+  note_all_gather_freed(s);  // a copy-out frees the all-gather's buffer at once
+  ctx->note_compute_started(s);
 }
 
 void FsdpState::reshard(Stream s, const char* phase, bool post_forward) {
@@ -217,6 +236,7 @@ void FsdpState::reshard(Stream s, const char* phase, bool post_forward) {
     any |= g->is_unsharded() || g->is_gathering();
     g->reshard(s, post_forward);
   }
+  note_all_gather_freed(s);
   if (any) ctx->log("reshard", unit_label, phase);
 }
 

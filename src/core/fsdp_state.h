@@ -31,6 +31,9 @@ class FsdpState : public ModuleHooks {
   void wait_for_unshard(Stream compute);
   // post_forward: keep the post-forward shard where reshard_after_forward is an int.
   void reshard(Stream compute, const char* phase, bool post_forward = false);
+  // Tells the context once none of this module's all-gather buffers is left (Note [All-gather
+  // ordering]).
+  void note_all_gather_freed(Stream compute);
 
   Module& module;
   Mesh& mesh;
@@ -62,6 +65,11 @@ class FsdpState : public ModuleHooks {
   std::string unit_label;  // fqn, or "root"
   TrainingState training_state = TrainingState::Idle;
   bool ran_forward = false;  // in this iteration (Note [Symmetric collectives])
+  // Note [All-gather ordering]: whether this module's all-gather buffers are allocated, and
+  // the compute position where it last freed them in this step (when own_free_valid).
+  bool holds_all_gather = false;
+  Event own_free;
+  bool own_free_valid = false;
 
   // Which group and index hold each param (for grads and gathers).
   struct ParamHome {

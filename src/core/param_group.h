@@ -37,6 +37,8 @@ class ParamGroup {
   void reshard(Stream compute, bool post_forward = false);
   bool is_unsharded() const { return state_ == Unsharded; }
   bool is_gathering() const { return state_ == Gathering; }
+  // Whether the all-gather's buffer is allocated (Note [All-gather ordering]).
+  bool holds_all_gather_buffer() const { return gathered_ != nullptr; }
   bool is_sharded_post_forward() const { return state_ == ShardedPostForward; }
 
   // Grad sink: counts grads; the last one of the group triggers post_backward().

@@ -86,29 +86,34 @@ TEST(TraceForced, TwoBuffersShrinkTheRecycleStall) {
   EXPECT_NEAR(k2.exposed_comm_ms, ms(kComm) + recycle + drain, kExact);  // 42.5 ms
 }
 
-// With backward all-gathers (reshard on), the host issues the whole step at once, so the AG
-// stream runs its eight all-gathers back to back from the step's start: the forward's four,
-// then the backward's for blocks 3, 2, 1, 0. The backward starts at C + 4F (the first
-// all-gather, then four forward spins) and RS(3) at C + 4F + B.
-//  - On its own communicator, RS(3) overlaps AG(0), which ends at 8C: 8C - (C + 4F + B).
-//    Stalls are as without backward all-gathers, since every backward AG is done in time.
-//  - On the shared one, collectives run in issue order: AG(1) is issued after RS(3), AG(0)
-//    after RS(2), so blocks 1 and 0 each wait a whole C for their all-gather, and nothing
-//    overlaps.
+// With backward all-gathers (reshard on). Note [All-gather ordering]: an all-gather waits
+// until the module before it began computing, and a module's backward re-gather also waits
+// for its own forward free. Forward is as without backward all-gathers (C exposed). The
+// forward ends at C + 4F; then, per step:
+//  - block 3's re-gather waits for block 3's forward free, at the forward's end, and nothing
+//    (no head here) hides it: C exposed;
+//  - on its own communicator: blocks 2, 1, 0 each wait C - B for their all-gather (issued when
+//    the block after began its backward, which takes B). Each RS then finds its ring buffer
+//    free (no recycle stall), and overlaps the next two all-gathers for C - B and B, except
+//    RS(1), which has only AG(0) left: 3C - B of overlap; the finalize drains RS(0): C;
+//  - on the shared one, collectives run in issue order: RS(3) runs after AG(2), AG(1) after
+//    RS(3) and AG(0) after RS(2), so block 2 waits C - B for its all-gather and blocks 1, 0 a
+//    whole C; each copy-in waits C - B for the RS before; nothing overlaps.
 TEST(TraceForced, SeparateGroupOverlapsAgAndRsSharedNever) {
   const runtime::TimelineMetrics separate = metrics(forced(1, true, true));
-  const double recycle = ms((kLayers - 1) * (kComm - kBackward)), drain = ms(kComm);
-  EXPECT_NEAR(separate.ag_rs_overlap_ms, ms(7 * kComm - 4 * kForward - kBackward), kExact);  // 7.5
-  EXPECT_NEAR(separate.exposed_ag_ms, ms(kComm), kExact);          // 10 ms
-  EXPECT_NEAR(separate.rs_recycle_stall_ms, recycle, kExact);      // 22.5 ms
-  EXPECT_NEAR(separate.rs_drain_ms, drain, kExact);                // 10 ms
+  const double drain = ms(kComm);
+  EXPECT_NEAR(separate.ag_rs_overlap_ms, ms(3 * kComm - kBackward), kExact);         // 27.5
+  EXPECT_NEAR(separate.exposed_ag_ms, ms(2 * kComm + 3 * (kComm - kBackward)), kExact);  // 42.5
+  EXPECT_NEAR(separate.rs_recycle_stall_ms, 0.0, kExact);
+  EXPECT_NEAR(separate.rs_drain_ms, drain, kExact);                                     // 10
 
   const runtime::TimelineMetrics shared = metrics(forced(1, true, false));
+  const double recycle = ms((kLayers - 1) * (kComm - kBackward));
   EXPECT_NEAR(shared.ag_rs_overlap_ms, 0.0, kExact);
-  EXPECT_NEAR(shared.exposed_ag_ms, ms(3 * kComm), kExact);        // 30 ms
-  EXPECT_NEAR(shared.rs_recycle_stall_ms, recycle, kExact);        // 22.5 ms
-  EXPECT_NEAR(shared.rs_drain_ms, drain, kExact);                  // 10 ms
-  EXPECT_NEAR(shared.exposed_comm_ms, ms(3 * kComm) + recycle + drain, kExact);  // 62.5 ms
+  EXPECT_NEAR(shared.exposed_ag_ms, ms(5 * kComm - kBackward), kExact);  // 47.5
+  EXPECT_NEAR(shared.rs_recycle_stall_ms, recycle, kExact);              // 22.5
+  EXPECT_NEAR(shared.rs_drain_ms, drain, kExact);                        // 10
+  EXPECT_NEAR(shared.exposed_comm_ms, ms(5 * kComm - kBackward) + recycle + drain, kExact);  // 80
 }
 
 }  // namespace
