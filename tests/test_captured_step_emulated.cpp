@@ -108,7 +108,7 @@ TEST(CapturedStepEmulated, GraphMemoryEqualsEagerPeak) {
   };
   for (const Case& cs : {Case{"mlp", 1, 1, false}, Case{"mlp", 2, 4, false},
                          Case{"transformer", 1, 1, false}, Case{"transformer", 2, 2, true},
-                         Case{"moe", 1, 1, false}}) {
+                         Case{"moe", 1, 1, false}, Case{"mlp", 1, 1, true}}) {
     runtime::TrainConfig c = small(cs.kind);
     c.model.layers = 8;
     c.model.dim = 64;
@@ -119,14 +119,19 @@ TEST(CapturedStepEmulated, GraphMemoryEqualsEagerPeak) {
     c.micro_batches = cs.micro_batches;
     c.optimizer_in_backward = cs.optimizer_in_backward;
     if (cs.optimizer_in_backward) c.optimizer.max_grad_norm = 0;
-    const auto eager = run_fsdp(2, c);
-    const EmulatedRun graph = run_captured(2, c);
-    const int64_t batch_bytes =  // inputs (fp32 rows or int32 ids) and int32 labels
-        c.tokens * (c.model.kind == "transformer" ? 4 : c.model.dim * 4) + c.tokens * 4;
-    const int64_t kept = static_cast<int64_t>(sizeof(float)) + (cs.micro_batches - 1) * batch_bytes;
-    for (int r = 0; r < 2; ++r)
-      EXPECT_LE(graph.graph_peak_bytes[r], eager[r].peak_bytes_by_step.back() + kept)
-          << cs.kind << " k=" << cs.k << " micro-batches " << cs.micro_batches << " rank " << r;
+    c.param_dtype = DType::BF16;
+    for (int world : {1, 2}) {
+      const auto eager = run_fsdp(world, c);
+      const EmulatedRun graph = run_captured(world, c);
+      const int64_t batch_bytes =  // inputs (fp32 rows or int32 ids) and int32 labels
+          c.tokens * (c.model.kind == "transformer" ? 4 : c.model.dim * 4) + c.tokens * 4;
+      const int64_t kept =
+          static_cast<int64_t>(sizeof(float)) + (cs.micro_batches - 1) * batch_bytes;
+      for (int r = 0; r < world; ++r)
+        EXPECT_LE(graph.graph_peak_bytes[r], eager[r].peak_bytes_by_step.back() + kept)
+            << cs.kind << " k=" << cs.k << " micro-batches " << cs.micro_batches << " world "
+            << world << " rank " << r;
+    }
   }
 }
 

@@ -178,6 +178,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"graph_streams", s.graph_streams},
       {"host_us_per_step", s.host_us_per_step},
       {"backend_peak_bytes", s.backend_peak_bytes},
+      {"backend_reserved_peak_bytes", s.backend_reserved_peak_bytes},
       {"steps", c.steps},
       {"steps_done", s.losses.size()},
       {"warmup", c.warmup},
@@ -268,6 +269,8 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
       s.peak_mem_bytes_by_step[i] = std::max(s.peak_mem_bytes_by_step[i], r.peak_bytes_by_step[i]);
     s.host_us_per_step = std::max(s.host_us_per_step, r.host_us_per_step);
     s.backend_peak_bytes = std::max(s.backend_peak_bytes, r.backend_peak_bytes);
+    s.backend_reserved_peak_bytes =
+        std::max(s.backend_reserved_peak_bytes, r.backend_reserved_peak_bytes);
     s.rs_inputs_in_flight_max = std::max(
         s.rs_inputs_in_flight_max, r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)]);
     s.host_schedule_us_per_unit = std::max(s.host_schedule_us_per_unit, r.host_schedule_us_per_unit);

@@ -74,6 +74,7 @@ struct Summary {
   std::vector<std::string> graph_streams;
   double host_us_per_step = 0;
   int64_t backend_peak_bytes = 0;  // max over ranks of Device::backend_peak_bytes()
+  int64_t backend_reserved_peak_bytes = 0;  // max over ranks, Device::backend_reserved_peak_bytes()
   std::vector<float> losses, lrs, grad_norms;  // rank 0's, every finished step
   std::vector<std::pair<int, float>> val_losses;  // (step, 0-based; validation loss)
   std::string error;                           // a non-finite step stopped the run

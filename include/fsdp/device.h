@@ -329,6 +329,9 @@ class Device {
   // The backend's own view of its peak device memory since reset_peak_memory: its allocator's
   // high-water mark plus, on CUDA, the memory graphs hold. Without graphs, MemStats' peak.
   virtual int64_t backend_peak_bytes() const { return memory_stats().peak_bytes; }
+  // The same for the memory the backend holds from the driver (its pools' reservations, which
+  // come in chunks): what the process takes from the device.
+  virtual int64_t backend_reserved_peak_bytes() const { return backend_peak_bytes(); }
 
   // ---- labels and timeline. The label applies to the ops enqueued after the call; it must
   // outlive the timeline (the engine passes strings it owns for the run).

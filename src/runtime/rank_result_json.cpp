@@ -46,6 +46,7 @@ nlohmann::json to_json(const RankResult& r) {
           {"peak_bytes_by_step", r.peak_bytes_by_step},
           {"host_us_per_step", r.host_us_per_step},
           {"backend_peak", r.backend_peak_bytes},
+          {"backend_reserved_peak", r.backend_reserved_peak_bytes},
           {"captured_step", r.captured_step},
           {"graph_streams", r.graph_streams},
           {"collectives", collectives},
@@ -74,6 +75,7 @@ RankResult from_json(const nlohmann::json& j) {
   r.peak_bytes_by_step = j["peak_bytes_by_step"].get<std::vector<int64_t>>();
   r.host_us_per_step = j["host_us_per_step"];
   r.backend_peak_bytes = j["backend_peak"];
+  r.backend_reserved_peak_bytes = j["backend_reserved_peak"];
   r.captured_step = j["captured_step"];
   r.graph_streams = j["graph_streams"].get<std::vector<std::string>>();
   for (int k = 0; k < kCollectiveKindCount; ++k) r.collectives_first_step[k] = j["collectives"][k];

@@ -482,6 +482,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   device.synchronize();
   result.host_us_per_step = host_step_count ? host_step_us_total / host_step_count : 0;
   result.backend_peak_bytes = device.backend_peak_bytes();
+  result.backend_reserved_peak_bytes = device.backend_reserved_peak_bytes();
   graph.reset();
   micro_scale = Tensor{};
   result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;

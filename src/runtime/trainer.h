@@ -135,6 +135,7 @@ struct RankResult {
   // the timed steps after the warm-up (and after the capture, under a graph).
   double host_us_per_step = 0;
   int64_t backend_peak_bytes = 0;  // Device::backend_peak_bytes() at the end
+  int64_t backend_reserved_peak_bytes = 0;  // Device::backend_reserved_peak_bytes() at the end
   int captured_step = -1;          // the step recorded into the graph; -1: none
   std::vector<std::string> graph_streams;  // the streams the graph's work runs on
   std::vector<std::vector<float>> params;  // when collect_params

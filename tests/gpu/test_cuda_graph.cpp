@@ -127,15 +127,18 @@ size_t first_difference(const std::vector<float>& a, const std::vector<float>& b
 
 void report(const std::string& args, const nlohmann::json& eager, const nlohmann::json& graph) {
   std::printf("%s: streams %s, host us/step eager %.1f graph %.1f, backend peak eager %.1f MiB "
-              "graph %.1f MiB\n",
+              "graph %.1f MiB, reserved eager %.1f MiB graph %.1f MiB\n",
               args.c_str(), graph["graph_streams"].dump().c_str(),
               eager["host_us_per_step"].get<double>(), graph["host_us_per_step"].get<double>(),
               eager["backend_peak_bytes"].get<double>() / 1048576.0,
-              graph["backend_peak_bytes"].get<double>() / 1048576.0);
+              graph["backend_peak_bytes"].get<double>() / 1048576.0,
+              eager["backend_reserved_peak_bytes"].get<double>() / 1048576.0,
+              graph["backend_reserved_peak_bytes"].get<double>() / 1048576.0);
 }
 
 // Eager and captured runs of the same flags: bitwise-identical losses over 20 steps, the graph
-// on at least two streams, its peak within 5% of eager's. Returns false when the losses differ.
+// on three streams, the memory it takes within 5% of eager's. Returns false when the losses
+// differ.
 bool expect_bitwise_equal(const std::string& args, const std::string& name,
                           bool require = true) {
   const nlohmann::json eager = run_json(args, name + "_eager");
@@ -152,8 +155,11 @@ bool expect_bitwise_equal(const std::string& args, const std::string& name,
                 a[diff - 1], b[diff - 1]);
   EXPECT_EQ(graph["cuda_graph"], true);
   EXPECT_EQ(graph["streams_used"].get<int>(), 3) << args;  // compute, all-gather, reduce-scatter
-  EXPECT_LE(graph["backend_peak_bytes"].get<double>(),
-            1.05 * eager["backend_peak_bytes"].get<double>()) << args;
+  // The memory each run takes from the device: the pool's reservation, plus under the graph
+  // the graph allocator's. Both come in driver-sized chunks, so reserved is compared with
+  // reserved (the used bytes of the two allocators are not rounded alike).
+  EXPECT_LE(graph["backend_reserved_peak_bytes"].get<double>(),
+            1.05 * eager["backend_reserved_peak_bytes"].get<double>()) << args;
   report(args, eager, graph);
   return diff == 0;
 }

@@ -266,6 +266,7 @@ void CudaDevice::reset_peak_memory() {
   FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero));
   FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
   FSDP_CUDA_CHECK(cudaDeviceSetGraphMemAttribute(ordinal_, cudaGraphMemAttrUsedMemHigh, &zero));
+  FSDP_CUDA_CHECK(cudaDeviceSetGraphMemAttribute(ordinal_, cudaGraphMemAttrReservedMemHigh, &zero));
 }
 
 int64_t CudaDevice::pool_used_bytes() const {

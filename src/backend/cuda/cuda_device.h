@@ -158,6 +158,7 @@ class CudaDevice final : public Device {
   bool capturing() const override { return capture_.active; }
   std::vector<std::string> graph_streams(int graph) const override;
   int64_t backend_peak_bytes() const override;
+  int64_t backend_reserved_peak_bytes() const override;
 
   void set_label(const char* label) override { label_ = label ? label : ""; }
   void enable_timeline(bool on) override;

@@ -83,6 +83,8 @@ void CudaDevice::begin_capture(Stream s) {
   uint64_t zero = 0;
   FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &zero));
   FSDP_CUDA_CHECK(cudaDeviceSetGraphMemAttribute(ordinal_, cudaGraphMemAttrUsedMemHigh, &zero));
+  FSDP_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &zero));
+  FSDP_CUDA_CHECK(cudaDeviceSetGraphMemAttribute(ordinal_, cudaGraphMemAttrReservedMemHigh, &zero));
   if (!graph_join_) FSDP_CUDA_CHECK(cudaEventCreateWithFlags(&graph_join_, cudaEventDisableTiming));
   reset_capture();
   ++capture_.epoch;
@@ -187,6 +189,14 @@ int64_t CudaDevice::backend_peak_bytes() const {
   uint64_t graph_high = 0;
   FSDP_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(ordinal_, cudaGraphMemAttrUsedMemHigh, &graph_high));
   return pool_peak_bytes() + static_cast<int64_t>(graph_high);
+}
+
+int64_t CudaDevice::backend_reserved_peak_bytes() const {
+  uint64_t pool_high = 0, graph_high = 0;
+  FSDP_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemHigh, &pool_high));
+  FSDP_CUDA_CHECK(
+      cudaDeviceGetGraphMemAttribute(ordinal_, cudaGraphMemAttrReservedMemHigh, &graph_high));
+  return static_cast<int64_t>(pool_high + graph_high);
 }
 
 void CudaDevice::release_graphs() noexcept {
