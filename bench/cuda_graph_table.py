@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Eager against --cuda-graph rows (bench/run_cuda_graph_bench.sh OUTDIR) as one JSON and a table.
 
-usage: bench/cuda_graph_table.py OUTDIR bench/results/cuda_graph_h200x1 [DEVICE]
-Writes PREFIX.json and PREFIX.md. Every row keeps the exact command that made it.
+usage: bench/cuda_graph_table.py OUTDIR bench/results/cuda_graph_h200x1 [DEVICE] [RESULTS_BASE]
+Writes PREFIX.json and PREFIX.md. Every row keeps the exact command that made it. With
+RESULTS_BASE (e.g. bench/results/h200x1), the rows also replace that file's "cuda-graph" rows
+and its table section.
 """
 import json
 import pathlib
@@ -43,6 +45,7 @@ def main():
             "graph_streams": s["graph_streams"],
             "peak_mem_bytes": s["peak_mem_bytes"],
             "backend_peak_bytes": s["backend_peak_bytes"],
+            "backend_reserved_peak_bytes": s.get("backend_reserved_peak_bytes"),
             "loss_first": s["loss_first"],
             "loss_last": s["loss_last"],
             "losses": s["losses"],
@@ -52,14 +55,16 @@ def main():
            "mlp16_step_floor": {str(t): f for t, f in floors.items() if f}}
     prefix.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n")
     lines = [f"# Eager vs --cuda-graph, {device}, world_size 1", "",
-             "| row | step ms | host us/step | % of step | streams | backend peak GiB | loss last |",
-             "|---|---|---|---|---|---|---|"]
+             "| row | step ms | host us/step | % of step | streams | backend peak GiB | reserved GiB | loss last |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         share = 100.0 * r["host_us_per_step"] / 1000.0 / r["step_ms_median"] if r["step_ms_median"] else 0
         streams = r["streams_used"] if r["streams_used"] is not None else "-"
+        reserved = r["backend_reserved_peak_bytes"]
+        reserved = f"{reserved / 2**30:.2f}" if reserved else "-"
         lines.append(f"| {r['name']} | {r['step_ms_median']:.2f} | {r['host_us_per_step']:.0f} | "
                      f"{share:.1f} | {streams} | {r['backend_peak_bytes'] / 2**30:.2f} | "
-                     f"{r['loss_last']:.6g} |")
+                     f"{reserved} | {r['loss_last']:.6g} |")
     lines.append("")
     for t, f in floors.items():
         if f:
@@ -69,6 +74,24 @@ def main():
     lines.append("")
     lines.append("Commands: each row's `command` in the JSON file.")
     prefix.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    if len(sys.argv) > 4:
+        merge(rows, lines, pathlib.Path(sys.argv[4]))
+
+
+def merge(rows, lines, base):
+    """Replaces BASE.json's "cuda-graph" rows and BASE.md's section with these."""
+    path, md = base.with_suffix(".json"), base.with_suffix(".md")
+    old = json.loads(path.read_text()) if path.exists() else []
+    kept = [r for r in old if r.get("config") != "cuda-graph"]
+    path.write_text(json.dumps(kept + [dict(r, config="cuda-graph") for r in rows], indent=2) + "\n")
+    text = md.read_text() if md.exists() else ""
+    begin, end = "<!-- cuda-graph rows: bench/cuda_graph_table.py -->", "<!-- end cuda-graph rows -->"
+    section = begin + "\n" + "\n".join(lines).rstrip() + "\n" + end + "\n"
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + section + text[text.index(end) + len(end) + 1:]
+    else:
+        text = text.rstrip() + "\n\n" + section
+    md.write_text(text)
 
 
 if __name__ == "__main__":
