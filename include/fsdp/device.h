@@ -80,10 +80,11 @@ struct ShardSlice {
 // One tensor for the multi-tensor optimizers (all fp32, same numel for the four arrays).
 struct OptimTensor {
   float* param = nullptr;
-  const float* grad = nullptr;
+  const void* grad = nullptr;  // grad_dtype elements: fp32, or bf16 straight from a reduce-scatter
   float* state0 = nullptr;  // AdamW: exp_avg; SGD: momentum buffer
   float* state1 = nullptr;  // AdamW: exp_avg_sq; SGD: unused
   int64_t numel = 0;
+  DType grad_dtype = DType::F32;
 };
 
 struct AdamWConfig {

@@ -52,8 +52,9 @@ class Optimizer {
   // The whole step after backward; clips when max_grad_norm > 0 (compute_grad_squares first).
   // Without begin_step, the step uses config.base_lr().
   void step(Stream s);
-  // One tensor's step with the given grad (Note [Optimizer in backward]); no clipping.
-  void step_one(Stream s, int index, const float* grad);
+  // One tensor's step with the given grad, fp32 or bf16 (Note [Optimizer in backward]); no
+  // clipping.
+  void step_one(Stream s, int index, const void* grad, DType grad_dtype = DType::F32);
   void zero_grad(Stream s);
 
   int64_t state_bytes() const;

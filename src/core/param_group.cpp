@@ -307,42 +307,68 @@ void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
   const bool custom = factor && *factor != static_cast<double>(mesh_->data_parallel_size());
   const ReduceOp op = custom ? ReduceOp::Sum : ReduceOp::Avg;
   const float scale = custom ? static_cast<float>(1.0 / *factor) : 1.0f;
-  // The ring's event follows the collective alone: reclaiming rs_in needs nothing more.
   auto push_ring_entry = [&] {
     Event done = ctx_->events.acquire();
     device_->record_event(done, rs_stream);
     ctx_->ring.push({rs_in, done, index_});
     ctx_->rs_work_after_ring = false;
   };
-  // out (fp32) gets (overwrite) or adds (!overwrite) the reduced grad shard.
-  auto reduce_to = [&](float* out, bool overwrite) {
+  // Note [One-rank reduce-scatter]: over one rank the reduce-scatter is the identity, so it
+  // runs in place and its output is rs_in itself: no output buffer and no copy. The ring then
+  // takes rs_in back after the work that reads the output; otherwise right after the
+  // collective, as reclaiming rs_in needs nothing more.
+  const bool in_place = comm.size() == 1;
+  auto reduce = [&]() -> void* {
     device_->set_label(label_rs_);
-    if (overwrite && !custom && rt == DType::F32) {
-      comm.reduce_scatter(rs_in, out, n, rt, op, rs_stream);
+    void* out = in_place ? rs_in
+                         : device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream,
+                                          MemTag::RsOutput);
+    comm.reduce_scatter(rs_in, out, n, rt, op, rs_stream);
+    if (!in_place) push_ring_entry();
+    return out;
+  };
+  auto release = [&](void* out) {  // after the last read of reduce()'s output
+    if (in_place) {
       push_ring_entry();
       return;
     }
-    void* rs_out = device_->alloc(static_cast<size_t>(n) * dtype_size(rt), rs_stream, MemTag::RsOutput);
-    comm.reduce_scatter(rs_in, rs_out, n, rt, op, rs_stream);
-    push_ring_entry();
+    device_->free(out, rs_stream);
+    ctx_->rs_work_after_ring = true;
+  };
+  // dst (fp32) gets (overwrite) or adds (!overwrite) the reduced grad shard.
+  auto reduce_to = [&](float* dst, bool overwrite) {
+    if (overwrite && !custom && rt == DType::F32) {
+      device_->set_label(label_rs_);
+      comm.reduce_scatter(rs_in, dst, n, rt, op, rs_stream);
+      push_ring_entry();
+      return;
+    }
+    void* out = reduce();
     device_->set_label(label_rs_accumulate_);
     if (overwrite && !custom) {
-      device_->cast(rs_stream, out, DType::F32, rs_out, rt, n);
+      device_->cast(rs_stream, dst, DType::F32, out, rt, n);
     } else {
-      if (overwrite) device_->fill(rs_stream, out, DType::F32, n, 0.0f);
-      device_->accumulate(rs_stream, out, rs_out, rt, n, scale);
+      if (overwrite) device_->fill(rs_stream, dst, DType::F32, n, 0.0f);
+      device_->accumulate(rs_stream, dst, out, rt, n, scale);
     }
-    device_->free(rs_out, rs_stream);
-    ctx_->rs_work_after_ring = true;
+    release(out);
   };
 
   if (ctx_->optimizer_in_backward) {
-    // Note [Optimizer in backward]: a transient grad, consumed at once on the same stream.
+    // Note [Optimizer in backward]: the grad is consumed at once on the same stream. An
+    // average's output is the grad as is, read by the optimizer in the reduce dtype.
+    if (!custom) {
+      void* grad = reduce();
+      device_->set_label(label_optimizer_);
+      ctx_->optimizer_in_backward(rs_stream, ordinal_, shard_param_, grad, rt, n);
+      release(grad);
+      return;
+    }
     float* grad = static_cast<float*>(
         device_->alloc(static_cast<size_t>(n) * sizeof(float), rs_stream, MemTag::RsOutput));
     reduce_to(grad, true);
     device_->set_label(label_optimizer_);
-    ctx_->optimizer_in_backward(rs_stream, ordinal_, shard_param_, grad, n);
+    ctx_->optimizer_in_backward(rs_stream, ordinal_, shard_param_, grad, DType::F32, n);
     device_->free(grad, rs_stream);
     ctx_->rs_work_after_ring = true;
     return;
@@ -425,7 +451,7 @@ void ParamGroup::all_reduce_into_grad(void* rs_in, Stream rs_stream) {
         device_->alloc(static_cast<size_t>(n) * sizeof(float), ar_stream, MemTag::RsOutput));
     write_to(grad, true);
     device_->set_label(label_optimizer_);
-    ctx_->optimizer_in_backward(ar_stream, ordinal_, shard_param_, grad, n);
+    ctx_->optimizer_in_backward(ar_stream, ordinal_, shard_param_, grad, DType::F32, n);
     device_->free(grad, ar_stream);
   } else {
     ensure_grad_shard(ar_stream);

@@ -108,7 +108,7 @@ void Optimizer::step(Stream s) {
   launch(s, tensors_.data(), static_cast<int>(tensors_.size()), sq);
 }
 
-void Optimizer::step_one(Stream s, int index, const float* grad) {
+void Optimizer::step_one(Stream s, int index, const void* grad, DType grad_dtype) {
   FSDP_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()), "optimizer tensor ", index,
              " out of range (", tensors_.size(), " tensors)");
   FSDP_CHECK(begun_, "step_one() needs begin_step() first");
@@ -116,13 +116,14 @@ void Optimizer::step_one(Stream s, int index, const float* grad) {
              "the optimizer in backward cannot clip gradients: clipping needs every grad first");
   OptimTensor t = tensors_[index];
   t.grad = grad;
+  t.grad_dtype = grad_dtype;
   launch(s, &t, 1, GradSquares{});
 }
 
 void Optimizer::zero_grad(Stream s) {
   device_.set_label("zero_grad");
   for (const OptimTensor& t : tensors_)
-    if (t.grad) device_.fill(s, const_cast<float*>(t.grad), DType::F32, t.numel, 0.0f);
+    if (t.grad) device_.fill(s, const_cast<void*>(t.grad), DType::F32, t.numel, 0.0f);
 }
 
 int64_t Optimizer::state_bytes() const {

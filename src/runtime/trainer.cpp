@@ -238,8 +238,8 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   optim::Optimizer optimizer(device, compute, spans, config.optimizer);
   if (config.optimizer_in_backward)
     root.set_optimizer_in_backward(
-        [&optimizer](Stream s, int ordinal, float*, const float* grad, int64_t) {
-          optimizer.step_one(s, ordinal, grad);
+        [&optimizer](Stream s, int ordinal, float*, const void* grad, DType t, int64_t) {
+          optimizer.step_one(s, ordinal, grad, t);
         });
   result.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
   std::unique_ptr<BatchSource> source = make_source(config, rank, world->size());

@@ -111,16 +111,18 @@ void adamw_apply(const OptimTensor* tensors, int count, const AdamWConfig& c, fl
   const float decay = 1.0f - lr * c.weight_decay;
   for (int t = 0; t < count; ++t) {
     const OptimTensor& o = tensors[t];
-    for (int64_t i = 0; i < o.numel; ++i) {
-      const float g = o.grad[i] * grad_scale;
-      float p = o.param[i] * decay;
-      const float m = c.beta1 * o.state0[i] + (1.0f - c.beta1) * g;
-      const float v = c.beta2 * o.state1[i] + (1.0f - c.beta2) * g * g;
-      p -= step_size * m / (std::sqrt(v) / bias2_sqrt + c.eps);
-      o.param[i] = p;
-      o.state0[i] = m;
-      o.state1[i] = v;
-    }
+    with_io(o.grad_dtype, [&](auto grad) {
+      for (int64_t i = 0; i < o.numel; ++i) {
+        const float g = grad.load(o.grad, i) * grad_scale;
+        float p = o.param[i] * decay;
+        const float m = c.beta1 * o.state0[i] + (1.0f - c.beta1) * g;
+        const float v = c.beta2 * o.state1[i] + (1.0f - c.beta2) * g * g;
+        p -= step_size * m / (std::sqrt(v) / bias2_sqrt + c.eps);
+        o.param[i] = p;
+        o.state0[i] = m;
+        o.state1[i] = v;
+      }
+    });
   }
 }
 
@@ -131,14 +133,16 @@ void sgd_apply(const OptimTensor* tensors, int count, float lr, float momentum,
                float weight_decay, float grad_scale) {
   for (int t = 0; t < count; ++t) {
     const OptimTensor& o = tensors[t];
-    for (int64_t i = 0; i < o.numel; ++i) {
-      float g = o.grad[i] * grad_scale + weight_decay * o.param[i];
-      if (momentum != 0.0f) {
-        g = momentum * o.state0[i] + g;
-        o.state0[i] = g;
+    with_io(o.grad_dtype, [&](auto grad) {
+      for (int64_t i = 0; i < o.numel; ++i) {
+        float g = grad.load(o.grad, i) * grad_scale + weight_decay * o.param[i];
+        if (momentum != 0.0f) {
+          g = momentum * o.state0[i] + g;
+          o.state0[i] = g;
+        }
+        o.param[i] -= lr * g;
       }
-      o.param[i] -= lr * g;
-    }
+    });
   }
 }
 

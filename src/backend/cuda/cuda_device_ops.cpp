@@ -28,7 +28,7 @@ void describe_optim_tensors(std::vector<kernels::OptimDesc>& descs, const OptimT
                "SGD with momentum needs a momentum buffer (tensor ", i, ")");
     const bool uses_state0 = adamw || momentum != 0.0f;
     descs[i] = kernels::OptimDesc{t.param, t.grad, t.state0, adamw ? t.state1 : nullptr, t.numel,
-                                  0, false};
+                                  0, false, t.grad_dtype == DType::BF16};
     descs[i].vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
                           (!uses_state0 || pack_aligned(t.state0)) &&
                           (!adamw || pack_aligned(t.state1));

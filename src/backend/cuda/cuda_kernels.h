@@ -40,12 +40,13 @@ struct ShardCopyDesc {
 
 struct OptimDesc {
   float* param = nullptr;
-  const float* grad = nullptr;
+  const void* grad = nullptr;  // fp32, or bf16 where grad_bf16
   float* state0 = nullptr;
   float* state1 = nullptr;
   int64_t work_numel = 0;
   int64_t tile_begin = 0;
   bool vectorized = false;
+  bool grad_bf16 = false;
 };
 
 // Numbers the tiles of each descriptor; returns the launch's total tile count.

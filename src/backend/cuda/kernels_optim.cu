@@ -6,6 +6,16 @@
 namespace fsdp::cuda::kernels {
 namespace {
 
+// The grad as fp32, from fp32 or bf16 (Note [Optimizer in backward]: a reduce-scatter's bf16
+// output is read as is, without an fp32 copy).
+template <int W>
+__device__ __forceinline__ void load_grad(const OptimDesc& d, int64_t e, float (&g)[W]) {
+  if (d.grad_bf16)
+    load_pack<W>(static_cast<const bf16*>(d.grad) + e, g);
+  else
+    load_pack<W>(static_cast<const float*>(d.grad) + e, g);
+}
+
 struct AdamWBody {
   AdamWParams c;
   float grad_scale = 1.0f;  // the clipping coefficient
@@ -14,7 +24,7 @@ struct AdamWBody {
   __device__ void run(const OptimDesc& d, int64_t e) const {
     float p[W], g[W], m[W], v[W];
     load_pack<W>(d.param + e, p);
-    load_pack<W>(d.grad + e, g);
+    load_grad<W>(d, e, g);
     load_pack<W>(d.state0 + e, m);
     load_pack<W>(d.state1 + e, v);
     const float decay = 1.0f - c.lr * c.weight_decay;  // decoupled weight decay, applied first
@@ -53,7 +63,7 @@ struct SgdBody {
   __device__ void run(const OptimDesc& d, int64_t e) const {
     float p[W], g[W];
     load_pack<W>(d.param + e, p);
-    load_pack<W>(d.grad + e, g);
+    load_grad<W>(d, e, g);
 #pragma unroll
     for (int i = 0; i < W; ++i) g[i] = g[i] * grad_scale + weight_decay * p[i];
     if (momentum != 0.0f) {
@@ -158,7 +168,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t end = min(begin + kTileElems, d.work_numel);
     float sum = 0.0f;
     for (int64_t e = begin + threadIdx.x; e < end; e += blockDim.x) {
-      const float x = d.grad[e];
+      const float x = static_cast<const float*>(d.grad)[e];  // fp32 grads only
       sum += x * x;
     }
     sum = block_sum(sum);
