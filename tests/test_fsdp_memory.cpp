@@ -82,6 +82,23 @@ TEST(PeakMemory, OptimizerInBackwardKeepsNoGradShards) {
   }
 }
 
+// Note [Optimizer in backward] with a bf16 average: the optimizer reads the reduce-scatter's
+// bf16 output as is, so no fp32 grad shard exists at all; Note [One-rank reduce-scatter]: on
+// one rank that output is the RS input itself, so there is no output buffer either.
+TEST(PeakMemory, OptimizerInBackwardReadsTheBf16ReduceScatterOutputAsIs) {
+  for (int world : {1, 2}) {
+    runtime::TrainConfig c = mlp_config();
+    c.optimizer_in_backward = true;
+    c.param_dtype = DType::BF16;
+    c.reduce_dtype = DType::BF16;
+    const int64_t shard = 64 / world * 64;
+    for (const auto& r : run_fsdp(world, c)) {
+      EXPECT_EQ(tag_peak(r, MemTag::RsOutput), world == 1 ? 0 : shard * 2) << "world " << world;
+      EXPECT_EQ(tag_peak(r, MemTag::RsInput), world * shard * 2) << "world " << world;
+    }
+  }
+}
+
 TEST(PeakMemory, MoeStaysWithinTheBound) {
   for (int k : {1, 2}) {
     runtime::TrainConfig c;
