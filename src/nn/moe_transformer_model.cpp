@@ -83,16 +83,15 @@ void Model::add_aux_loss(Device& d, Stream s, float* loss) {
   });
   if (stats.empty()) return;
   float* sum = static_cast<float*>(d.alloc(sizeof(float), s, MemTag::Other));
-  d.set_label("moe aux loss");
   d.fill(s, sum, DType::F32, 1, 0.0f);
   for (const float* layer : stats) d.accumulate(s, sum, layer, DType::F32, 1, 1.0f);
   d.accumulate(s, loss, sum, DType::F32, 1, 1.0f);
   d.free(sum, s);
 }
 
+// No label of its own: the copies belong to the step's end, as the step reader's do.
 void Model::copy_expert_loads(Device& d, Stream s, float* dst) {
   int i = 0;
-  d.set_label("moe expert loads");
   visit([&](Module& m) {
     auto* moe = dynamic_cast<MoeFeedForward*>(&m);
     if (!moe) return;
