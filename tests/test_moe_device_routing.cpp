@@ -100,6 +100,55 @@ TEST(MoeDeviceRouting, CpuOpEqualsTheHostRoutingAndDispatchPlanBitwise) {
   EXPECT_GT(tied, 100) << "too few tokens break ties";
 }
 
+// With a capacity the exchange's layout follows from the shapes: plan_static (built once, then
+// kept) moves rows exactly as plan() does from the host's assignment list, both ways.
+class MoeStaticDispatch : public ::testing::TestWithParam<int> {};
+
+TEST_P(MoeStaticDispatch, LayoutFromShapesMovesRowsAsTheHostPlanDoes) {
+  const int world = GetParam(), experts = 6, tokens = 7, K = 2, dim = 2;
+  const int64_t slots = 3;
+  runtime::run_cpu_ranks(world, {}, [&](int rank, Device& device, std::shared_ptr<Comm> comm) {
+    const Stream s = device.create_stream("s", StreamPriority::Normal);
+    RunContext ctx{&device, s, DType::F32};
+    std::vector<int32_t> assignment(tokens * K);  // at most `slots` per expert, some dropped
+    std::vector<int> per_expert(experts, 0);
+    for (int a = 0; a < tokens * K; ++a) {
+      const int e = (a * 5 + rank) % (experts + 1);
+      assignment[a] = e < experts && per_expert[e] < slots ? e : -1;
+      if (assignment[a] >= 0) ++per_expert[e];
+    }
+    nn::ExpertDispatcher host, shapes;
+    host.plan(ctx, comm.get(), experts, assignment, slots);
+    std::vector<float> rows(static_cast<size_t>(experts * slots * dim));
+    for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<float>(rank * 1000 + i);
+    Tensor send = empty_tensor(device, s, DType::F32, experts * slots, dim, MemTag::Activation);
+    device.copy_from_host(s, send.data, rows.data(), rows.size() * sizeof(float));
+    auto there_and_back = [&](const nn::ExpertDispatcher& d) {
+      Tensor there = d.to_experts(ctx, send, dim);
+      Tensor back = d.from_experts(ctx, there, dim);
+      std::vector<float> out(static_cast<size_t>((there.rows + back.rows) * dim));
+      device.copy_to_host(s, out.data(), there.data, there.bytes());
+      device.copy_to_host(s, out.data() + there.numel(), back.data, back.bytes());
+      device.synchronize_stream(s);
+      return out;
+    };
+    const std::vector<float> want = there_and_back(host);
+    for (int pass = 0; pass < 2; ++pass) {  // the second pass reuses the kept layout
+      shapes.plan_static(ctx, comm.get(), experts, slots);
+      EXPECT_EQ(shapes.sent_rows(), host.sent_rows()) << "rank " << rank;
+      EXPECT_EQ(shapes.received_rows(), host.received_rows()) << "rank " << rank;
+      EXPECT_EQ(shapes.local_counts(), host.local_counts()) << "rank " << rank;
+      EXPECT_EQ(there_and_back(shapes), want) << "rank " << rank << " pass " << pass;
+    }
+    send = Tensor{};
+    host = shapes = nn::ExpertDispatcher{};
+    device.synchronize();
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(EpSizes, MoeStaticDispatch, ::testing::Values(1, 2, 3),
+                         [](const auto& info) { return "ep" + std::to_string(info.param); });
+
 TEST(MoeDeviceRouting, BadShapesAreOneLineErrors) {
   runtime::run_cpu_ranks(1, {}, [&](int, Device& device, std::shared_ptr<Comm>) {
     const Stream s = device.create_stream("s", StreamPriority::Normal);
