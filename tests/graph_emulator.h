@@ -270,6 +270,13 @@ class GraphEmulatorDevice final : public Device {
                int64_t rows, int64_t cols) override {
     issue(s, [=, this] { d_.row_dot(s, a, b, t, out, os, rows, cols); });
   }
+  void moe_route(Stream s, const MoeRouting& r) override {
+    issue(s, [=, this] { d_.moe_route(s, r); });
+  }
+  void moe_route_backward(Stream s, const MoeRouting& r, const float* dsend_weight,
+                          float* dprobs) override {
+    issue(s, [=, this] { d_.moe_route_backward(s, r, dsend_weight, dprobs); });
+  }
   void mean_square_loss(Stream s, const void* y, DType t, int64_t n, float* loss,
                         void* dy) override {
     issue(s, [=, this] { d_.mean_square_loss(s, y, t, n, loss, dy); });

@@ -39,18 +39,23 @@ TEST(CudaGraphCpu, TrainerOnACpuDeviceRaisesAUserError) {
   }
 }
 
-TEST(CudaGraphCpu, TheMoeTransformerIsRefusedBeforeAnyStep) {
+// Dropless routing runs on the host (Note [MoE routing]); a capacity factor captures, so only
+// dropless is refused, and before any step.
+TEST(CudaGraphCpu, TheDroplessMoeTransformerIsRefusedBeforeAnyStep) {
   runtime::TrainConfig c;
   c.model.kind = "moe-transformer";
-  c.model.capacity_factor = 1.25f;
+  c.model.capacity_factor = 0;
   c.cuda_graph = true;
+  int steps = 0;
+  c.after_step = [&steps](runtime::TrainState&) { ++steps; };
   try {
     run_fsdp(1, c);
-    FAIL() << "the MoE transformer's host routing was captured";
+    FAIL() << "the MoE transformer's dropless host routing was captured";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("router runs on the host"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("with dropless routing"), std::string::npos)
         << e.what();
   }
+  EXPECT_EQ(steps, 0);
 }
 
 // A replayed step is one op: the trace says which step was captured, on which streams, and

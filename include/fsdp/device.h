@@ -237,6 +237,43 @@ class Device {
   // out[r * out_stride] = sum_c a[r,c] * b[r,c]
   virtual void row_dot(Stream s, const void* a, const void* b, DType t, float* out,
                        int64_t out_stride, int64_t rows, int64_t cols) = 0;
+  // Note [Device MoE routing]
+  // The capacity-factor routing of an MoE layer (Note [MoE routing] in include/fsdp/nn/moe.h)
+  // on the device, so that a step needs no host read and can be captured in a graph. It gives
+  // exactly what the host's route_tokens + ExpertDispatcher::plan give with a capacity: per
+  // assignment a = t * K + k the top-k expert (higher probability first, the lower expert on
+  // ties), its renormalized weight (p / the sum of the token's top-k p, summed in k order)
+  // and its row in send order (-1: over capacity); the send order itself, expert-major
+  // [experts][slots] with slots = capacity * groups, each expert's kept assignments in
+  // assignment order, then padding; each group's aux-loss gradient and the layer's aux loss
+  // and max load (double sums in token order, as the host's). All buffers are on the device.
+  // The defaults raise "not implemented on this backend".
+  struct MoeRouting {
+    const float* probs = nullptr;  // [tokens, experts], rows sum to 1
+    int64_t tokens = 0;
+    int experts = 0, top_k = 0;
+    int64_t group_tokens = 0;  // tokens route in groups of this many (tokens % group == 0)
+    int64_t capacity = 0;      // assignments kept per expert per group (>= 1)
+    float aux_loss_weight = 0;
+    int32_t* chosen = nullptr;           // [tokens * top_k]: the top-k expert, kept or not
+    float* weight = nullptr;             // [tokens * top_k]
+    int32_t* slot = nullptr;             // [tokens * top_k]: row in send order; -1: dropped
+    int32_t* send_assignment = nullptr;  // [experts * slots]: the row's assignment; -1: padding
+    int32_t* send_token = nullptr;       // [experts * slots]: its token; padding: `tokens`
+    float* send_weight = nullptr;        // [experts * slots]: its weight; padding: 0
+    float* aux_grad = nullptr;           // [groups * experts]: d(aux loss)/d(probs[t, e])
+                                         // for the tokens t of group g (row g)
+    float* stats = nullptr;              // [2]: aux loss (weight included), max load
+    constexpr int64_t groups() const { return group_tokens > 0 ? tokens / group_tokens : 0; }
+    constexpr int64_t slots() const { return capacity * groups(); }
+  };
+  virtual void moe_route(Stream s, const MoeRouting& r);
+  // The router's gradient through the weights and the aux loss, for the routing `r` (its
+  // outputs as moe_route wrote them): with dw_a = dsend_weight[slot[a]] (0 when dropped),
+  // dprobs[t, e] = aux_grad[t / group, e], plus, for each of the token's top-k e = chosen[a],
+  // (dw_a - sum_k dw_k w_k) / (sum_k probs[t, chosen_k]). Sums in k order, no fused multiply-add.
+  virtual void moe_route_backward(Stream s, const MoeRouting& r, const float* dsend_weight,
+                                  float* dprobs);
   // Losses write the scalar loss (fp32, device memory) and the gradient of the loss.
   // mean of squares: loss = sum(y^2) / n, dy = 2 y / n
   virtual void mean_square_loss(Stream s, const void* y, DType t, int64_t n, float* loss,

@@ -148,6 +148,10 @@ void Device::swiglu_forward(Stream, const void*, DType, int64_t, int64_t, void*)
 void Device::swiglu_backward(Stream, const void*, const void*, DType, int64_t, int64_t, void*) {
   not_on_backend(*this, "swiglu_backward");
 }
+void Device::moe_route(Stream, const MoeRouting&) { not_on_backend(*this, "moe_route"); }
+void Device::moe_route_backward(Stream, const MoeRouting&, const float*, float*) {
+  not_on_backend(*this, "moe_route_backward");
+}
 
 std::unique_ptr<Comm> Comm::split(int color, int key, const std::string& name) {
   return do_split(color, key, name);

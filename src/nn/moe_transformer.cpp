@@ -170,7 +170,7 @@ MoeFeedForward::MoeFeedForward(const TransformerConfig& c, const MoeConfig& m, i
 Tensor MoeFeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
   Device& d = *ctx.device;
   const int64_t tokens = x.rows, dim = x.cols;
-  const int E = config_.experts, K = config_.top_k;
+  const int E = config_.experts;
   FSDP_CHECK(!ep_ || ep_->size() == config_.ep, "MoE layer ", fqn(), " was built for ep ",
              config_.ep, " but its ep communicator has ", ep_->size(), " ranks");
   FSDP_CHECK(config_.ep == 1 || ep_, "MoE layer ", fqn(), " needs its ep communicator (ep ",
@@ -180,28 +180,16 @@ Tensor MoeFeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
   d.set_label(op_label("fwd", "router softmax"));
   d.softmax_rows(ctx.compute, logits.data, logits.dtype, probs_.as<float>(), tokens, E);
   logits = Tensor{};
-  probs_host_.resize(static_cast<size_t>(tokens * E));
-  d.copy_to_host(ctx.compute, probs_host_.data(), probs_.data, probs_host_.size() * sizeof(float));
-  d.synchronize_stream(ctx.compute);  // Note [MoE routing]: routing runs on the host
-  plan_ = route_tokens(probs_host_, tokens, config_);
-  aux_loss_ = plan_.aux_loss;
-  max_load_ = plan_.max_load;
-
-  const int64_t groups = config_.group_tokens > 0 ? tokens / config_.group_tokens : 1;
-  dispatcher_.plan(ctx, ep_, E, plan_.expert, plan_.capacity * groups);
-  const std::vector<int32_t>& order = dispatcher_.send_assignments();
+  // Kept across steps (stats()): made by the first forward, before any graph capture.
+  if (!stats_.defined()) stats_ = empty_tensor(d, ctx.compute, DType::F32, 1, 2, MemTag::Other);
+  // Note [MoE routing]: static shapes route on the device; padding slots (static shapes) read
+  // token `tokens`, a zero row past the real ones.
+  padded_ = config_.capacity_factor > 0;
+  if (padded_)
+    route_on_device(ctx, tokens);
+  else
+    route_on_host(ctx, tokens);
   const int64_t sent = dispatcher_.sent_rows();
-  // Padding slots (static shapes) read token `tokens`: a zero row past the real ones.
-  padded_ = plan_.capacity > 0;
-  std::vector<int32_t> token(order.size());
-  std::vector<float> weight(order.size());
-  for (size_t i = 0; i < order.size(); ++i) {
-    token[i] = order[i] >= 0 ? order[i] / K : static_cast<int32_t>(tokens);
-    weight[i] = order[i] >= 0 ? plan_.weight[static_cast<size_t>(order[i])] : 0.0f;
-  }
-  send_tokens_ = device_ids(ctx, token);
-  send_weights_ = empty_tensor(d, ctx.compute, DType::F32, sent, 1, MemTag::Activation);
-  if (sent > 0) d.copy_from_host(ctx.compute, send_weights_.data, weight.data(), send_weights_.bytes());
 
   d.set_label(op_label("fwd", "moe gather"));
   Tensor expert_in = dispatcher_.to_experts(
@@ -221,10 +209,74 @@ Tensor MoeFeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
+// Note [Device MoE routing]: the send order, its tokens and weights, and what the backward
+// needs, all on the device; the layout of the exchange from the shapes alone.
+void MoeFeedForward::route_on_device(RunContext& ctx, int64_t tokens) {
+  Device& d = *ctx.device;
+  const int E = config_.experts, K = config_.top_k;
+  const int64_t group = config_.group_tokens > 0 ? config_.group_tokens : std::max<int64_t>(tokens, 1);
+  FSDP_CHECK(tokens % group == 0, "MoE routing: ", tokens, " rows do not split into groups of ",
+             group, " tokens");
+  Device::MoeRouting& r = routing_;
+  r = Device::MoeRouting{};
+  r.probs = probs_.as<float>();
+  r.tokens = tokens;
+  r.experts = E;
+  r.top_k = K;
+  r.group_tokens = group;
+  r.capacity = std::max<int64_t>(config_.capacity(group), 1);
+  r.aux_loss_weight = config_.aux_loss_weight;
+  const int64_t rows = E * r.slots();
+  auto ids = [&](int64_t n) { return empty_tensor(d, ctx.compute, DType::I32, n, 1, MemTag::Activation); };
+  auto floats = [&](int64_t n) { return empty_tensor(d, ctx.compute, DType::F32, n, 1, MemTag::Activation); };
+  chosen_ = ids(tokens * K);
+  weights_ = floats(tokens * K);
+  slots_ = ids(tokens * K);
+  Tensor send_assignment = ids(rows);
+  send_tokens_ = ids(rows);
+  send_weights_ = floats(rows);
+  aux_grad_ = floats(r.groups() * E);
+  r.chosen = chosen_.as<int32_t>();
+  r.weight = weights_.as<float>();
+  r.slot = slots_.as<int32_t>();
+  r.send_assignment = send_assignment.as<int32_t>();
+  r.send_token = send_tokens_.as<int32_t>();
+  r.send_weight = send_weights_.as<float>();
+  r.aux_grad = aux_grad_.as<float>();
+  r.stats = stats_.as<float>();
+  d.set_label(op_label("fwd", "moe routing"));
+  d.moe_route(ctx.compute, r);
+  dispatcher_.plan_static(ctx, ep_, E, r.slots());
+}
+
+// Dropless: the row counts depend on the routing, which the host needs for the exchange.
+void MoeFeedForward::route_on_host(RunContext& ctx, int64_t tokens) {
+  Device& d = *ctx.device;
+  const int E = config_.experts, K = config_.top_k;
+  probs_host_.resize(static_cast<size_t>(tokens * E));
+  d.copy_to_host(ctx.compute, probs_host_.data(), probs_.data, probs_host_.size() * sizeof(float));
+  d.synchronize_stream(ctx.compute);  // Note [MoE routing]: dropless routing runs on the host
+  plan_ = route_tokens(probs_host_, tokens, config_);
+  const float stats[2] = {plan_.aux_loss, plan_.max_load};
+  d.copy_from_host(ctx.compute, stats_.data, stats, sizeof(stats));
+  dispatcher_.plan(ctx, ep_, E, plan_.expert);
+  const std::vector<int32_t>& order = dispatcher_.send_assignments();
+  const int64_t sent = dispatcher_.sent_rows();
+  std::vector<int32_t> token(order.size());
+  std::vector<float> weight(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    token[i] = order[i] >= 0 ? order[i] / K : static_cast<int32_t>(tokens);
+    weight[i] = order[i] >= 0 ? plan_.weight[static_cast<size_t>(order[i])] : 0.0f;
+  }
+  send_tokens_ = device_ids(ctx, token);
+  send_weights_ = empty_tensor(d, ctx.compute, DType::F32, sent, 1, MemTag::Activation);
+  if (sent > 0) d.copy_from_host(ctx.compute, send_weights_.data, weight.data(), send_weights_.bytes());
+}
+
 Tensor MoeFeedForward::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Device& d = *ctx.device;
   const int64_t tokens = dy.rows, dim = dy.cols;
-  const int E = config_.experts, K = config_.top_k;
+  const int E = config_.experts;
   const int64_t sent = dispatcher_.sent_rows();
   // y = sum_i w_i z_i: dz_i = w_i dy[token_i], dw_i = <dy[token_i], z_i>.
   d.set_label(op_label("bwd", "moe combine"));
@@ -250,6 +302,34 @@ Tensor MoeFeedForward::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   dx_sent = Tensor{};
 
   // The router: through the renormalized top-k weights and the auxiliary loss.
+  Tensor dprobs;
+  if (padded_) {
+    dprobs = empty_tensor(d, ctx.compute, DType::F32, tokens, E, MemTag::Activation);
+    d.set_label(op_label("bwd", "moe routing"));
+    d.moe_route_backward(ctx.compute, routing_, dweight.as<float>(), dprobs.as<float>());
+    routing_ = Device::MoeRouting{};
+    chosen_ = weights_ = slots_ = aux_grad_ = Tensor{};
+  } else {
+    dprobs = router_grad_on_host(ctx, dweight, tokens);
+  }
+  dweight = Tensor{};
+  Tensor dlogits = new_act(ctx, tokens, E);
+  d.set_label(op_label("bwd", "router softmax"));
+  d.softmax_rows_backward(ctx.compute, probs_.as<float>(), dprobs.as<float>(), dlogits.data,
+                          ctx.act_dtype, tokens, E);
+  probs_ = dprobs = Tensor{};
+  Tensor dx_router = router_->backward(ctx, dlogits);
+  d.set_label(op_label("bwd", "residual"));
+  d.add(ctx.compute, dx.data, dx.data, dx_router.data, ctx.act_dtype, dx.numel());
+  send_tokens_ = send_weights_ = Tensor{};
+  return dx;
+}
+
+// Dropless: the router's gradient on the host, from the weights' gradients read back.
+Tensor MoeFeedForward::router_grad_on_host(RunContext& ctx, const Tensor& dweight, int64_t tokens) {
+  Device& d = *ctx.device;
+  const int E = config_.experts, K = config_.top_k;
+  const int64_t sent = dispatcher_.sent_rows();
   std::vector<float> dw(static_cast<size_t>(sent));
   if (sent > 0) d.copy_to_host(ctx.compute, dw.data(), dweight.data, dw.size() * sizeof(float));
   d.synchronize_stream(ctx.compute);
@@ -276,18 +356,9 @@ Tensor MoeFeedForward::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
       dp[plan_.chosen[a]] += (dw_assignment[a] - dot) / sum;
     }
   }
-  Tensor dprobs_dev = empty_tensor(d, ctx.compute, DType::F32, tokens, E, MemTag::Activation);
-  d.copy_from_host(ctx.compute, dprobs_dev.data, dprobs.data(), dprobs_dev.bytes());
-  Tensor dlogits = new_act(ctx, tokens, E);
-  d.set_label(op_label("bwd", "router softmax"));
-  d.softmax_rows_backward(ctx.compute, probs_.as<float>(), dprobs_dev.as<float>(), dlogits.data,
-                          ctx.act_dtype, tokens, E);
-  probs_ = dprobs_dev = Tensor{};
-  Tensor dx_router = router_->backward(ctx, dlogits);
-  d.set_label(op_label("bwd", "residual"));
-  d.add(ctx.compute, dx.data, dx.data, dx_router.data, ctx.act_dtype, dx.numel());
-  send_tokens_ = send_weights_ = Tensor{};
-  return dx;
+  Tensor out = empty_tensor(d, ctx.compute, DType::F32, tokens, E, MemTag::Activation);
+  d.copy_from_host(ctx.compute, out.data, dprobs.data(), out.bytes());
+  return out;
 }
 
 // ---- MoeTransformerBlock

@@ -70,20 +70,37 @@ void Model::set_expert_comm(Comm* ep) {
   });
 }
 
-float Model::aux_loss() {
-  float sum = 0;
-  visit([&](Module& m) {
-    if (auto* moe = dynamic_cast<MoeFeedForward*>(&m)) sum += moe->aux_loss();
-  });
-  return sum;
+int Model::moe_layer_count() {
+  int n = 0;
+  visit([&](Module& m) { n += dynamic_cast<MoeFeedForward*>(&m) != nullptr; });
+  return n;
 }
 
-float Model::max_expert_load() {
-  float load = -1;
+void Model::add_aux_loss(Device& d, Stream s, float* loss) {
+  std::vector<const float*> stats;
   visit([&](Module& m) {
-    if (auto* moe = dynamic_cast<MoeFeedForward*>(&m)) load = std::max(load, moe->max_load());
+    if (auto* moe = dynamic_cast<MoeFeedForward*>(&m); moe && moe->stats()) stats.push_back(moe->stats());
   });
-  return load;
+  if (stats.empty()) return;
+  float* sum = static_cast<float*>(d.alloc(sizeof(float), s, MemTag::Other));
+  d.fill(s, sum, DType::F32, 1, 0.0f);
+  for (const float* layer : stats) d.accumulate(s, sum, layer, DType::F32, 1, 1.0f);
+  d.accumulate(s, loss, sum, DType::F32, 1, 1.0f);
+  d.free(sum, s);
+}
+
+// No label of its own: the copies belong to the step's end, as the step reader's do.
+void Model::copy_expert_loads(Device& d, Stream s, float* dst) {
+  int i = 0;
+  visit([&](Module& m) {
+    auto* moe = dynamic_cast<MoeFeedForward*>(&m);
+    if (!moe) return;
+    if (moe->stats())
+      d.copy(s, dst + i, moe->stats() + 1, sizeof(float));
+    else
+      d.fill(s, dst + i, DType::F32, 1, -1.0f);
+    ++i;
+  });
 }
 
 void Model::release_deferred_expert_grads(RunContext& ctx) {

@@ -5,9 +5,13 @@
 // Experts are laid out in ep blocks of E / ep consecutive experts: ep rank p holds experts
 // [p * E_local, (p + 1) * E_local). A rank sends its kept assignments sorted by expert
 // (stable, so by assignment within an expert), which is also sorted by destination rank, so
-// one all-to-all with per-peer row counts moves them. The per-expert counts go first, in an
-// all-to-all of E_local int32 per peer, and are read on the host (the row all-to-all's counts
-// must be known there). A rank receives peer-major rows ([source][local expert][order]) and
+// one all-to-all with per-peer row counts moves them. Dropless, the per-expert counts go
+// first, in an all-to-all of E_local int32 per peer, and are read on the host (the row
+// all-to-all's counts must be known there). With a capacity factor every expert gets exactly
+// `slots` rows (its capacity times the groups, padded) from every rank: the counts and the
+// permutations below follow from the shapes alone, so nothing is exchanged or read back and
+// the layout is built once (plan_static; the send order itself is made on the device, Note
+// [Device MoE routing]). A rank receives peer-major rows ([source][local expert][order]) and
 // permutes them expert-major ([local expert][source][order]), so each local expert's rows are
 // contiguous for its GEMMs. The return trip is the exact inverse: the inverse permutation,
 // then the all-to-all with send and receive counts swapped. Each direction is the other's
@@ -35,6 +39,13 @@ void MoeConfig::validate() const {
   FSDP_CHECK(ep_rank >= 0 && ep_rank < ep, "ep rank ", ep_rank, " outside [0, ", ep, ")");
 }
 
+int64_t MoeConfig::capacity(int64_t group) const {
+  if (capacity_factor <= 0) return 0;
+  const int64_t c = static_cast<int64_t>(
+      std::ceil(capacity_factor * static_cast<double>(group * top_k) / experts));
+  return c > 0 ? c : 0;
+}
+
 RoutePlan route_tokens(const std::vector<float>& probs, int64_t tokens, const MoeConfig& c) {
   const int E = c.experts, K = c.top_k;
   const int64_t group = c.group_tokens > 0 ? c.group_tokens : tokens;
@@ -50,11 +61,8 @@ RoutePlan route_tokens(const std::vector<float>& probs, int64_t tokens, const Mo
   plan.chosen.assign(static_cast<size_t>(tokens * K), -1);
   plan.weight.assign(static_cast<size_t>(tokens * K), 0.0f);
   plan.aux_grad.assign(static_cast<size_t>(groups * E), 0.0f);
-  const int64_t capacity =
-      c.capacity_factor > 0
-          ? static_cast<int64_t>(std::ceil(c.capacity_factor * static_cast<double>(group * K) / E))
-          : -1;
-  plan.capacity = capacity > 0 ? capacity : 0;
+  plan.capacity = c.capacity(group);
+  const int64_t capacity = c.capacity_factor > 0 ? plan.capacity : -1;
   std::vector<int64_t> total(static_cast<size_t>(E), 0);
   std::vector<int> order(static_cast<size_t>(E));
   double aux_sum = 0;
@@ -128,6 +136,44 @@ void ExpertDispatcher::plan(RunContext& ctx, Comm* ep, int experts,
     send_assignment_.insert(send_assignment_.end(), rows.begin(), rows.end());
   }
   sent_ = static_cast<int64_t>(send_assignment_.size());
+  std::vector<int32_t> counts(static_cast<size_t>(experts), static_cast<int32_t>(capacity));
+  if (ep_ && capacity <= 0) {
+    // The counts: E_local int32 to each peer, in the order of our experts.
+    Device& d = *ctx.device;
+    Tensor send = empty_tensor(d, ctx.compute, DType::I32, experts, 1, MemTag::Activation);
+    Tensor recv = empty_tensor(d, ctx.compute, DType::I32, experts, 1, MemTag::Activation);
+    d.copy_from_host(ctx.compute, send.data, per_expert.data(), send.bytes());
+    const std::vector<int64_t> even(static_cast<size_t>(peers), local);
+    d.set_label("moe counts all-to-all");
+    ep_->all_to_all(send.data, even, recv.data, even, DType::I32, ctx.compute);
+    d.copy_to_host(ctx.compute, counts.data(), recv.data, recv.bytes());  // [source][local expert]
+    d.synchronize_stream(ctx.compute);
+  }
+  static_key_[0] = static_key_[1] = static_key_[2] = 0;
+  build_layout(ctx, experts, per_expert, counts, MemTag::Activation);
+}
+
+void ExpertDispatcher::plan_static(RunContext& ctx, Comm* ep, int experts, int64_t slots) {
+  ep_ = ep && ep->size() > 1 ? ep : nullptr;
+  const int peers = ep_ ? ep_->size() : 1;
+  FSDP_CHECK(experts % peers == 0, "MoE dispatch: ", experts, " experts over ", peers,
+             " ep ranks");
+  FSDP_CHECK(slots >= 1 && experts * slots <= INT32_MAX, "MoE dispatch: ", slots,
+             " slots per expert");
+  send_assignment_.clear();
+  sent_ = experts * slots;
+  const int64_t key[3] = {peers, experts, slots};
+  if (std::equal(key, key + 3, static_key_)) return;  // the same shapes: the same layout
+  const std::vector<int32_t> counts(static_cast<size_t>(experts), static_cast<int32_t>(slots));
+  build_layout(ctx, experts, counts, counts, MemTag::Other);  // kept across steps
+  std::copy(key, key + 3, static_key_);
+}
+
+void ExpertDispatcher::build_layout(RunContext& ctx, int experts,
+                                    const std::vector<int32_t>& per_expert,
+                                    const std::vector<int32_t>& counts, MemTag tag) {
+  const int peers = ep_ ? ep_->size() : 1;
+  const int local = experts / peers;
   send_counts_.assign(static_cast<size_t>(peers), 0);
   for (int e = 0; e < experts; ++e) send_counts_[static_cast<size_t>(e / local)] += per_expert[e];
   to_expert_major_.clear();
@@ -138,19 +184,6 @@ void ExpertDispatcher::plan(RunContext& ctx, Comm* ep, int experts,
     local_counts_.assign(per_expert.begin(), per_expert.end());
     received_ = sent_;
     return;
-  }
-  Device& d = *ctx.device;
-  std::vector<int32_t> counts(static_cast<size_t>(experts), static_cast<int32_t>(capacity));
-  if (capacity <= 0) {
-    // The counts: E_local int32 to each peer, in the order of our experts.
-    Tensor send = empty_tensor(d, ctx.compute, DType::I32, experts, 1, MemTag::Activation);
-    Tensor recv = empty_tensor(d, ctx.compute, DType::I32, experts, 1, MemTag::Activation);
-    d.copy_from_host(ctx.compute, send.data, per_expert.data(), send.bytes());
-    const std::vector<int64_t> even(static_cast<size_t>(peers), local);
-    d.set_label("moe counts all-to-all");
-    ep_->all_to_all(send.data, even, recv.data, even, DType::I32, ctx.compute);
-    d.copy_to_host(ctx.compute, counts.data(), recv.data, recv.bytes());  // [source][local expert]
-    d.synchronize_stream(ctx.compute);
   }
   recv_counts_.assign(static_cast<size_t>(peers), 0);
   local_counts_.assign(static_cast<size_t>(local), 0);
@@ -173,8 +206,8 @@ void ExpertDispatcher::plan(RunContext& ctx, Comm* ep, int experts,
   to_peer_major_.assign(to_expert_major_.size(), 0);
   for (size_t i = 0; i < to_expert_major_.size(); ++i)
     to_peer_major_[static_cast<size_t>(to_expert_major_[i])] = static_cast<int32_t>(i);
-  to_expert_major_dev_ = device_ids(ctx, to_expert_major_);
-  to_peer_major_dev_ = device_ids(ctx, to_peer_major_);
+  to_expert_major_dev_ = device_ids(ctx, to_expert_major_, tag);
+  to_peer_major_dev_ = device_ids(ctx, to_peer_major_, tag);
 }
 
 Tensor ExpertDispatcher::exchange(RunContext& ctx, const Tensor& rows, int64_t cols,

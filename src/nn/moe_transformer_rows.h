@@ -11,9 +11,10 @@
 namespace fsdp::nn {
 
 // int32 [n, 1] on the device (no data when n == 0).
-inline Tensor device_ids(RunContext& ctx, const std::vector<int32_t>& ids) {
+inline Tensor device_ids(RunContext& ctx, const std::vector<int32_t>& ids,
+                         MemTag tag = MemTag::Activation) {
   Tensor t = empty_tensor(*ctx.device, ctx.compute, DType::I32, static_cast<int64_t>(ids.size()),
-                          1, MemTag::Activation);
+                          1, tag);
   if (!ids.empty()) ctx.device->copy_from_host(ctx.compute, t.data, ids.data(), t.bytes());
   return t;
 }

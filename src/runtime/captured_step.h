@@ -16,8 +16,9 @@
 // Host-side FSDP state (which units are sharded, the RS ring's position) is left as the
 // captured step left it, which is also how every replayed step leaves the device. What cannot
 // be captured fails in one line before or at the capture (docs/cuda_graphs.md): host routing
-// (the MoE transformer), a host wait inside the step, state allocated in one step and freed in
-// the next (--prefetch-next-step is therefore off under graphs).
+// (the MoE transformer's dropless routing; with a capacity factor it routes on the device and
+// captures), a host wait inside the step, state allocated in one step and freed in the next
+// (--prefetch-next-step is therefore off under graphs).
 #pragma once
 
 #include <functional>

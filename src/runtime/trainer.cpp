@@ -1,5 +1,6 @@
 #include "runtime/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -34,24 +35,14 @@ Tensor loss_and_grad(Device& d, Stream s, const nn::Model& model, const Tensor& 
   return dy;
 }
 
-// The MoE transformer's auxiliary loss (host value, Note [MoE routing]) joins the rank's loss
-// before the ranks average it; its gradient is the MoE layers' own business.
-void add_aux_loss(Device& d, Stream s, nn::Model& model, float* loss) {
-  if (model.config().kind != "moe-transformer") return;
-  const float aux = model.aux_loss();
-  float* value = static_cast<float*>(d.alloc(sizeof(float), s, MemTag::Other));
-  d.copy_from_host(s, value, &aux, sizeof(float));
-  d.accumulate(s, loss, value, DType::F32, 1, 1.0f);
-  d.free(value, s);
-}
-
 // Note [Captured steps]: what cannot be recorded into a graph fails here, in one line.
 void check_capturable(const TrainConfig& c) {
-  FSDP_USER_CHECK(c.model.kind != "moe-transformer",
-                  "--cuda-graph cannot capture --model moe-transformer: its router runs on the "
-                  "host (each MoE layer copies the router's probabilities to the host and waits "
-                  "for them, with or without --capacity-factor), and a graph cannot wait for "
-                  "the host inside a step");
+  FSDP_USER_CHECK(c.model.kind != "moe-transformer" || c.model.capacity_factor > 0,
+                  "--cuda-graph cannot capture --model moe-transformer with dropless routing: "
+                  "its shapes depend on the data (each MoE layer reads its routing back to the "
+                  "host to size the experts' rows and the all-to-all), and a graph cannot wait "
+                  "for the host inside a step; --capacity-factor > 0 routes on the device and "
+                  "captures");
 }
 
 // Scales the loss gradient of one of `n` micro-batches by 1/n (TrainConfig::micro_batches);
@@ -248,7 +239,9 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     eval_source = config.eval_source(rank, world->size());
   std::map<int, float> val_by_step;
   const std::vector<std::string>& grad_names = optimizer.grad_square_names();
-  StepReader reader(device, compute, static_cast<int>(grad_names.size()));
+  // The MoE layers' max loads are read with the step's loss (Model::copy_expert_loads).
+  const int moe_layers = model.moe_layer_count();
+  StepReader reader(device, compute, static_cast<int>(grad_names.size()), moe_layers);
   float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   float* loss_avg = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
   TrainState state{device, model, root, optimizer, compute, 0};
@@ -325,6 +318,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       result.val_losses.push_back({v.step, it->second});
     }
     report.grad_norm = global_norm(v.grad_squares);
+    if (!v.extras.empty()) report.max_expert_load = *std::max_element(v.extras.begin(), v.extras.end());
     report.step_ms = v.done_ms - last_done_ms;
     last_done_ms = v.done_ms;
     result.losses.push_back(report.loss);
@@ -366,7 +360,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       const int64_t rs1 = issued(CollectiveKind::ReduceScatter);
       if (first) c1 = by_comm();
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
-      add_aux_loss(device, compute, model, loss);
+      model.add_aux_loss(device, compute, loss);  // Note [MoE routing]
       scale_for_micro_batches(device, compute, dy, config.micro_batches, micro_scale);
       y = Tensor{};
       const double h1 = device.now_us();
@@ -432,13 +426,13 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     }
     if (prefetch && step + 1 < config.steps)
       fsdp_module_of(*model.blocks().front())->unshard(/*async_op=*/true);
+    if (moe_layers > 0) model.copy_expert_loads(device, compute, reader.extras());
     reader.end(config.optimizer_in_backward ? nullptr : optimizer.grad_squares());
     if (step >= config.warmup && step != result.captured_step) {
       host_step_us_total += device.now_us() - host_step_start;
       ++host_step_count;
     }
     state.next_step = step + 1;
-    report.max_expert_load = model.max_expert_load();  // before an evaluation routes again
     if (config.after_step) config.after_step(state);
     if (eval_source && ((step + 1) % config.eval_every == 0 || step + 1 == config.steps)) {
       float* scratch = static_cast<float*>(device.alloc(3 * sizeof(float), compute, MemTag::Other));
@@ -539,7 +533,7 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
                                        rows, DType::F32);
       Tensor y = model.forward(ctx, batch.x);
       Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
-      add_aux_loss(device, compute, model, loss);
+      model.add_aux_loss(device, compute, loss);  // Note [MoE routing]
       scale_for_micro_batches(device, compute, dy, config.micro_batches, micro_scale);
       // Each rank's loss is a mean over its own rows, and FSDP averages the ranks: the same
       // as the mean over all rows.

@@ -1,11 +1,15 @@
 // The MoE layer's grouped GEMM (Note [Grouped GEMM]): cuBLAS's grouped-batched call on CUDA
 // against the CPU backend's per-group GEMMs, for the three transposes the experts use, with
-// groups of no rows (an expert without tokens) and of k = 0 (its weight grad: zeros).
+// groups of no rows (an expert without tokens) and of k = 0 (its weight grad: zeros). The
+// capacity-factor routing (Note [Device MoE routing]): the CUDA kernels against the CPU
+// backend's loops, which equal the host routing (tests/test_moe_device_routing.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <vector>
 
+#include "../moe_routing_cases.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 
@@ -81,6 +85,43 @@ TEST(CudaMoe, GroupedGemmMatchesTheCpuBackendPerGroup) {
       EXPECT_LE(std::sqrt(diff / norm), t == DType::F32 ? 1e-5 : 1e-2)
           << dtype_name(t) << " trans_a " << c.trans_a << " trans_b " << c.trans_b;
     }
+}
+
+// Everything bitwise but the aux loss, whose double sums over tokens the GPU adds in a tree
+// (the CPU in token order): equal to the last bits of a double, so to fp32 rounding. Small
+// cases, then cases of hundreds of tokens per group (several tiles of the per-expert scan).
+TEST(CudaMoe, RoutingMatchesTheCpuBackend) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  using moe_routing_test::Case;
+  cpu::CpuWorld world(1, {});
+  auto cpu_device = world.make_device(0);
+  auto cuda_device = cuda::make_device(0);
+  const Stream cpu_s = cpu_device->create_stream("compute", StreamPriority::Normal);
+  const Stream cuda_s = cuda_device->create_stream("compute", StreamPriority::Normal);
+  std::mt19937 rng(1201);
+  for (int i = 0; i < 120; ++i) {
+    const bool large = i >= 100;
+    const Case c = moe_routing_test::make_case(rng, large ? 16 : 9, large ? 700 : 12);
+    const int64_t capacity = moe_routing_test::config_of(c).capacity(c.group);
+    std::vector<float> dsend_weight(static_cast<size_t>(c.experts * capacity * c.groups));
+    for (float& v : dsend_weight) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    const auto want = moe_routing_test::route_on_device(*cpu_device, cpu_s, c, capacity, dsend_weight);
+    const auto got = moe_routing_test::route_on_device(*cuda_device, cuda_s, c, capacity, dsend_weight);
+    SCOPED_TRACE(::testing::Message() << "case " << i << ": E " << c.experts << " K " << c.top_k
+                                      << " group " << c.group << " x " << c.groups << " cf "
+                                      << c.capacity_factor);
+    EXPECT_EQ(got.chosen, want.chosen);
+    EXPECT_EQ(got.weight, want.weight);
+    EXPECT_EQ(got.slot, want.slot);
+    EXPECT_EQ(got.send_assignment, want.send_assignment);
+    EXPECT_EQ(got.send_token, want.send_token);
+    EXPECT_EQ(got.send_weight, want.send_weight);
+    EXPECT_EQ(got.aux_grad, want.aux_grad);
+    EXPECT_NEAR(got.stats[0], want.stats[0], 1e-6 * std::abs(want.stats[0]));
+    EXPECT_EQ(got.stats[1], want.stats[1]);
+    EXPECT_EQ(got.dprobs, want.dprobs);
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 }  // namespace

@@ -79,12 +79,17 @@ class Model : public Module {
   // others all of their params. Equals param_count() for models without MoE layers.
   int64_t active_param_count();
   // The MoE transformer's expert parallelism: the ep communicator its MoE layers dispatch over
-  // (nullptr with ep 1), the auxiliary loss of the last forward (summed over MoE layers; 0 for
-  // other models), the largest expert load of the last forward (max over MoE layers; -1 for
-  // other models), and the expert grads held for the end of backward (ExpertsDeferred).
+  // (nullptr with ep 1), and the expert grads held for the end of backward (ExpertsDeferred).
   void set_expert_comm(Comm* ep);
-  float aux_loss();
-  float max_expert_load();
+  // The MoE layers' statistics of the last forward, which live in device memory (Note [MoE
+  // routing]), so a step reads none of them on the host: add_aux_loss adds the auxiliary loss
+  // (summed over the MoE layers in layer order, then added once) to `loss` (device fp32);
+  // copy_expert_loads copies each MoE layer's max expert load to dst[i] (device fp32, one per
+  // moe_layer_count(), in layer order; -1 for a layer that has not run). Nothing for other
+  // models.
+  int moe_layer_count();
+  void add_aux_loss(Device& d, Stream s, float* loss);
+  void copy_expert_loads(Device& d, Stream s, float* dst);
   void release_deferred_expert_grads(RunContext& ctx);
 
  protected:

@@ -12,9 +12,16 @@
 // output is zero for that expert). The load-balancing loss of a group is
 // E * sum_e f_e * P_e (Switch Transformer), f_e = the fraction of the group's T * K
 // assignments routed to e (before drops), P_e = the mean router probability of e; the layer
-// adds aux_loss_weight times the mean over groups to the loss. Routing runs on the host: the
-// layer copies the probabilities back (one synchronization per layer) because the all-to-all
-// counts must be known on the host anyway.
+// adds aux_loss_weight times the mean over groups to the loss (on the device: the layer keeps
+// its aux loss and max load in device memory, Model::add_aux_loss).
+// Where it runs depends on the shapes. With a capacity factor every shape is static (each
+// expert gets exactly `capacity` rows per group, padded), so routing runs on the device
+// (Device::moe_route, Note [Device MoE routing]) and nothing in the layer waits for the host:
+// a step can be captured in a CUDA graph, and eager steps run the same ops. Dropless routing
+// runs on the host: the layer copies the probabilities back (one synchronization per layer
+// and direction) because its row counts, and so the all-to-all's counts, depend on the data.
+// route_tokens below is that host routing, and the reference the device routing is tested
+// against.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +45,9 @@ struct MoeConfig {
   int ep_rank = 0;               // which block of experts this rank holds
   int64_t group_tokens = 0;      // Note [MoE routing]; 0: all rows form one group
   int local_experts() const { return experts / ep; }
+  // Assignments kept per expert per routing group of `group` tokens: ceil(cf * group * K / E);
+  // 0 when dropless.
+  int64_t capacity(int64_t group) const;
   void validate() const;  // one-line errors
 };
 
@@ -68,6 +78,11 @@ class ExpertDispatcher {
   // padded with assignment -1 (the layer sends zero rows there), and no counts are exchanged.
   void plan(RunContext& ctx, Comm* ep, int experts, const std::vector<int32_t>& assignment_expert,
             int64_t capacity = 0);
+  // The static layout alone (capacity > 0, routing on the device): every expert gets `slots`
+  // rows from every rank. No host read, no counts exchange; the expert-major permutation
+  // depends on the shapes only, so it is built once and kept. send_assignments() stays empty
+  // (the send order is on the device, Note [Device MoE routing]).
+  void plan_static(RunContext& ctx, Comm* ep, int experts, int64_t slots);
   // Rows of `cols` act-dtype elements (a tensor of 0 rows may have no data).
   Tensor to_experts(RunContext& ctx, const Tensor& send_rows, int64_t cols) const;
   Tensor from_experts(RunContext& ctx, const Tensor& expert_rows, int64_t cols) const;
@@ -81,6 +96,10 @@ class ExpertDispatcher {
 
  private:
   Tensor exchange(RunContext& ctx, const Tensor& rows, int64_t cols, bool forward) const;
+  // The counts and permutations from the rows sent to each expert and each (source rank,
+  // local expert)'s rows received ([source][local expert]); the permutations' memory gets `tag`.
+  void build_layout(RunContext& ctx, int experts, const std::vector<int32_t>& per_expert,
+                    const std::vector<int32_t>& received, MemTag tag);
 
   Comm* ep_ = nullptr;
   std::vector<int32_t> send_assignment_;
@@ -89,6 +108,7 @@ class ExpertDispatcher {
   std::vector<int32_t> to_expert_major_, to_peer_major_;  // row permutations
   Tensor to_expert_major_dev_, to_peer_major_dev_;        // the same, int32 on the device
   int64_t sent_ = 0, received_ = 0;
+  int64_t static_key_[3] = {0, 0, 0};  // plan_static's (ep size, experts, slots) when built
 };
 
 // The local experts: w13 [E_local, 2 * F, dim] (rows per expert: gate, then up) and
@@ -120,8 +140,10 @@ class MoeFeedForward : public Module {
  public:
   MoeFeedForward(const TransformerConfig& c, const MoeConfig& m, int layer);
   void set_expert_comm(Comm* ep) { ep_ = ep; }
-  float aux_loss() const { return aux_loss_; }  // of the last forward
-  float max_load() const { return max_load_; }
+  // Device fp32 [2]: the aux loss (weight included) and the max load of the last forward;
+  // null before the first. Written by the forward's own ops, so reading it needs no host wait
+  // inside a step.
+  const float* stats() const { return stats_.as<float>(); }
   GroupedExperts& experts() const { return *experts_; }
 
  protected:
@@ -129,18 +151,24 @@ class MoeFeedForward : public Module {
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
+  void route_on_device(RunContext& ctx, int64_t tokens);  // capacity factor > 0
+  void route_on_host(RunContext& ctx, int64_t tokens);    // dropless
+  Tensor router_grad_on_host(RunContext& ctx, const Tensor& dweight, int64_t tokens);
+
   MoeConfig config_;
   Comm* ep_ = nullptr;
   Linear* router_;
   GroupedExperts* experts_;
   ExpertDispatcher dispatcher_;
-  RoutePlan plan_;
-  std::vector<float> probs_host_;
+  RoutePlan plan_;                  // dropless
+  std::vector<float> probs_host_;   // dropless
+  Device::MoeRouting routing_;      // capacity: its buffers are the tensors below
+  Tensor chosen_, weights_, slots_, aux_grad_;
+  Tensor stats_;        // [2] fp32, kept across steps (stats())
   Tensor probs_;        // [T, E] fp32
   Tensor combined_;     // [sent, dim]: expert outputs back in send order, unweighted
   Tensor send_tokens_;  // [sent] int32: the token of each sent row
   Tensor send_weights_; // [sent] fp32
-  float aux_loss_ = 0, max_load_ = 0;
   bool padded_ = false;  // static shapes (capacity factor > 0)
 };
 

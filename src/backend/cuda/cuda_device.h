@@ -107,6 +107,10 @@ class CudaDevice final : public Device {
                   int64_t rows, int64_t cols, bool accumulate) override;
   void row_dot(Stream s, const void* a, const void* b, DType t, float* out, int64_t out_stride,
                int64_t rows, int64_t cols) override;
+  // Note [Device MoE routing] (cuda_moe_ops.cpp)
+  void moe_route(Stream s, const MoeRouting& r) override;
+  void moe_route_backward(Stream s, const MoeRouting& r, const float* dsend_weight,
+                          float* dprobs) override;
   void mean_square_loss(Stream s, const void* y, DType t, int64_t n, float* loss,
                         void* dy) override;
   void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,

@@ -114,6 +114,10 @@ void scale_rows(cudaStream_t stream, void* out, const void* in, DType t, const f
                 int64_t w_stride, int64_t rows, int64_t cols, bool accumulate);
 void row_dot(cudaStream_t stream, const void* a, const void* b, DType t, float* out,
              int64_t out_stride, int64_t rows, int64_t cols);
+// Note [Device MoE routing] (kernels_moe_routing.cu); arguments checked by the caller.
+void moe_route(cudaStream_t stream, cudaMemPool_t scratch_pool, const Device::MoeRouting& r);
+void moe_route_backward(cudaStream_t stream, const Device::MoeRouting& r,
+                        const float* dsend_weight, float* dprobs);
 void mean_square_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* y, DType t,
                       int64_t n, float* loss, void* dy);
 void cross_entropy_loss(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* logits,

@@ -1,6 +1,7 @@
-// The MoE layer's grouped GEMM on CUDA (Note [Grouped GEMM] in include/fsdp/device.h): every
-// non-empty group in one cublasGemmGroupedBatchedEx call, so the local experts' GEMMs of one
-// projection are one launch instead of one per expert.
+// The MoE layer's ops on CUDA. The grouped GEMM (Note [Grouped GEMM] in include/fsdp/device.h):
+// every non-empty group in one cublasGemmGroupedBatchedEx call, so the local experts' GEMMs of
+// one projection are one launch instead of one per expert. The capacity-factor routing (Note
+// [Device MoE routing]): kernels_moe_routing.cu.
 #include <cublas_v2.h>
 
 #include <vector>
@@ -9,6 +10,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/staging_ring.h"
+#include "backend/op_checks.h"
 
 namespace fsdp::cuda {
 
@@ -97,6 +99,22 @@ void CudaDevice::grouped_gemm(Stream s, bool trans_a, bool trans_b, const GemmGr
     throw;
   }
   release_upload(op.stream());
+}
+
+void CudaDevice::moe_route(Stream s, const MoeRouting& r) {
+  backend::check_moe_routing(r, "moe_route");
+  OpScope op(*this, s, OpKind::Kernel);
+  kernels::moe_route(op.stream(), pool_, r);
+}
+
+void CudaDevice::moe_route_backward(Stream s, const MoeRouting& r, const float* dsend_weight,
+                                    float* dprobs) {
+  const char* name = "moe_route_backward";
+  backend::check_moe_routing(r, name);
+  if (r.tokens > 0) backend::check_ptr(dprobs, "dprobs", name);
+  if (r.tokens > 0) backend::check_ptr(dsend_weight, "dsend_weight", name);
+  OpScope op(*this, s, OpKind::Kernel);
+  kernels::moe_route_backward(op.stream(), r, dsend_weight, dprobs);
 }
 
 }  // namespace fsdp::cuda
