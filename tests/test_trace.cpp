@@ -362,6 +362,25 @@ TEST(TraceReport, CommandPrintsTheTableAndWritesTheSvg) {
   }
 }
 
+// With the optimizer in backward, the compute stream's waits carry the label the optimizer
+// set last ("optimizer"); they are waits, not optimizer runs, so a step is still one window.
+TEST(TraceEndToEnd, OptimizerInBackwardStepsAreCountedOnce) {
+  runtime::TrainConfig config;
+  config.model.kind = "mlp";
+  config.model.layers = 4;
+  config.model.dim = 32;
+  config.tokens = 8;
+  config.steps = 5;
+  config.warmup = 1;
+  config.timeline = true;
+  config.optimizer_in_backward = true;
+  config.optimizer.max_grad_norm = 0;
+  for (const runtime::RankResult& r : testing::run_fsdp(2, config)) {
+    const int compute = runtime::find_stream(r.timeline, "compute");
+    EXPECT_EQ(runtime::find_steps(r.timeline, compute).size(), 4u);
+  }
+}
+
 TEST(TraceEndToEnd, CpuTrainerTimelineGivesSaneMetrics) {
   runtime::TrainConfig config;
   config.model.kind = "mlp";

@@ -56,7 +56,10 @@ double intersection_length(const std::vector<Interval>& a, const std::vector<Int
 
 // A step ends with the optimizer on the compute stream, or, when the optimizer runs inside
 // backward (on the RS stream), with the trainer's "step end" marker on compute.
+// A wait is never one: it carries whatever label was set last, "optimizer" included (the
+// optimizer in backward sets it on the host between compute's ops).
 bool is_optimizer(const TimelineOp& op) {
+  if (op.kind == OpKind::Wait) return false;
   return op.kind == OpKind::Optimizer || op.label == "optimizer" || op.label == kStepEndLabel;
 }
 
