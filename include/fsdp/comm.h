@@ -35,7 +35,8 @@ class Comm {
   // The ranks of the launch (global ranks) that this communicator spans, in rank order.
   const std::vector<int>& world_ranks() const { return world_ranks_; }
 
-  // recv holds size() * count elements; send may be recv + rank() * count (in place).
+  // recv holds size() * count elements; send may be recv + rank() * count (in place). Over one
+  // rank, in place, all_gather and reduce_scatter launch nothing (Note [One-rank collectives]).
   void all_gather(const void* send, void* recv, int64_t count, DType t, Stream s);
   // send holds size() * count elements, rank-major; recv gets this rank's reduced chunk.
   void reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp op,

@@ -49,15 +49,21 @@ const char* collective_name(CollectiveKind kind) {
   return names[static_cast<int>(kind)];
 }
 
+// Note [One-rank collectives]
+// Over one rank, an in-place all-gather or reduce-scatter (average or sum) is the identity:
+// it counts as issued, and nothing is launched (a backend's own one-rank collective may still
+// run a kernel over the buffer, which at world size 1 competes with the step's GEMMs).
 void Comm::all_gather(const void* send, void* recv, int64_t count, DType t, Stream s) {
   FSDP_CHECK(count >= 0, "all_gather count ", count);
   ++issued_[static_cast<int>(CollectiveKind::AllGather)];
+  if (size() == 1 && send == recv) return;
   do_all_gather(send, recv, count, t, s);
 }
 void Comm::reduce_scatter(const void* send, void* recv, int64_t count, DType t, ReduceOp op,
                           Stream s) {
   FSDP_CHECK(count >= 0, "reduce_scatter count ", count);
   ++issued_[static_cast<int>(CollectiveKind::ReduceScatter)];
+  if (size() == 1 && send == recv) return;
   do_reduce_scatter(send, recv, count, t, op, s);
 }
 void Comm::all_reduce(const void* send, void* recv, int64_t count, DType t, ReduceOp op,

@@ -137,8 +137,8 @@ void report(const std::string& args, const nlohmann::json& eager, const nlohmann
 }
 
 // Eager and captured runs of the same flags: bitwise-identical losses over 20 steps, the graph
-// on three streams, the memory it takes within 5% of eager's. Returns false when the losses
-// differ.
+// on three streams, its peak bytes in use within 5% of eager's (plus one graph-memory chunk).
+// Returns false when the losses differ.
 bool expect_bitwise_equal(const std::string& args, const std::string& name,
                           bool require = true) {
   const nlohmann::json eager = run_json(args, name + "_eager");
@@ -155,11 +155,13 @@ bool expect_bitwise_equal(const std::string& args, const std::string& name,
                 a[diff - 1], b[diff - 1]);
   EXPECT_EQ(graph["cuda_graph"], true);
   EXPECT_EQ(graph["streams_used"].get<int>(), 3) << args;  // compute, all-gather, reduce-scatter
-  // The memory each run takes from the device: the pool's reservation, plus under the graph
-  // the graph allocator's. Both come in driver-sized chunks, so reserved is compared with
-  // reserved (the used bytes of the two allocators are not rounded alike).
-  EXPECT_LE(graph["backend_reserved_peak_bytes"].get<double>(),
-            1.05 * eager["backend_reserved_peak_bytes"].get<double>()) << args;
+  // The bytes in use at the peak: the pool's, plus under the graph the graph allocator's.
+  // CUDA backs graph memory in 32 MiB chunks (measured: every one of these tiny graphs reserves
+  // exactly 32 MiB of graph memory), which these models' few MiB of transients cannot fill, so
+  // the bound allows one chunk. The reserved bytes are reported, not bounded: eager mode's pool
+  // keeps what it once reserved (Note [CUDA graph capture] trims it only at the capture).
+  EXPECT_LE(graph["backend_peak_bytes"].get<double>(),
+            1.05 * eager["backend_peak_bytes"].get<double>() + 32.0 * 1048576.0) << args;
   report(args, eager, graph);
   return diff == 0;
 }
