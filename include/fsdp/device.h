@@ -370,6 +370,9 @@ class Device {
   // The same for the memory the backend holds from the driver (its pools' reservations, which
   // come in chunks): what the process takes from the device.
   virtual int64_t backend_reserved_peak_bytes() const { return backend_peak_bytes(); }
+  // Microseconds the calling thread has spent waiting for the device in host waits, so far;
+  // the trainer's host time per step leaves it out. 0 where the backend does not count it.
+  virtual double host_wait_us() const { return 0.0; }
 
   // ---- labels and timeline. The label applies to the ops enqueued after the call; it must
   // outlive the timeline (the engine passes strings it owns for the run).

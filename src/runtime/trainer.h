@@ -132,7 +132,8 @@ struct RankResult {
   int64_t param_count = 0;  // active params (Model::active_param_count)
   int64_t sharded_state_bytes = 0;
   // Host time to issue a step (batch, scalars, and the step's work or its replay), mean over
-  // the timed steps after the warm-up (and after the capture, under a graph).
+  // the timed steps after the warm-up (and after the capture, under a graph); the host's waits
+  // for the device are left out where the backend counts them (Device::host_wait_us).
   double host_us_per_step = 0;
   int64_t backend_peak_bytes = 0;  // Device::backend_peak_bytes() at the end
   int64_t backend_reserved_peak_bytes = 0;  // Device::backend_reserved_peak_bytes() at the end

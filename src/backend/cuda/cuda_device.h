@@ -163,6 +163,7 @@ class CudaDevice final : public Device {
   std::vector<std::string> graph_streams(int graph) const override;
   int64_t backend_peak_bytes() const override;
   int64_t backend_reserved_peak_bytes() const override;
+  double host_wait_us() const override;
 
   void set_label(const char* label) override { label_ = label ? label : ""; }
   void enable_timeline(bool on) override;

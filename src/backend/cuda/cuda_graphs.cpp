@@ -24,6 +24,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
+#include "backend/cuda/nccl_watchdog.h"
 
 namespace fsdp::cuda {
 
@@ -190,6 +191,8 @@ int64_t CudaDevice::backend_peak_bytes() const {
   FSDP_CUDA_CHECK(cudaDeviceGetGraphMemAttribute(ordinal_, cudaGraphMemAttrUsedMemHigh, &graph_high));
   return pool_peak_bytes() + static_cast<int64_t>(graph_high);
 }
+
+double CudaDevice::host_wait_us() const { return host_waited_us(); }
 
 int64_t CudaDevice::backend_reserved_peak_bytes() const {
   uint64_t pool_high = 0, graph_high = 0;

@@ -212,6 +212,11 @@ bool watchdog_aborted() { return g_aborted.load(std::memory_order_acquire); }
 
 void throw_watchdog_error() { throw Error(Watchdog::get().reason()); }
 
+double& host_waited_us() {
+  thread_local double total = 0;
+  return total;
+}
+
 void pause_between_polls(int polls) {
   // The first ~100 polls only yield, so a short wait costs no sleep latency; longer waits
   // (a step's worth of work) sleep 50 us between polls.

@@ -85,11 +85,23 @@ cudaError_t poll_until_ready(Query&& query);
 void throw_watchdog_error();  // raises the watchdog's error (after watchdog_aborted())
 void pause_between_polls(int polls);  // yields at first, then sleeps a little
 
+// Microseconds this thread has spent in poll_until_ready waiting for the device (the host's
+// time per step counts only its own work: Device::host_wait_us).
+double& host_waited_us();
+
 template <typename Query>
 cudaError_t poll_until_ready(Query&& query) {
+  std::chrono::steady_clock::time_point since{};
   for (int polls = 0;; ++polls) {
     const cudaError_t status = query();
-    if (status != cudaErrorNotReady) return status;
+    if (status != cudaErrorNotReady) {
+      if (polls > 0)
+        host_waited_us() +=
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - since)
+                .count();
+      return status;
+    }
+    if (polls == 0) since = std::chrono::steady_clock::now();
     (void)cudaGetLastError();  // "not ready" is an answer, not an error for the next check
     if (watchdog_aborted()) throw_watchdog_error();
     pause_between_polls(polls);
