@@ -23,6 +23,7 @@ class Storage {
   Storage& operator=(const Storage&) = delete;
   void* data() const { return ptr_; }
   size_t bytes() const { return bytes_; }
+  Stream stream() const { return stream_; }  // where it is allocated and freed
 
  private:
   Device* device_;

@@ -277,12 +277,22 @@ void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>&
 
   ctx_->ring.reserve(*device_, ctx.compute, ctx_->events, index_,
                      static_cast<int>(owner_->groups.size()));
-  // Allocated on compute, where the copy-in writes it (FSDP2 #129721 does the same).
-  void* rs_in = device_->alloc(static_cast<size_t>(n * world) * dtype_size(rt), ctx.compute,
-                               MemTag::RsInput);
-  device_->set_label(label_rs_copy_in_);
-  device_->reduce_scatter_copy_in(ctx.compute, rs_in, rt, n, world, layout_.slices.data(),
-                                  srcs.data(), types.data(), static_cast<int>(srcs.size()));
+  void* rs_in = nullptr;
+  // Note [One-rank reduce-scatter]: over one rank a lone grad that already is the copy-in's
+  // output (same dtype, no padding, a buffer of its own on compute) is the input itself.
+  const Tensor* lone = srcs.size() == 1 && grads_.size() == 1 ? &grads_[0] : nullptr;
+  if (world == 1 && !mesh_->is_hsdp() && lone && lone->storage && lone->data == srcs[0] &&
+      lone->dtype == rt && lone->numel() == n && lone->storage->stream().id == ctx.compute.id) {
+    rs_in = lone->data;
+    rs_in_owner_ = lone->storage;
+  } else {
+    // Allocated on compute, where the copy-in writes it (FSDP2 #129721 does the same).
+    rs_in = device_->alloc(static_cast<size_t>(n * world) * dtype_size(rt), ctx.compute,
+                           MemTag::RsInput);
+    device_->set_label(label_rs_copy_in_);
+    device_->reduce_scatter_copy_in(ctx.compute, rs_in, rt, n, world, layout_.slices.data(),
+                                    srcs.data(), types.data(), static_cast<int>(srcs.size()));
+  }
 
   Event copied = ctx_->events.acquire();
   device_->record_event(copied, ctx.compute);
@@ -310,13 +320,14 @@ void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
   auto push_ring_entry = [&] {
     Event done = ctx_->events.acquire();
     device_->record_event(done, rs_stream);
-    ctx_->ring.push({rs_in, done, index_});
+    ctx_->ring.push({rs_in, done, index_, std::move(rs_in_owner_)});
     ctx_->rs_work_after_ring = false;
   };
   // Note [One-rank reduce-scatter]: over one rank the reduce-scatter is the identity, so it
   // runs in place and its output is rs_in itself: no output buffer and no copy. The ring then
   // takes rs_in back after the work that reads the output; otherwise right after the
-  // collective, as reclaiming rs_in needs nothing more.
+  // collective, as reclaiming rs_in needs nothing more. And where the group's lone grad can be
+  // rs_in itself there is no copy-in either (reduce_scatter): the ring then holds the grad.
   const bool in_place = comm.size() == 1;
   auto reduce = [&]() -> void* {
     device_->set_label(label_rs_);

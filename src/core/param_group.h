@@ -106,6 +106,9 @@ class ParamGroup {
   Event all_gather_done_;
 
   std::vector<Tensor> grads_;
+  // The grad serving as this reduce-scatter's input, handed to the ring with it (Note
+  // [One-rank reduce-scatter]); null when the input is a copy-in buffer.
+  std::shared_ptr<Storage> rs_in_owner_;
   int grads_received_ = 0;
   bool fired_ = false;
   float* unsharded_accum_ = nullptr;  // fp32, sum of rows*cols, for no-sync micro-batches

@@ -13,7 +13,10 @@ void RsRing::reclaim_oldest(Device& device, Stream compute, EventPool& events) {
   Entry oldest = live_.front();
   live_.pop_front();
   device.wait_event(compute, oldest.done);  // the RS that read the buffer has finished
-  device.free(oldest.buffer, compute);      // stream-ordered: after that wait
+  if (oldest.owner)
+    oldest.owner.reset();  // the grad's storage, allocated and freed on compute
+  else
+    device.free(oldest.buffer, compute);  // stream-ordered: after that wait
   events.release(oldest.done);
 }
 

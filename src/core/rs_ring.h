@@ -17,6 +17,7 @@
 
 #include "fsdp/device.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/tensor.h"
 
 namespace fsdp::core {
 
@@ -28,6 +29,9 @@ class RsRing {
     void* buffer = nullptr;
     Event done;       // recorded on the RS stream after the RS (and its accumulation)
     int group_index;  // the group's index within its module (for the 2.12 policy)
+    // Set when the buffer is a grad's own storage (Note [One-rank reduce-scatter]): reclaiming
+    // drops it, which frees it on compute like any other entry.
+    std::shared_ptr<Storage> owner = nullptr;
   };
 
   void set_capacity(int k);
