@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU call 4 of this wave (1 x H200), the final code of the wave: every GPU test (the CUDA-graph
 # ones bound the bytes in use, one graph-memory chunk allowed, and capture the MoE transformer
-# each run takes from the device, and capture the MoE transformer with a capacity factor), then
+# with a capacity factor), then
 # the eager-vs-graph benchmark rows (bench/run_cuda_graph_bench.sh: step floors, mlp16 at 2048
 # and 8192 tokens, llama1b at 1 and 2 sequences), and where mlp16's device time goes now
 # (bench/trace_op_totals.py on an eager trace). bench/cuda_graph_table.py makes the tables
