@@ -21,6 +21,7 @@
 #include <numeric>
 
 #include "fsdp/error.h"
+#include "fsdp/moe_top_k.h"
 #include "fsdp/nn/moe.h"
 #include "nn/moe_transformer_rows.h"
 
@@ -72,11 +73,7 @@ RoutePlan route_tokens(const std::vector<float>& probs, int64_t tokens, const Mo
     for (int64_t t = g * group; t < (g + 1) * group; ++t) {
       const float* p = probs.data() + t * E;
       for (int e = 0; e < E; ++e) mean_prob[e] += p[e];
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                        [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-      float sum = 0;
-      for (int k = 0; k < K; ++k) sum += p[order[k]];
+      const float sum = moe_top_k(p, K, order);
       for (int k = 0; k < K; ++k) {
         const int e = order[k];
         const size_t a = static_cast<size_t>(t * K + k);

@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_device.h"
 #include "backend/op_checks.h"
 #include "fsdp/error.h"
+#include "fsdp/moe_top_k.h"
 
 namespace fsdp::cpu {
 
@@ -31,11 +32,7 @@ void route(const Device::MoeRouting& r) {
     for (int64_t t = g * group; t < (g + 1) * group; ++t) {
       const float* p = r.probs + t * E;
       for (int e = 0; e < E; ++e) mean_prob[e] += p[e];
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                        [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
-      float sum = 0;
-      for (int k = 0; k < K; ++k) sum += p[order[k]];
+      const float sum = moe_top_k(p, K, order);
       for (int k = 0; k < K; ++k) {
         const int e = order[k];
         const int64_t a = t * K + k;
