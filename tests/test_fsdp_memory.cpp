@@ -103,6 +103,22 @@ TEST(PeakMemory, OptimizerInBackwardReadsTheBf16ReduceScatterOutputAsIs) {
   }
 }
 
+// Note [One-rank reduce-scatter]: bf16 grads under an fp32 reduce, on one rank, go to the
+// reduce-scatter uncast (no copy-in buffer at all); on two ranks the copy-in casts to fp32.
+TEST(PeakMemory, OneRankBf16GradsUnderAnFp32ReduceNeedNoCopyIn) {
+  for (int world : {1, 2})
+    for (bool in_backward : {false, true}) {
+      runtime::TrainConfig c = mlp_config();
+      c.optimizer_in_backward = in_backward;
+      if (in_backward) c.optimizer.max_grad_norm = 0;
+      c.param_dtype = DType::BF16;
+      const int64_t shard = 64 / world * 64;
+      for (const auto& r : run_fsdp(world, c))
+        EXPECT_EQ(tag_peak(r, MemTag::RsInput), world == 1 ? 0 : world * shard * 4)
+            << "world " << world << " optimizer in backward " << in_backward;
+    }
+}
+
 TEST(PeakMemory, MoeStaysWithinTheBound) {
   for (int k : {1, 2}) {
     runtime::TrainConfig c;

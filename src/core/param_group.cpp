@@ -278,13 +278,18 @@ void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>&
   ctx_->ring.reserve(*device_, ctx.compute, ctx_->events, index_,
                      static_cast<int>(owner_->groups.size()));
   void* rs_in = nullptr;
+  DType in_type = rt;
   // Note [One-rank reduce-scatter]: over one rank a lone grad that already is the copy-in's
-  // output (same dtype, no padding, a buffer of its own on compute) is the input itself.
+  // output (no padding, a buffer of its own on compute) is the input itself. Its dtype may be
+  // bf16 under an fp32 reduce: a one-rank reduction is the identity and bf16 widens to fp32
+  // exactly, so what follows reads the same values without the copy-in's cast.
   const Tensor* lone = srcs.size() == 1 && grads_.size() == 1 ? &grads_[0] : nullptr;
   if (world == 1 && !mesh_->is_hsdp() && lone && lone->storage && lone->data == srcs[0] &&
-      lone->dtype == rt && lone->numel() == n && lone->storage->stream().id == ctx.compute.id) {
+      (lone->dtype == rt || (lone->dtype == DType::BF16 && rt == DType::F32)) &&
+      lone->numel() == n && lone->storage->stream().id == ctx.compute.id) {
     rs_in = lone->data;
     rs_in_owner_ = lone->storage;
+    in_type = lone->dtype;
   } else {
     // Allocated on compute, where the copy-in writes it (FSDP2 #129721 does the same).
     rs_in = device_->alloc(static_cast<size_t>(n * world) * dtype_size(rt), ctx.compute,
@@ -299,16 +304,15 @@ void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>&
   device_->wait_event(rs_stream, copied);
   ctx_->events.release(copied);
 
-  reduce_into_grad(rs_in, rs_stream);
+  reduce_into_grad(rs_in, in_type, rs_stream);
   ctx_->log("reduce_scatter", label_, "post_backward");
 }
 
-void ParamGroup::reduce_into_grad(void* rs_in, Stream rs_stream) {
+void ParamGroup::reduce_into_grad(void* rs_in, DType rt, Stream rs_stream) {
   if (mesh_->is_hsdp()) {
     all_reduce_into_grad(rs_in, rs_stream);
     return;
   }
-  const DType rt = owner_->mp.reduce_dtype;
   const int64_t n = layout_.shard_numel;
   Comm& comm = ctx_->reduce_scatter_comm(*mesh_);
   // Note [Gradient divide factor]: the RS averages over the mesh unless the module asked for

@@ -75,7 +75,9 @@ class ParamGroup {
                       const std::vector<DType>& types);
   // The collective and what follows it on the RS stream: into the grad shard, or (optimizer
   // in backward) into a transient grad that the optimizer consumes.
-  void reduce_into_grad(void* rs_in, Stream rs_stream);
+  // rt: rs_in's dtype, the reduce dtype (or a one-rank grad's own: Note [One-rank
+  // reduce-scatter]).
+  void reduce_into_grad(void* rs_in, DType rt, Stream rs_stream);
   // HSDP: the reduce-scatter's output (partial_reduce_ added) all-reduced across replicas
   // on the all-reduce stream, then into the grad shard there (Note [HSDP schedule]).
   void all_reduce_into_grad(void* rs_in, Stream rs_stream);
