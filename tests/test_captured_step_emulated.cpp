@@ -95,6 +95,21 @@ TEST(CapturedStepEmulated, MoeWithExpertsOnTheirOwnMesh) {
   expect_captured_equals_eager(c, 2);
 }
 
+// HSDP adds the all-reduce stream, and only HSDP does: the graph holds exactly the streams
+// the schedule uses.
+TEST(CapturedStepEmulated, HsdpAddsTheAllReduceStream) {
+  runtime::TrainConfig c = small("mlp");
+  c.hsdp_replicas = 2;
+  const auto eager = run_fsdp(4, c);
+  const EmulatedRun graph = run_captured(4, c);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(graph.ranks[r].graph_streams,
+              (std::vector<std::string>{"compute", "all-gather", "reduce-scatter", "all-reduce"}));
+    EXPECT_EQ(graph.ranks[r].losses, eager[r].losses) << "rank " << r;
+    EXPECT_EQ(graph.ranks[r].params, eager[r].params) << "rank " << r;
+  }
+}
+
 // Note [Graph memory plan]: a graph reuses a freed block only where the free happens before
 // the allocation, so each all-gather must be ordered after the reshards issued before it on
 // compute; without that the graph holds every layer's unsharded params at once (+50% here).
