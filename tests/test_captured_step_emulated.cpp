@@ -4,33 +4,10 @@
 // read from device memory at every replay; and what cannot be captured fails in one line.
 #include <gtest/gtest.h>
 
-#include "graph_emulator.h"
-#include "test_util.h"
+#include "captured_run.h"
 
 namespace fsdp::testing {
 namespace {
-
-struct EmulatedRun {
-  std::vector<runtime::RankResult> ranks;
-  std::vector<int> replays;  // per rank
-  std::vector<int64_t> graph_peak_bytes;  // per rank: kept state plus the graph's memory plan
-};
-
-EmulatedRun run_captured(int world, runtime::TrainConfig c) {
-  c.cuda_graph = true;
-  EmulatedRun run;
-  run.ranks.resize(world);
-  run.replays.resize(world);
-  run.graph_peak_bytes.resize(world);
-  runtime::run_cpu_ranks(world, {}, [&](int rank, Device& device, std::shared_ptr<Comm> comm) {
-    GraphEmulatorDevice graphs(device);
-    auto comm_in_graphs = std::make_shared<GraphEmulatorComm>(comm, graphs);
-    run.ranks[rank] = runtime::train_rank(graphs, comm_in_graphs, c);
-    run.replays[rank] = graphs.replays();
-    run.graph_peak_bytes[rank] = graphs.bytes_before_capture() + graphs.graph_memory_bytes();
-  });
-  return run;
-}
 
 runtime::TrainConfig small(const std::string& kind) {
   runtime::TrainConfig c;
@@ -57,7 +34,7 @@ runtime::TrainConfig small(const std::string& kind) {
 
 void expect_captured_equals_eager(const runtime::TrainConfig& c, int world) {
   const auto eager = run_fsdp(world, c);
-  const EmulatedRun graph = run_captured(world, c);
+  const CapturedRun graph = run_captured(world, c);
   const runtime::RankResult& r = graph.ranks[0];
   EXPECT_EQ(r.captured_step, c.warmup);
   EXPECT_EQ(graph.replays[0], c.steps - c.warmup);
@@ -101,7 +78,7 @@ TEST(CapturedStepEmulated, HsdpAddsTheAllReduceStream) {
   runtime::TrainConfig c = small("mlp");
   c.hsdp_replicas = 2;
   const auto eager = run_fsdp(4, c);
-  const EmulatedRun graph = run_captured(4, c);
+  const CapturedRun graph = run_captured(4, c);
   for (int r = 0; r < 4; ++r) {
     EXPECT_EQ(graph.ranks[r].graph_streams,
               (std::vector<std::string>{"compute", "all-gather", "reduce-scatter", "all-reduce"}));
@@ -137,7 +114,7 @@ TEST(CapturedStepEmulated, GraphMemoryEqualsEagerPeak) {
     c.param_dtype = DType::BF16;
     for (int world : {1, 2}) {
       const auto eager = run_fsdp(world, c);
-      const EmulatedRun graph = run_captured(world, c);
+      const CapturedRun graph = run_captured(world, c);
       const int64_t batch_bytes =  // inputs (fp32 rows or int32 ids) and int32 labels
           c.tokens * (c.model.kind == "transformer" ? 4 : c.model.dim * 4) + c.tokens * 4;
       const int64_t kept =

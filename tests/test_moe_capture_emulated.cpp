@@ -7,30 +7,10 @@
 
 #include <string>
 
-#include "graph_emulator.h"
-#include "test_util.h"
+#include "captured_run.h"
 
 namespace fsdp::testing {
 namespace {
-
-struct CapturedRun {
-  std::vector<runtime::RankResult> ranks;
-  std::vector<int> replays;  // per rank
-};
-
-CapturedRun run_captured(int world, runtime::TrainConfig c) {
-  c.cuda_graph = true;
-  CapturedRun run;
-  run.ranks.resize(world);
-  run.replays.resize(world);
-  runtime::run_cpu_ranks(world, {}, [&](int rank, Device& device, std::shared_ptr<Comm> comm) {
-    GraphEmulatorDevice graphs(device);
-    auto comm_in_graphs = std::make_shared<GraphEmulatorComm>(comm, graphs);
-    run.ranks[rank] = runtime::train_rank(graphs, comm_in_graphs, c);
-    run.replays[rank] = graphs.replays();
-  });
-  return run;
-}
 
 // Four blocks, two of them MoE (their aux losses add up on the device), four experts of top 2
 // at capacity factor 1: some assignments are dropped at every step.
