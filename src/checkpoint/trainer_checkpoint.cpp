@@ -1,5 +1,8 @@
 #include "checkpoint/trainer_checkpoint.h"
 
+#include <mutex>
+#include <vector>
+
 #include <fcntl.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -54,7 +57,14 @@ TrainerCheckpoint::~TrainerCheckpoint() {
   writer_.reset();  // joins the writer thread before host_, which it may be reading, goes
   // A copy to host_ that was queued when the stream's synchronize threw (another rank failed
   // and the world was aborted) may still run: host_ must outlive it, so it is left allocated.
-  if (copies_in_flight_) static_cast<void>(host_.release());
+  // It is kept, reachable, for the rest of the process (not dropped as a leak: the sanitizers
+  // would report it, at a timing-dependent moment).
+  if (copies_in_flight_) {
+    static std::mutex kept_mutex;
+    static std::vector<std::unique_ptr<float[]>> kept;
+    const std::lock_guard<std::mutex> lock(kept_mutex);
+    kept.push_back(std::move(host_));
+  }
 }
 
 int TrainerCheckpoint::start(int total_steps) {
