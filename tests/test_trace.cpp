@@ -362,17 +362,24 @@ TEST(TraceReport, CommandPrintsTheTableAndWritesTheSvg) {
   }
 }
 
+// A traced mlp on CPU ranks: 3 blocks of 64, 16 tokens, 3 steps of which 2 recorded.
+runtime::TrainConfig traced_mlp() {
+  runtime::TrainConfig config;
+  config.model.kind = "mlp";
+  config.model.layers = 3;
+  config.model.dim = 64;
+  config.tokens = 16;
+  config.steps = 3;
+  config.warmup = 1;
+  config.timeline = true;
+  return config;
+}
+
 // With the optimizer in backward, the compute stream's waits carry the label the optimizer
 // set last ("optimizer"); they are waits, not optimizer runs, so a step is still one window.
 TEST(TraceEndToEnd, OptimizerInBackwardStepsAreCountedOnce) {
-  runtime::TrainConfig config;
-  config.model.kind = "mlp";
-  config.model.layers = 4;
-  config.model.dim = 32;
-  config.tokens = 8;
+  runtime::TrainConfig config = traced_mlp();
   config.steps = 5;
-  config.warmup = 1;
-  config.timeline = true;
   config.optimizer_in_backward = true;
   config.optimizer.max_grad_norm = 0;
   for (const runtime::RankResult& r : testing::run_fsdp(2, config)) {
@@ -382,14 +389,7 @@ TEST(TraceEndToEnd, OptimizerInBackwardStepsAreCountedOnce) {
 }
 
 TEST(TraceEndToEnd, CpuTrainerTimelineGivesSaneMetrics) {
-  runtime::TrainConfig config;
-  config.model.kind = "mlp";
-  config.model.layers = 3;
-  config.model.dim = 64;
-  config.tokens = 16;
-  config.steps = 3;
-  config.warmup = 1;
-  config.timeline = true;
+  runtime::TrainConfig config = traced_mlp();
   config.rs_max_input_buffers = 1;
   const std::vector<runtime::RankResult> ranks = testing::run_fsdp(2, config);
   for (const runtime::RankResult& r : ranks) {
