@@ -63,6 +63,7 @@ TEST(Cli, EveryBadInputGivesOneLineAndNonZeroExit) {
         "train --backend cpu --optimizer-in-backward 1", "train --backend cpu --log-every 0",
         "train --backend cpu --lr-schedule step", "train --backend cpu --json /nonexistent/dir/x.json",
         "train --backend cpu --trace /", "train --backend cpu --experts 0",
+        "train --backend cpu --reduce-dtype fp16",
         // multi-node launch and rendezvous
         "train --backend cpu --timeout 0", "train --backend cpu --timeout -5",
         "train --backend cpu --timeout soon", "train --backend cpu --nnodes 0",
@@ -148,6 +149,29 @@ TEST(Cli, StepLinesEveryNStepsAndNoneWhenQuiet) {
   CommandResult quiet = run_fsdp_command("train --backend cpu --steps 3 --quiet");
   ASSERT_EQ(quiet.code, 0);
   EXPECT_EQ(quiet.output.find("step 1/3"), std::string::npos) << quiet.output;
+}
+
+// --reduce-dtype (FSDP2's MixedPrecisionPolicy.reduce_dtype) reaches the reduce-scatters: the
+// first loss comes before any reduction and is the same; the gradients averaged in bf16 then
+// differ from fp32's by rounding, so later losses differ, a little.
+TEST(Cli, ReduceDtypeChangesTheGradientReduction) {
+  auto run = [](const std::string& dtype) {
+    const std::string json = ::testing::TempDir() + "cli_reduce_" + dtype + ".json";
+    CommandResult r = run_fsdp_command("train --backend cpu --world-size 2 --steps 6 --quiet "
+                                       "--reduce-dtype " + dtype + " --json " + json);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return r.code == 0 ? read_json(json) : nlohmann::json::object();
+  };
+  const nlohmann::json fp32 = run("fp32"), bf16 = run("bf16");
+  ASSERT_TRUE(fp32.contains("losses") && bf16.contains("losses"));
+  EXPECT_EQ(fp32["reduce_dtype"], "fp32");
+  EXPECT_EQ(bf16["reduce_dtype"], "bf16");
+  const auto a = fp32["losses"].get<std::vector<float>>(), b = bf16["losses"].get<std::vector<float>>();
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  EXPECT_EQ(a[0], b[0]);
+  EXPECT_NE(a.back(), b.back()) << "the bf16 reduction was not used";
+  EXPECT_NEAR(a.back(), b.back(), 1e-2 * std::abs(a.back()));
 }
 
 }  // namespace

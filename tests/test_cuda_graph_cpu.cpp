@@ -58,9 +58,9 @@ TEST(CudaGraphCpu, TheDroplessMoeTransformerIsRefusedBeforeAnyStep) {
   EXPECT_EQ(steps, 0);
 }
 
-// A replayed step is one op: the trace says which step was captured, on which streams, and
-// that per-op times are unavailable after it.
-TEST(CudaGraphCpu, TraceSaysPerOpTimesAreUnavailableUnderAGraph) {
+// The trace says which step was captured, on which streams, and whether the replays were timed
+// op by op (Note [Timeline inside CUDA graphs]) or each replay is one op.
+TEST(CudaGraphCpu, TraceSaysWhetherPerOpTimesWereRecordedUnderAGraph) {
   runtime::RankResult r;
   r.captured_step = 4;
   r.graph_streams = {"compute", "all-gather", "reduce-scatter"};
@@ -68,7 +68,10 @@ TEST(CudaGraphCpu, TraceSaysPerOpTimesAreUnavailableUnderAGraph) {
   const nlohmann::json& entry = trace["otherData"]["fsdp"]["ranks"][0]["cuda_graph"];
   EXPECT_EQ(entry["captured_step"], 5);  // 1-based, as the step lines count
   EXPECT_EQ(entry["streams_used"], 3);
-  EXPECT_NE(entry["per_op_times"].get<std::string>().find("unavailable"), std::string::npos);
+  EXPECT_EQ(entry["per_op_times"].get<std::string>().rfind("unavailable", 0), 0u);
+  r.graph_op_times = true;
+  EXPECT_EQ(tools::build_trace_json({r})["otherData"]["fsdp"]["ranks"][0]["cuda_graph"]
+                ["per_op_times"].get<std::string>().rfind("recorded", 0), 0u);
   // An eager run's trace has no such entry.
   EXPECT_FALSE(tools::build_trace_json({runtime::RankResult{}})["otherData"]["fsdp"]["ranks"][0]
                    .contains("cuda_graph"));

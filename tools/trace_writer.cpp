@@ -172,13 +172,16 @@ nlohmann::json build_trace_json(const std::vector<runtime::RankResult>& ranks) {
       entry["metrics"] = metrics_to_json(m);
     }
     if (r.captured_step >= 0) {
-      // Note [Captured steps]: a replayed step is one op on the compute track.
+      // Note [Captured steps]; Note [Timeline inside CUDA graphs] in the CUDA backend.
       entry["cuda_graph"] = {
           {"captured_step", r.captured_step + 1},
           {"streams_used", r.graph_streams.size()},
           {"streams", r.graph_streams},
-          {"per_op_times", "unavailable: each replayed step is one op on the compute stream; "
-                           "the steps before the capture ran eagerly and have per-op times"}};
+          {"per_op_times",
+           r.graph_op_times
+               ? "recorded: event-record nodes inside the graph time every op of each replay"
+               : "unavailable: each replayed step is one op on the compute stream; the steps "
+                 "before the capture ran eagerly and have per-op times"}};
       if (measurable) entry["metrics"]["streams_used"] = r.graph_streams.size();
     }
     add_rank_events(r, measurable ? &m : nullptr, events);

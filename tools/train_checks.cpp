@@ -107,6 +107,7 @@ void check_ranges(const TrainOptions& o) {
 void resolve_defaults(TrainOptions& o) {
   runtime::TrainConfig& c = o.config;
   c.param_dtype = parse_dtype(o.param_dtype);
+  c.reduce_dtype = parse_dtype(o.reduce_dtype);
   c.reshard_after_forward = o.reshard_after_forward != 0;
   c.reshard_after_forward_size = o.reshard_after_forward >= 2 ? o.reshard_after_forward : 0;
   c.separate_rs_group = o.separate_rs_group != 0;

@@ -73,6 +73,9 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "steps left out of the timing statistics (the lr warm-up is --warmup-steps)");
   app.add_option("--seed", o.config.seed, "seed for init and data");
   app.add_option("--param-dtype", o.param_dtype, "bf16 | fp32")->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--reduce-dtype", o.reduce_dtype,
+                 "bf16 | fp32: the dtype gradients are reduce-scattered (and averaged) in")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--reshard-after-forward", o.reshard_after_forward,
                  "0 | 1: free each block's gathered params after its forward; N >= 2: keep 1/N "
                  "of them, for a backward all-gather over N ranks (N divides the shard size)")
@@ -183,6 +186,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"steps_done", s.losses.size()},
       {"warmup", c.warmup},
       {"param_dtype", dtype_name(c.param_dtype)},
+      {"reduce_dtype", dtype_name(c.reduce_dtype)},
       {"optimizer", c.optimizer.kind},
       {"lr", c.optimizer.base_lr()},
       {"lr_schedule", c.schedule.kind},

@@ -364,6 +364,9 @@ class Device {
   virtual bool capturing() const { return false; }
   // The names of the streams whose work a graph holds, in first-use order.
   virtual std::vector<std::string> graph_streams(int graph) const;
+  // Whether replays of a graph put each of its ops on the timeline (it was captured with the
+  // timeline on, and the backend can time ops inside a graph); else a replay is one op.
+  virtual bool graph_has_op_times(int) const { return false; }
   // The backend's own view of its peak device memory since reset_peak_memory: its allocator's
   // high-water mark plus, on CUDA, the memory graphs hold. Without graphs, MemStats' peak.
   virtual int64_t backend_peak_bytes() const { return memory_stats().peak_bytes; }

@@ -62,7 +62,8 @@ void CapturedStep::capture(const std::function<void()>& step) {
 }
 
 void CapturedStep::replay() {
-  device_.set_label("cuda graph step (per-op times are not recorded inside a graph)");
+  // The label of the one replay op, when the graph does not time its ops.
+  device_.set_label("cuda graph step (per-op times are not recorded inside this graph)");
   device_.replay(graph_, stream_);
 }
 

@@ -46,6 +46,8 @@ class CapturedStep {
   void capture(const std::function<void()>& step);
   void replay();
   const std::vector<std::string>& streams() const { return streams_; }
+  // Whether a replay puts the step's ops on the timeline (Device::graph_has_op_times).
+  bool op_times() const { return captured() && device_.graph_has_op_times(graph_); }
 
  private:
   Device& device_;

@@ -49,6 +49,7 @@ nlohmann::json to_json(const RankResult& r) {
           {"backend_reserved_peak", r.backend_reserved_peak_bytes},
           {"captured_step", r.captured_step},
           {"graph_streams", r.graph_streams},
+          {"graph_op_times", r.graph_op_times},
           {"collectives", collectives},
           {"ag_fwd", r.all_gathers_forward_first_step},
           {"ag_bwd", r.all_gathers_backward_first_step},
@@ -78,6 +79,7 @@ RankResult from_json(const nlohmann::json& j) {
   r.backend_reserved_peak_bytes = j["backend_reserved_peak"];
   r.captured_step = j["captured_step"];
   r.graph_streams = j["graph_streams"].get<std::vector<std::string>>();
+  r.graph_op_times = j["graph_op_times"];
   for (int k = 0; k < kCollectiveKindCount; ++k) r.collectives_first_step[k] = j["collectives"][k];
   r.all_gathers_forward_first_step = j["ag_fwd"];
   r.all_gathers_backward_first_step = j["ag_bwd"];

@@ -414,6 +414,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
         });
         result.captured_step = step;
         result.graph_streams = graph->streams();
+        result.graph_op_times = graph->op_times();
       }
       graph->replay();
       device.set_label(kStepEndLabel);

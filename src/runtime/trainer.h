@@ -139,6 +139,7 @@ struct RankResult {
   int64_t backend_reserved_peak_bytes = 0;  // Device::backend_reserved_peak_bytes() at the end
   int captured_step = -1;          // the step recorded into the graph; -1: none
   std::vector<std::string> graph_streams;  // the streams the graph's work runs on
+  bool graph_op_times = false;  // replayed steps are timed op by op on the timeline
   std::vector<std::vector<float>> params;  // when collect_params
   Timeline timeline;
 };

@@ -14,17 +14,19 @@
 
 namespace fsdp::cuda {
 
-CudaDevice::OpScope::OpScope(CudaDevice& device, Stream s, OpKind kind) : device_(device) {
+CudaDevice::OpScope::OpScope(CudaDevice& device, Stream s, OpKind kind, bool timed)
+    : device_(device) {
   device.make_current();
   stream_ = device.native(s);
   if (device.capture_.active) [[unlikely]]
     device.note_captured(s.id, stream_);
-  if (device.timeline_.enabled() && !device.capture_.active) [[unlikely]]
+  // Under a capture the op's events go into the graph (Note [Timeline inside CUDA graphs]).
+  if (timed && device.timeline_.enabled()) [[unlikely]]
     token_ = device.timeline_.begin(s.id, stream_, device.label_, kind);
 }
 
 CudaDevice::OpScope::~OpScope() {
-  if (token_ >= 0) device_.timeline_.end(token_, stream_);
+  if (token_ != -1) device_.timeline_.end(token_, stream_);  // <= -2: an op inside a capture
 }
 
 CudaDevice::CudaDevice(int ordinal) : ordinal_(ordinal) {
@@ -138,7 +140,7 @@ void CudaDevice::record_event(Event e, Stream s) {
   FSDP_CUDA_CHECK(cudaEventRecord(native_event(e), stream));
   event_recorded_[e.id] = 1;
   event_epoch_[e.id] = capture_.active ? capture_.epoch : 0;
-  if (timeline_.enabled() && !capture_.active) [[unlikely]]
+  if (timeline_.enabled()) [[unlikely]]
     timeline_.note_event_recorded(e.id, s.id);
 }
 
@@ -153,7 +155,7 @@ void CudaDevice::wait_event(Stream s, Event e) {
   FSDP_CUDA_CHECK(cudaStreamWaitEvent(stream, native_event(e), 0));
   if (capture_.active) [[unlikely]]
     note_captured(s.id, stream);  // the wait is what brings a side stream into the capture
-  if (timeline_.enabled() && !capture_.active && event_recorded_[e.id]) [[unlikely]]
+  if (timeline_.enabled() && event_recorded_[e.id]) [[unlikely]]
     timeline_.record_wait(s.id, stream, e.id, label_);
 }
 

@@ -160,6 +160,7 @@ class CudaDevice final : public Device {
   void replay(int graph, Stream s) override;
   void destroy_graph(int graph) override;
   bool capturing() const override { return capture_.active; }
+  bool graph_has_op_times(int graph) const override;
   std::vector<std::string> graph_streams(int graph) const override;
   int64_t backend_peak_bytes() const override;
   int64_t backend_reserved_peak_bytes() const override;
@@ -188,7 +189,8 @@ class CudaDevice final : public Device {
   // current. NcclComm uses it for collectives.
   class OpScope {
    public:
-    OpScope(CudaDevice& device, Stream s, OpKind kind);
+    // `timed`: the op goes on the timeline (when it is on).
+    OpScope(CudaDevice& device, Stream s, OpKind kind, bool timed = true);
     ~OpScope();
     OpScope(const OpScope&) = delete;
     OpScope& operator=(const OpScope&) = delete;

@@ -93,6 +93,12 @@ void CudaDevice::begin_capture(Stream s) {
   FSDP_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
   capture_.active = true;
   capture_.streams.push_back(s.id);
+  try {
+    timeline_.begin_graph(s.id, stream);  // Note [Timeline inside CUDA graphs]
+  } catch (...) {
+    abort_capture(s);
+    throw;
+  }
 }
 
 int CudaDevice::end_capture(Stream s) {
@@ -128,11 +134,14 @@ int CudaDevice::end_capture(Stream s) {
     for (void* p : capture_.pinned) (void)cudaFreeHost(p);
     orphan_live_allocations();
     reset_capture();
+    timeline_.abort_graph();
     FSDP_USER_FAIL(kCannotCapture, error);
   }
   graphs_.push_back(Graph{exec, capture_.streams, std::move(capture_.pinned)});
   reset_capture();
-  return static_cast<int>(graphs_.size()) - 1;
+  const int id = static_cast<int>(graphs_.size()) - 1;
+  timeline_.end_graph(id);
+  return id;
 }
 
 void CudaDevice::abort_capture(Stream) noexcept {
@@ -145,6 +154,7 @@ void CudaDevice::abort_capture(Stream) noexcept {
   for (void* p : capture_.pinned) (void)cudaFreeHost(p);
   orphan_live_allocations();
   reset_capture();
+  timeline_.abort_graph();
 }
 
 void CudaDevice::replay(int graph, Stream s) {
@@ -152,7 +162,11 @@ void CudaDevice::replay(int graph, Stream s) {
              "graph ", graph, " does not exist on ", name());
   FSDP_CHECK(!capture_.active, "replay inside a capture");
   const Graph& g = graphs_[graph];
-  OpScope op(*this, s, OpKind::Kernel);
+  // A graph captured with the timeline on puts its own ops on it (Note [Timeline inside CUDA
+  // graphs]); another is one op, the whole replay.
+  const bool op_times = timeline_.enabled() && timeline_.graph_has_op_times(graph);
+  if (op_times) timeline_.note_replay(graph);
+  OpScope op(*this, s, OpKind::Kernel, /*timed=*/!op_times);
   // The graph forks its side streams from `s`; order it after their earlier work too, and
   // their later work after it (an evaluation between steps runs eagerly on them).
   for (int id : g.streams) {
@@ -176,7 +190,10 @@ void CudaDevice::destroy_graph(int graph) {
   FSDP_CUDA_CHECK(cudaGraphExecDestroy(g.exec));
   for (void* p : g.pinned) FSDP_CUDA_CHECK(cudaFreeHost(p));
   g = Graph{};
+  timeline_.drop_graph(graph);
 }
+
+bool CudaDevice::graph_has_op_times(int graph) const { return timeline_.graph_has_op_times(graph); }
 
 std::vector<std::string> CudaDevice::graph_streams(int graph) const {
   FSDP_CHECK(graph >= 0 && graph < static_cast<int>(graphs_.size()), "graph ", graph,

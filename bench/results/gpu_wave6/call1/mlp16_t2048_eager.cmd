@@ -1,0 +1,1 @@
+build-gpu/fsdp train --backend cuda --nproc 1 --steps 12 --warmup 4 --quiet --model mlp --layers 16 --dim 4096 --param-dtype bf16 --optimizer-in-backward 1 --clip-grad-norm 0 --tokens 2048 --trace /tmp/call1/mlp16_t2048_eager.trace.json --json /tmp/call1/mlp16_t2048_eager.json
