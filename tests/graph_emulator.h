@@ -285,6 +285,10 @@ class GraphEmulatorDevice final : public Device {
                           int64_t rows, int64_t classes, float* loss, void* dl) override {
     issue(s, [=, this] { d_.cross_entropy_loss(s, logits, t, labels, rows, classes, loss, dl); });
   }
+  void synthetic_labels(Stream s, int32_t* labels, int64_t rows, int64_t width, uint64_t seed,
+                        int64_t step, int64_t first_row, float bound) override {
+    issue(s, [=, this] { d_.synthetic_labels(s, labels, rows, width, seed, step, first_row, bound); });
+  }
   void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols, uint64_t seed,
                        int64_t step, int64_t first_row, float bound) override {
     issue(s, [=, this] { d_.synthetic_batch(s, dst, t, rows, cols, seed, step, first_row, bound); });

@@ -166,6 +166,26 @@ TEST_F(CpuBackendKernels, LossesMatchReferences) {
   }
 }
 
+// A synthetic row's label is the first argmax of its first `width` features, as
+// synthetic_batch makes them (in fp32, so no rounding hides a tie).
+TEST_F(CpuBackendKernels, SyntheticLabelsAreTheArgmaxOfTheRowsFeatures) {
+  const int64_t rows = 37, cols = 20, first_row = 5, step = 3;
+  void* x = fresh(rows * cols);
+  dev->synthetic_batch(s, x, DType::F32, rows, cols, 9, step, first_row, 1.5f);
+  const Floats features = get(x, rows * cols);
+  for (int64_t width : {1, 7, 16}) {
+    auto* labels = static_cast<int32_t*>(fresh(rows));
+    dev->synthetic_labels(s, labels, rows, width, 9, step, first_row, 1.5f);
+    std::vector<int32_t> got(rows);
+    dev->copy_to_host(s, got.data(), labels, rows * sizeof(int32_t));
+    dev->synchronize();
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = features.data() + r * cols;
+      EXPECT_EQ(got[r], std::max_element(row, row + width) - row) << "row " << r << " width " << width;
+    }
+  }
+}
+
 TEST_F(CpuBackendKernels, SoftmaxBackwardMatchesFiniteDifferences) {
   const int64_t rows = 3, cols = 6;
   const Floats x = ramp(rows * cols, 0.9f, 0.2f), wts = ramp(rows * cols, 2.1f, 1.0f);

@@ -285,6 +285,10 @@ class Device {
   // first_row + r of the global batch of `step`, Uniform(-bound, bound), in dtype t.
   virtual void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols,
                                uint64_t seed, int64_t step, int64_t first_row, float bound) = 0;
+  // The labels of those rows: labels[r] = synthetic_label(row seed, width, bound), int32. Made
+  // on the device so that a step's batch costs the host nothing per row.
+  virtual void synthetic_labels(Stream s, int32_t* labels, int64_t rows, int64_t width,
+                                uint64_t seed, int64_t step, int64_t first_row, float bound) = 0;
   // ---- transformer ops (Note [Transformer ops]). Row-major; activations are [tokens, width]
   // in dtype t with a row stride `ld` in elements (so q, k and v can be column slices of one
   // fused QKV GEMM output); math in fp32. The defaults raise "not implemented on this backend".

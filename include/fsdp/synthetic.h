@@ -35,4 +35,16 @@ FSDP_HOST_DEVICE inline uint64_t synthetic_row_seed(uint64_t seed, int64_t step,
          static_cast<uint64_t>(row);
 }
 
+// The class label of a synthetic row: the argmax (the first, on ties) of its first `width`
+// values, a target a linear head can learn. Host and device compute it alike.
+FSDP_HOST_DEVICE inline int32_t synthetic_label(uint64_t row_seed, int64_t width, float bound) {
+  int32_t best = 0;
+  float best_value = synthetic_uniform(row_seed, 0, bound);
+  for (int64_t k = 1; k < width; ++k) {
+    const float v = synthetic_uniform(row_seed, static_cast<uint64_t>(k), bound);
+    if (v > best_value) best = static_cast<int32_t>(k), best_value = v;
+  }
+  return best;
+}
+
 }  // namespace fsdp

@@ -126,22 +126,4 @@ double flops_per_token(const ModelConfig& c) {
   return 6.0 * params;
 }
 
-std::vector<int32_t> make_labels(const ModelConfig& c, uint64_t seed, int step, int64_t first_row,
-                                 int64_t tokens) {
-  std::vector<int32_t> labels;
-  if (c.classes <= 0) return labels;
-  const int64_t width = std::min<int64_t>(c.classes, c.dim);
-  for (int64_t r = 0; r < tokens; ++r) {
-    const uint64_t row_seed = synthetic_row_seed(seed, step, first_row + r);
-    int32_t best = 0;
-    float best_value = synthetic_uniform(row_seed, 0, kDataBound);
-    for (int64_t k = 1; k < width; ++k) {
-      const float v = synthetic_uniform(row_seed, static_cast<uint64_t>(k), kDataBound);
-      if (v > best_value) best = static_cast<int32_t>(k), best_value = v;
-    }
-    labels.push_back(best);
-  }
-  return labels;
-}
-
 }  // namespace fsdp::nn

@@ -15,11 +15,10 @@ class SyntheticFeatures final : public BatchSource {
     out.x = empty_tensor(d, s, t, rows, model_.dim, MemTag::Activation);
     d.set_label("data");
     d.synthetic_batch(s, out.x.data, t, rows, model_.dim, seed_, index, first_row, nn::kDataBound);
-    const std::vector<int32_t> labels =
-        nn::make_labels(model_, seed_, static_cast<int>(index), first_row, rows);
-    if (!labels.empty()) {
+    if (model_.classes > 0) {  // on the device: no host work per row
       out.labels = empty_tensor(d, s, DType::I32, rows, 1, MemTag::Activation);
-      d.copy_from_host(s, out.labels.data, labels.data(), labels.size() * sizeof(int32_t));
+      d.synthetic_labels(s, static_cast<int32_t*>(out.labels.data), rows,
+                         nn::label_width(model_), seed_, index, first_row, nn::kDataBound);
     }
     return out;
   }

@@ -35,8 +35,8 @@ class BatchSource {
 // Makes a rank's source: rank and world of the data-parallel mesh.
 using BatchSourceFactory = std::function<std::unique_ptr<BatchSource>(int rank, int world)>;
 
-// The synthetic features of nn/model.h (Uniform rows made on the device, labels from
-// nn::make_labels when the model has classes).
+// The synthetic features of nn/model.h (Uniform rows made on the device, labels made on
+// the device by Device::synthetic_labels when the model has classes).
 std::unique_ptr<BatchSource> make_synthetic_features(const nn::ModelConfig& model, uint64_t seed);
 // The transformer's synthetic token sequences (nn::make_token_batch).
 std::unique_ptr<BatchSource> make_synthetic_tokens(const nn::ModelConfig& model, uint64_t seed);

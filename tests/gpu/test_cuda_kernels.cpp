@@ -391,5 +391,20 @@ TEST_F(CudaBackendTest, SyntheticBatchIsBitIdenticalToTheHost) {
   }
 }
 
+TEST_F(CudaBackendTest, SyntheticLabelsAreBitIdenticalToTheHost) {
+  const int64_t rows = 1000, first_row = 5, step = 3;
+  auto* labels = static_cast<int32_t*>(device->alloc(rows * sizeof(int32_t), s, MemTag::Other));
+  for (int64_t width : {1, 16, 129}) {
+    device->synthetic_labels(s, labels, rows, width, 42, step, first_row, 0.5f);
+    std::vector<int32_t> got(rows), want(rows);
+    device->copy_to_host(s, got.data(), labels, rows * sizeof(int32_t));
+    device->synchronize();
+    for (int64_t r = 0; r < rows; ++r)
+      want[r] = synthetic_label(synthetic_row_seed(42, step, first_row + r), width, 0.5f);
+    EXPECT_EQ(got, want) << "width " << width;
+  }
+  device->free(labels, s);
+}
+
 }  // namespace
 }  // namespace fsdp

@@ -113,10 +113,10 @@ class Model : public Module {
 // the global batch that the ranks share.
 constexpr float kDataBound = 1.7320508f;
 
-// Labels of rows [first_row, first_row + tokens) when the model has classes: the argmax of
-// the row's first `classes` features (a target a linear head can learn).
-std::vector<int32_t> make_labels(const ModelConfig& config, uint64_t seed, int step,
-                                 int64_t first_row, int64_t tokens);
+// The labels of a model with classes: the argmax of each row's first label_width() features
+// (synthetic_label in fsdp/synthetic.h, a target a linear head can learn), made on the device
+// by Device::synthetic_labels.
+inline int64_t label_width(const ModelConfig& c) { return c.classes < c.dim ? c.classes : c.dim; }
 
 // The transformer's synthetic tokens for rows [first_row, first_row + tokens) of the global
 // batch of `step` (whole sequences of seq_len): ids, and labels = the next token of each

@@ -123,6 +123,8 @@ class CpuDevice final : public Device {
   void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
                        int64_t ffn, void* dh) override;
   void spin(Stream s, double microseconds) override;
+  void synthetic_labels(Stream s, int32_t* labels, int64_t rows, int64_t width, uint64_t seed,
+                        int64_t step, int64_t first_row, float bound) override;
   void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols, uint64_t seed,
                        int64_t step, int64_t first_row, float bound) override;
 

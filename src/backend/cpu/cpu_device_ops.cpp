@@ -289,6 +289,14 @@ void CpuDevice::synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int6
   });
 }
 
+void CpuDevice::synthetic_labels(Stream s, int32_t* labels, int64_t rows, int64_t width,
+                                 uint64_t seed, int64_t step, int64_t first_row, float bound) {
+  enqueue(s, OpKind::Kernel, [=] {
+    for (int64_t r = 0; r < rows; ++r)
+      labels[r] = synthetic_label(synthetic_row_seed(seed, step, first_row + r), width, bound);
+  });
+}
+
 void CpuDevice::spin(Stream s, double microseconds) {
   if (world_->clock) {
     // Simulated: the stream is occupied for exactly that long on the virtual clock.

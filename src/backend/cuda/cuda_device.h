@@ -115,6 +115,8 @@ class CudaDevice final : public Device {
                         void* dy) override;
   void cross_entropy_loss(Stream s, const void* logits, DType t, const int32_t* labels,
                           int64_t rows, int64_t classes, float* loss, void* dlogits) override;
+  void synthetic_labels(Stream s, int32_t* labels, int64_t rows, int64_t width, uint64_t seed,
+                        int64_t step, int64_t first_row, float bound) override;
   void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols, uint64_t seed,
                        int64_t step, int64_t first_row, float bound) override;
   void spin(Stream s, double microseconds) override;

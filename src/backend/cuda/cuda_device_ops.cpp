@@ -340,6 +340,12 @@ void CudaDevice::synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int
   kernels::synthetic_batch(op.stream(), dst, t, rows, cols, seed, step, first_row, bound);
 }
 
+void CudaDevice::synthetic_labels(Stream s, int32_t* labels, int64_t rows, int64_t width,
+                                  uint64_t seed, int64_t step, int64_t first_row, float bound) {
+  OpScope op(*this, s, OpKind::Kernel);
+  kernels::synthetic_labels(op.stream(), labels, rows, width, seed, step, first_row, bound);
+}
+
 void CudaDevice::spin(Stream s, double microseconds) {
   OpScope op(*this, s, OpKind::Kernel);
   const double ns = microseconds > 0 ? microseconds * 1000.0 : 0.0;

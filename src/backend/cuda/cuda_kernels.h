@@ -103,6 +103,8 @@ void spin(cudaStream_t stream, uint64_t nanoseconds);
 // Device::synthetic_batch: the values of include/fsdp/synthetic.h, bit-identical to the host.
 void synthetic_batch(cudaStream_t stream, void* dst, DType t, int64_t rows, int64_t cols,
                      uint64_t seed, int64_t step, int64_t first_row, float bound);
+void synthetic_labels(cudaStream_t stream, int32_t* labels, int64_t rows, int64_t width,
+                      uint64_t seed, int64_t step, int64_t first_row, float bound);
 
 // ---- row-wise ops and losses. The losses reduce in two deterministic passes through a
 // scratch buffer taken from (and returned to) `scratch_pool`, stream-ordered.

@@ -158,7 +158,25 @@ __global__ void synthetic_batch_kernel(T* dst, int64_t rows, int64_t cols, uint6
   }
 }
 
+// One thread per row (Device::synthetic_labels).
+__global__ void synthetic_labels_kernel(int32_t* labels, int64_t rows, int64_t width,
+                                        uint64_t seed, int64_t step, int64_t first_row,
+                                        float bound) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
+       r += stride)
+    labels[r] = synthetic_label(synthetic_row_seed(seed, step, first_row + r), width, bound);
+}
+
 }  // namespace
+
+void synthetic_labels(cudaStream_t stream, int32_t* labels, int64_t rows, int64_t width,
+                      uint64_t seed, int64_t step, int64_t first_row, float bound) {
+  if (rows <= 0) return;
+  synthetic_labels_kernel<<<blocks_for(rows), kThreads, 0, stream>>>(labels, rows, width, seed,
+                                                                     step, first_row, bound);
+  FSDP_CUDA_CHECK_LAUNCH();
+}
 
 void synthetic_batch(cudaStream_t stream, void* dst, DType t, int64_t rows, int64_t cols,
                      uint64_t seed, int64_t step, int64_t first_row, float bound) {
