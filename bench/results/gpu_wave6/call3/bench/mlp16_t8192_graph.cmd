@@ -1,0 +1,1 @@
+build-gpu/fsdp train --backend cuda --nproc 1 --quiet --json /tmp/call3/bench/mlp16_t8192_graph.json --model mlp --layers 16 --dim 4096 --param-dtype bf16 --optimizer-in-backward 1 --clip-grad-norm 0 --tokens 8192 --steps 30 --warmup 5 --cuda-graph
