@@ -1,5 +1,5 @@
 // Shared by the CUDA backend tests (test_cuda_backend.cpp, test_cuda_kernels.cpp): the
-// CudaBackendTest fixture and host-side comparison helpers. Everything here has external
+// CudaBackendTest fixture, CudaTwoStreamTest for the graph tests, and host-side comparison helpers. Everything here has external
 // linkage (inline, in a named namespace) so that every TEST_F(CudaBackendTest, ...) in either
 // file uses one and the same fixture class, as GoogleTest requires within a test suite.
 #pragma once
@@ -78,6 +78,20 @@ class CudaBackendTest : public ::testing::Test {
   Stream s;
   std::mt19937 rng{20240611u};
   std::vector<void*> owned;
+};
+
+// A device with a compute stream and a side stream, for the CUDA-graph tests
+// (test_cuda_graph.cpp, test_cuda_graph_timeline.cpp); skipped without a GPU.
+class CudaTwoStreamTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+    device = cuda::make_device(0);
+    s = device->create_stream("compute", StreamPriority::Normal);
+    side = device->create_stream("side", StreamPriority::Normal);
+  }
+  std::unique_ptr<Device> device;
+  Stream s, side;
 };
 
 // |got - want| <= rel |want| + abs for every element; reports the first few misses.

@@ -13,28 +13,21 @@
 #include <nlohmann/json.hpp>
 
 #include "../command_util.h"
+#include "cuda_test_util.h"
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
 
 namespace fsdp {
 namespace {
 
-class CudaGraphDevice : public ::testing::Test {
+class CudaGraphDevice : public cuda_test::CudaTwoStreamTest {
  protected:
-  void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-    device = cuda::make_device(0);
-    s = device->create_stream("compute", StreamPriority::Normal);
-    side = device->create_stream("side", StreamPriority::Normal);
-  }
   float read(const float* p) {
     float v = 0;
     device->copy_to_host(s, &v, p, sizeof(float));
     device->synchronize_stream(s);
     return v;
   }
-  std::unique_ptr<Device> device;
-  Stream s, side;
 };
 
 // A side stream forks from the capture and joins back; the graph's transient buffer is graph

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../command_util.h"
+#include "cuda_test_util.h"
 #include "backend/cuda/cuda_backend.h"
 
 namespace fsdp {
@@ -21,13 +22,11 @@ namespace {
 // Event timestamps of different streams jitter by about 0.5 us.
 constexpr double kJitterUs = 2.0;
 
-class CudaGraphTimeline : public ::testing::Test {
+class CudaGraphTimeline : public cuda_test::CudaTwoStreamTest {
  protected:
   void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
-    device = cuda::make_device(0);
-    s = device->create_stream("compute", StreamPriority::Normal);
-    side = device->create_stream("side", StreamPriority::Normal);
+    CudaTwoStreamTest::SetUp();
+    if (IsSkipped()) return;
     fork = device->create_event();
     join = device->create_event();
   }
@@ -93,8 +92,6 @@ class CudaGraphTimeline : public ::testing::Test {
       }
     }
   }
-  std::unique_ptr<Device> device;
-  Stream s, side;
   Event fork, join;
 };
 
