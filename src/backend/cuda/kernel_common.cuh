@@ -105,7 +105,8 @@ __device__ __forceinline__ void load_pack(const T* p, float (&out)[W]) {
   }
 }
 
-template <int W, typename T>
+// kShared: `p` is in shared memory (__stwb, a streaming store, is for global memory).
+template <int W, typename T, bool kShared = false>
 __device__ __forceinline__ void store_pack(T* p, const float (&in)[W]) {
   if constexpr (kWholeWords<T, W>) {
     constexpr int kPerWord = 16 / sizeof(T);
@@ -119,7 +120,11 @@ __device__ __forceinline__ void store_pack(T* p, const float (&in)[W]) {
         else
           lanes[j] = bits_of<T>(in[w * 8 + 2 * j]) | (bits_of<T>(in[w * 8 + 2 * j + 1]) << 16);
       }
-      __stwb(reinterpret_cast<uint4*>(p) + w, make_uint4(lanes[0], lanes[1], lanes[2], lanes[3]));
+      const uint4 word = make_uint4(lanes[0], lanes[1], lanes[2], lanes[3]);
+      if constexpr (kShared)
+        reinterpret_cast<uint4*>(p)[w] = word;
+      else
+        __stwb(reinterpret_cast<uint4*>(p) + w, word);
     }
   } else {
 #pragma unroll

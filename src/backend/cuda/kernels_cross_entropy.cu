@@ -62,29 +62,6 @@ __device__ SoftmaxState block_merge(SoftmaxState st) {
   return total;
 }
 
-// store_pack for shared memory (store_pack's __stwb is a global-memory store).
-template <int W, typename T>
-__device__ __forceinline__ void store_pack_shared(T* p, const float (&in)[W]) {
-  if constexpr (kWholeWords<T, W>) {
-    constexpr int kPerWord = 16 / sizeof(T);
-#pragma unroll
-    for (int w = 0; w < W / kPerWord; ++w) {
-      uint32_t lanes[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        if constexpr (sizeof(T) == 4)
-          lanes[j] = bits_of<T>(in[w * 4 + j]);
-        else
-          lanes[j] = bits_of<T>(in[w * 8 + 2 * j]) | (bits_of<T>(in[w * 8 + 2 * j + 1]) << 16);
-      }
-      reinterpret_cast<uint4*>(p)[w] = make_uint4(lanes[0], lanes[1], lanes[2], lanes[3]);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < W; ++i) p[i] = from_float<T>(in[i]);
-  }
-}
-
 // Packs of W elements: W = kVec when the row length and both pointers allow 16-byte words.
 // kCached keeps the row in dynamic shared memory between the passes.
 template <typename T, int W, bool kCached>
@@ -116,7 +93,8 @@ __global__ void __launch_bounds__(kLossThreads)
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t p = p0 + u * blockDim.x;
         if constexpr (kCached)
-          if (p < packs) store_pack_shared<W>(row_cache + p * W, v[u]);  // exact: v came from T
+          if (p < packs)  // exact: v came from T
+            store_pack<W, T, /*kShared=*/true>(row_cache + p * W, v[u]);
 #pragma unroll
         for (int j = 0; j < W; ++j) gm = fmaxf(gm, v[u][j]);
       }
