@@ -37,6 +37,7 @@
 #include "fsdp/error.h"
 #include "launch/cpu_ranks.h"
 #include "launch/node_ranks.h"
+#include "launch/rank_processes.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/failure_notice.h"
 
@@ -47,13 +48,6 @@ namespace launch {
 namespace {
 
 using rendezvous::Millis;
-
-std::string describe_exit(int rank, int status) {
-  if (WIFSIGNALED(status))
-    return detail::concat("rank ", rank, " was killed by signal ", WTERMSIG(status), " (",
-                          strsignal(WTERMSIG(status)), ")");
-  return detail::concat("rank ", rank, " exited with status ", WEXITSTATUS(status));
-}
 
 // The address of this host that a connection to `peer_host` would leave from: where this
 // host's ranks listen, so that ranks on `peer_host` can reach them.
@@ -182,40 +176,28 @@ CpuProcessLaunch run_launched_rank(const LaunchEnv& e, const cpu::CpuOptions& op
   return launch;
 }
 
-// Waits for every child; on the first failure records it and stops the others. Returns the
-// local description of the first failure, if any.
+// Waits for every child (rank_processes.h), counting each out in the store; the first
+// failure is posted there for the other hosts, and the others are stopped.
 std::optional<std::string> reap(const std::vector<pid_t>& pids, int first_rank,
                                 rendezvous::Store& store) {
-  std::vector<bool> done(pids.size(), false);
-  size_t remaining = pids.size();
-  std::optional<std::string> first;
-  while (remaining > 0) {
-    bool progressed = false;
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (done[i]) continue;
-      int status = 0;
-      const pid_t got = ::waitpid(pids[i], &status, WNOHANG);
-      if (got == 0) continue;
-      done[i] = true;
-      --remaining;
-      progressed = true;
-      try {
-        store.add(kReapedKey, 1);
-      } catch (const std::exception&) {
-        // node 0's store is gone: nobody is left to count for
-      }
-      if (got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0) continue;
-      if (first) continue;  // one of those we stopped, or a later consequence
-      const int rank = first_rank + static_cast<int>(i);
-      first = got < 0 ? detail::concat("rank ", rank, " could not be waited for: ", std::strerror(errno))
-                      : describe_exit(rank, status);
-      rendezvous::post_failure(store, {rank, *first});
-      for (size_t j = 0; j < pids.size(); ++j)
-        if (!done[j]) ::kill(pids[j], SIGTERM);
-    }
-    if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return first;
+  const std::string failure = wait_for_rank_processes(
+      pids, first_rank, /*grace_s=*/10,
+      [&](int rank, const std::string& why) {
+        try {
+          rendezvous::post_failure(store, {rank, why});
+        } catch (const std::exception&) {
+          // node 0's store is gone: the failure is still this host's to report
+        }
+      },
+      [&](int) {
+        try {
+          store.add(kReapedKey, 1);
+        } catch (const std::exception&) {
+          // node 0's store is gone: nobody is left to count for
+        }
+      });
+  if (failure.empty()) return std::nullopt;
+  return failure;
 }
 
 }  // namespace

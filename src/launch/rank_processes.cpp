@@ -30,7 +30,8 @@ std::string describe_rank_exit(int rank, int status) {
 
 std::string wait_for_rank_processes(
     const std::vector<pid_t>& pids, int first_rank, double grace_s,
-    const std::function<void(int rank, const std::string& failure)>& on_first_failure) {
+    const std::function<void(int rank, const std::string& failure)>& on_first_failure,
+    const std::function<void(int rank)>& on_reaped) {
   using Clock = std::chrono::steady_clock;
   std::vector<bool> reaped(pids.size(), false);
   size_t left = pids.size();
@@ -49,6 +50,7 @@ std::string wait_for_rank_processes(
       progressed = true;
       // A pid that is not our child any more (reaped elsewhere) cannot be accounted for.
       const int rank = first_rank + static_cast<int>(r);
+      if (on_reaped) on_reaped(rank);
       const std::string failure =
           got < 0 ? detail::concat("rank ", rank, " could not be waited for: ", std::strerror(errno))
                   : describe_rank_exit(rank, status);
