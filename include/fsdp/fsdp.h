@@ -94,6 +94,16 @@ struct FullyShardOptions {
 using ShardStepFn = std::function<void(Stream rs_stream, int group_ordinal, float* param,
                                        const void* grad, DType grad_dtype, int64_t numel)>;
 
+// Note [Early grad norm]
+// Called once a group's fp32 grad shard is final for the step (its reduce-scatter, with HSDP
+// its replica all-reduce, and any accumulation done), on the stream that wrote it, so work the
+// callee enqueues there reads the final shard. The trainer sums the shard's squares there
+// (optim::Optimizer::add_grad_square): the global grad norm is then computed under the rest of
+// backward, leaving only a small all-reduce after it. Each sum is the same kernel over the same
+// tiles as the whole-list sum, so the norm is bitwise the same.
+using GradShardReadyFn =
+    std::function<void(Stream s, int group_ordinal, const float* grad, int64_t numel)>;
+
 // Test hook: how the RS ring reclaims buffers. Only tests use Fsdp2_12LastGroupDrains, which
 // reproduces FSDP2 2.12's hook-order-dependent drain (docs/design.md) so the bound test
 // can be seen to fail.
@@ -155,6 +165,8 @@ class FsdpModule {
   // Root only, before the first forward: see Note [Optimizer in backward]. The ordinal of a
   // group is its index in sharded_groups(root).
   void set_optimizer_in_backward(ShardStepFn step);
+  // Root only, before the first forward: Note [Early grad norm]. Group ordinals as above.
+  void set_on_grad_shard_ready(GradShardReadyFn on_ready);
 
   void set_event_log(std::vector<ScheduleEvent>* log);  // root only; nullptr stops logging
   void set_rs_reclaim_policy_for_testing(RsReclaimPolicy policy);  // root only

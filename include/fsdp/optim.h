@@ -47,7 +47,12 @@ class Optimizer {
   // Writes the next step's scalars (lr, bias corrections, clip bound) to device memory, on s,
   // without a host sync. step() and step_one() of that step read them when they run.
   void begin_step(Stream s, float lr);
-  // Sums of squares of every grad, all-reduced per mesh (Note [Global grad norm]).
+  // Note [Early grad norm] (fsdp.h): tensor `index`'s sum of squares, on s, once its grad is
+  // final for the step. Optional; compute_grad_squares sums the rest.
+  // `grad` must be the tensor's grad (the shard the optimizer reads).
+  void add_grad_square(Stream s, int index, const float* grad);
+  // Sums of squares of every grad not summed early this step, then all-reduced per mesh
+  // (Note [Global grad norm]).
   void compute_grad_squares(Stream s);
   // The whole step after backward; clips when max_grad_norm > 0 (compute_grad_squares first).
   // Without begin_step, the step uses config.base_lr().
@@ -81,12 +86,15 @@ class Optimizer {
     int first = 0;  // index into grad_sq_
     std::vector<const float*> grads;
     std::vector<int64_t> numels;
+    std::vector<int> tensors;  // their indices in tensors_
   };
   std::vector<MeshTensors> meshes_;
   std::vector<std::string> sq_names_;
   float* grad_sq_ = nullptr;         // device, one per tensor
   StepScalars* scalars_ = nullptr;   // device
   bool grad_sq_valid_ = false;       // computed for the current step
+  std::vector<int> slot_of_;         // per tensor: its entry in grad_sq_ (-1: no grad)
+  std::vector<bool> squared_early_;  // per tensor: add_grad_square ran this step
   int64_t step_ = 0;                 // steps begun
   bool begun_ = false;               // begin_step called for the next step
 };

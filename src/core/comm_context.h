@@ -43,6 +43,7 @@ class CommContext {
   bool backward_planned = false;
   std::vector<ScheduleEvent>* event_log = nullptr;
   ShardStepFn optimizer_in_backward;  // Note [Optimizer in backward]; empty when off
+  GradShardReadyFn grad_shard_ready;  // Note [Early grad norm]; empty when off
   // Whether work (accumulation, cast, optimizer) follows the newest ring entry's event on the
   // RS stream; finalize then joins the RS stream itself, not only the ring.
   bool rs_work_after_ring = false;

@@ -143,6 +143,11 @@ void FsdpModule::unshard(bool async_op) {
 }
 void FsdpModule::reshard() { state_->reshard(state_->compute, "explicit"); }
 
+void FsdpModule::set_on_grad_shard_ready(GradShardReadyFn on_ready) {
+  FSDP_CHECK(!state_->ctx, "set_on_grad_shard_ready must be called before the first forward");
+  state_->grad_shard_ready = std::move(on_ready);
+}
+
 void FsdpModule::set_optimizer_in_backward(ShardStepFn step) {
   FSDP_CHECK(!state_->ctx, "set_optimizer_in_backward must be called before the first forward");
   state_->optimizer_in_backward = std::move(step);

@@ -161,6 +161,7 @@ void FsdpState::lazy_init(RunContext& run) {
   ctx->ring.set_policy(rs_policy);
   ctx->event_log = event_log;
   ctx->optimizer_in_backward = optimizer_in_backward;
+  ctx->grad_shard_ready = grad_shard_ready;
   if (ctx->separate_reduce_scatter_group)
     for (FsdpState* s : all_states)
       for (auto& g : s->groups) ctx->create_separate_comm(g->mesh());

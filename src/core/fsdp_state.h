@@ -55,6 +55,7 @@ class FsdpState : public ModuleHooks {
   RsReclaimPolicy rs_policy = RsReclaimPolicy::BoundedRing;
   std::vector<ScheduleEvent>* event_log = nullptr;
   ShardStepFn optimizer_in_backward;  // root only
+  GradShardReadyFn grad_shard_ready;  // root only
 
   // Set at lazy init.
   bool is_root = false;

@@ -393,6 +393,10 @@ void ParamGroup::reduce_into_grad(void* rs_in, DType rt, Stream rs_stream) {
   // itself: no zero fill, no accumulation pass (and, in fp32, no RS output buffer).
   reduce_to(shard_grad_, grad_shard_zero_);
   grad_shard_zero_ = false;
+  if (ctx_->grad_shard_ready) {  // Note [Early grad norm]
+    ctx_->grad_shard_ready(rs_stream, ordinal_, shard_grad_, n);
+    ctx_->rs_work_after_ring = true;  // the optimizer reads what it wrote after the drain
+  }
 }
 
 // Note [HSDP schedule]
@@ -472,6 +476,8 @@ void ParamGroup::all_reduce_into_grad(void* rs_in, Stream rs_stream) {
     ensure_grad_shard(ar_stream);
     write_to(shard_grad_, grad_shard_zero_);  // Note [Lazy zero grad]
     grad_shard_zero_ = false;
+    // Note [Early grad norm]; finalize waits for the all-reduce stream (all_reduce_pending).
+    if (ctx_->grad_shard_ready) ctx_->grad_shard_ready(ar_stream, ordinal_, shard_grad_, n);
   }
   device_->free(out, ar_stream);
 }

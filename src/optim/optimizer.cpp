@@ -1,5 +1,6 @@
 #include "fsdp/optim.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "fsdp/error.h"
@@ -30,16 +31,20 @@ Optimizer::Optimizer(Device& device, Stream stream, std::vector<ParamSpan> param
     MeshTensors* m = nullptr;
     for (MeshTensors& candidate : meshes_)
       if (candidate.comm == p.comm) m = &candidate;
-    if (!m) m = &meshes_.emplace_back(MeshTensors{p.comm, 0, {}, {}});
+    if (!m) m = &meshes_.emplace_back(MeshTensors{p.comm, 0, {}, {}, {}});
     m->grads.push_back(p.grad);
     m->numels.push_back(p.numel);
+    m->tensors.push_back(static_cast<int>(&p - params.data()));
   }
   int next = 0;
+  slot_of_.assign(params.size(), -1);
+  squared_early_.assign(params.size(), false);
   for (MeshTensors& m : meshes_) {
     m.first = next;
-    next += static_cast<int>(m.grads.size());
-    for (const ParamSpan& p : params)
-      if (p.grad && p.comm == m.comm) sq_names_.push_back(p.name);
+    for (int t : m.tensors) {
+      slot_of_[t] = next++;
+      sq_names_.push_back(params[t].name);
+    }
   }
   grad_sq_ = static_cast<float*>(
       device_.alloc(static_cast<size_t>(std::max(next, 1)) * sizeof(float), stream, MemTag::Other));
@@ -58,6 +63,7 @@ void Optimizer::begin_step(Stream s, float lr) {
   ++step_;
   begun_ = true;
   grad_sq_valid_ = false;
+  squared_early_.assign(squared_early_.size(), false);
   StepScalars v;
   v.lr = lr;
   if (config_.kind == "adamw") {
@@ -78,16 +84,37 @@ void Optimizer::set_step_count(int64_t steps) {
   step_ = steps;
 }
 
+void Optimizer::add_grad_square(Stream s, int index, const float* grad) {
+  FSDP_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()) && slot_of_[index] >= 0,
+             "optimizer tensor ", index, " has no grad to square");
+  FSDP_CHECK(grad == tensors_[index].grad, "grad of optimizer tensor ", index,
+             " is not the buffer the optimizer reads");
+  device_.set_label("grad norm");
+  device_.sum_squares(s, &grad, &tensors_[index].numel, 1, grad_sq_ + slot_of_[index]);
+  squared_early_[index] = true;
+}
+
 void Optimizer::compute_grad_squares(Stream s) {
   device_.set_label("grad norm");
   for (const MeshTensors& m : meshes_) {
     float* out = grad_sq_ + m.first;
     const int count = static_cast<int>(m.grads.size());
-    device_.sum_squares(s, m.grads.data(), m.numels.data(), count, out);
+    // Each tensor's sum is its own tiles' (the kernel never mixes tensors), so a sum made
+    // early and one made here in the whole list are the same bits.
+    const bool any_early = std::any_of(m.tensors.begin(), m.tensors.end(),
+                                       [&](int t) { return squared_early_[t]; });
+    if (!any_early) {
+      device_.sum_squares(s, m.grads.data(), m.numels.data(), count, out);
+    } else {
+      for (int i = 0; i < count; ++i)
+        if (!squared_early_[m.tensors[i]])
+          device_.sum_squares(s, &m.grads[i], &m.numels[i], 1, out + i);
+    }
     if (m.comm && m.comm->size() > 1)
       m.comm->all_reduce(out, out, count, DType::F32, ReduceOp::Sum, s);
   }
   grad_sq_valid_ = true;
+  squared_early_.assign(squared_early_.size(), false);  // consumed
 }
 
 void Optimizer::launch(Stream s, const OptimTensor* t, int count, GradSquares sq) {

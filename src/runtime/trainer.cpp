@@ -232,6 +232,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
         [&optimizer](Stream s, int ordinal, float*, const void* grad, DType t, int64_t) {
           optimizer.step_one(s, ordinal, grad, t);
         });
+  else if (!config.after_backward)  // that hook may change grads the early sums have read
+    root.set_on_grad_shard_ready([&optimizer](Stream s, int ordinal, const float* grad, int64_t) {
+      optimizer.add_grad_square(s, ordinal, grad);  // Note [Early grad norm]
+    });
   result.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
   std::unique_ptr<BatchSource> source = make_source(config, rank, world->size());
   std::unique_ptr<BatchSource> eval_source;
