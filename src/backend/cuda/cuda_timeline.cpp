@@ -206,7 +206,8 @@ Timeline TimelineRecorder::take(std::vector<std::string> stream_names) {
     } else {
       if (!op.start.event || !op.end.event) continue;
       t.start_us = host_time_of(op.start);
-      if (op.kind == OpKind::Wait) t.start_us = std::max(t.start_us, op.host_start_us);  // 0 in a graph
+      // An eager wait cannot start before it was issued (a graph's waits have no issue time).
+      if (op.kind == OpKind::Wait) t.start_us = std::max(t.start_us, op.host_start_us);
       // Event timestamps jitter by ~0.5 us (a wait already satisfied can "end" before the
       // previous op's end event): clamp so that no span is negative.
       t.end_us = std::max(t.start_us, host_time_of(op.end));
