@@ -132,6 +132,11 @@ void resolve_defaults(TrainOptions& o) {
                     "--optimizer-in-backward 1 cannot clip gradients (clipping needs every "
                     "gradient before any step); add --clip-grad-norm 0 to use it");
   }
+  c.optimizer_in_forward = o.optimizer_in_forward != 0;
+  FSDP_USER_CHECK(!(c.optimizer_in_forward && c.optimizer_in_backward),
+                  "--optimizer-in-forward 1 and --optimizer-in-backward 1 exclude each other "
+                  "(with --clip-grad-norm 0 the optimizer is in backward unless "
+                  "--optimizer-in-backward 0)");
   const bool moe_transformer = c.model.kind == "moe-transformer";
   FSDP_USER_CHECK(moe_transformer || c.model.ep == 1, "--ep applies to --model moe-transformer only");
   if (moe_transformer) {

@@ -104,6 +104,10 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "0 | 1: step each group's shard right after its reduce-scatter; cannot clip "
                  "(-1: on exactly when --clip-grad-norm is 0)")
       ->check(CLI::Range(-1, 1));
+  app.add_option("--optimizer-in-forward", o.optimizer_in_forward,
+                 "0 | 1: step each group's shard in the next forward, just before its "
+                 "all-gather, on the all-gather stream (clipping works)")
+      ->check(CLI::Range(0, 1));
   app.add_option("--prefetch-next-step", o.prefetch_next_step,
                  "0 | 1: start the next step's first all-gather before the step ends")
       ->check(CLI::Range(0, 1));
@@ -198,6 +202,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
                                     : nlohmann::json(c.reshard_after_forward)},
       {"hsdp_replicas", c.hsdp_replicas > 0 ? c.hsdp_replicas : 1},
       {"optimizer_in_backward", c.optimizer_in_backward},
+      {"optimizer_in_forward", c.optimizer_in_forward},
       {"prefetch_next_step", c.prefetch_next_step},
       {"step_ms_median", s.step_ms_median},
       {"tokens_per_s", s.tokens_per_s},

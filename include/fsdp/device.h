@@ -85,6 +85,11 @@ struct OptimTensor {
   float* state1 = nullptr;  // AdamW: exp_avg_sq; SGD: unused
   int64_t numel = 0;
   DType grad_dtype = DType::F32;
+  // Optional: the updated param is also written here, rounded to param_copy_dtype (Note
+  // [Optimizer in forward] in fsdp/fsdp.h: straight into an all-gather's input, so the step
+  // replaces the all-gather's copy-in instead of adding a pass over the shard).
+  void* param_copy = nullptr;
+  DType param_copy_dtype = DType::F32;
 };
 
 struct AdamWConfig {

@@ -94,6 +94,29 @@ struct FullyShardOptions {
 using ShardStepFn = std::function<void(Stream rs_stream, int group_ordinal, float* param,
                                        const void* grad, DType grad_dtype, int64_t numel)>;
 
+// Note [Optimizer in forward]
+// The optimizer step of each param group runs in the next forward, on the all-gather stream,
+// just before the group's all-gather, instead of all at once after backward on the compute
+// stream. The step's memory traffic (AdamW reads and writes 28 bytes per fp32 param) then
+// runs under the compute of the units before it, and the step also writes the new param,
+// rounded to the param dtype, straight into the all-gather's input: that is the copy-in, so
+// the shard is not read a second time. Every element's math is unchanged, so the params are
+// bitwise those of the plain step.
+// The root's defer_shard_updates(s), after the step's clipping sums, marks every sharded
+// group's update pending (one that is not sharded then, say the root kept unsharded, runs at
+// once on s). A pending update runs exactly once, on the first of:
+// - the group's next all-gather from its shards (forward, evaluation, explicit unshard);
+// - the next backward's first hook (the update must read its grad shard before the next
+//   reduce-scatter writes it), for a group the forward did not gather;
+// - apply_pending_shard_updates(s), which whoever reads the shards or the optimizer state
+//   calls first (checkpoints, gather_full_params, the end of training).
+// Each update waits for the work issued on the defer stream before defer_shard_updates; the
+// optimizer keeps that step's scalars and sums aside (optim::Optimizer::defer_step), so the
+// next step's begin_step cannot change them. Graph replays assume every group pending at the
+// start of the step (Note [Captured steps]).
+using ShardUpdateFn =
+    std::function<void(Stream s, int group_ordinal, void* param_copy, DType copy_dtype)>;
+
 // Note [Early grad norm]
 // Called once a group's fp32 grad shard is final for the step (its reduce-scatter, with HSDP
 // its replica all-reduce, and any accumulation done), on the stream that wrote it, so work the
@@ -167,6 +190,15 @@ class FsdpModule {
   void set_optimizer_in_backward(ShardStepFn step);
   // Root only, before the first forward: Note [Early grad norm]. Group ordinals as above.
   void set_on_grad_shard_ready(GradShardReadyFn on_ready);
+  // Root only, before the first forward: Note [Optimizer in forward]. update(s, ordinal,
+  // param_copy, dtype) runs group `ordinal`'s deferred step on s and writes its new param,
+  // rounded to dtype, to param_copy when that is not null.
+  void set_optimizer_in_forward(ShardUpdateFn update);
+  // Root only: every group's update is pending from now, after the work issued on s.
+  void defer_shard_updates(Stream s);
+  // Root only: runs every pending update now, on s.
+  void apply_pending_shard_updates(Stream s);
+  int pending_shard_updates() const;  // groups whose deferred update has not run
 
   void set_event_log(std::vector<ScheduleEvent>* log);  // root only; nullptr stops logging
   void set_rs_reclaim_policy_for_testing(RsReclaimPolicy policy);  // root only

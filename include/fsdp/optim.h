@@ -60,6 +60,15 @@ class Optimizer {
   // One tensor's step with the given grad, fp32 or bf16 (Note [Optimizer in backward]); no
   // clipping.
   void step_one(Stream s, int index, const void* grad, DType grad_dtype = DType::F32);
+  // Note [Optimizer in forward] (fsdp.h): the step, split so each tensor's part runs later.
+  // defer_step closes the step like step() (clipping needs compute_grad_squares first) but
+  // updates nothing: on s it copies the step's scalars and grad sums aside, where they stay
+  // until the next defer_step. step_deferred then runs tensor `index`'s part of that step on
+  // any stream ordered after it, writing the new param also into param_copy (rounded to
+  // copy_dtype) when given. Every tensor's part must run before the next defer_step.
+  void defer_step(Stream s);
+  void step_deferred(Stream s, int index, void* param_copy = nullptr,
+                     DType copy_dtype = DType::F32);
   void zero_grad(Stream s);
 
   int64_t state_bytes() const;
@@ -74,7 +83,9 @@ class Optimizer {
   void set_step_count(int64_t steps);
 
  private:
-  void launch(Stream s, const OptimTensor* t, int count, GradSquares sq);
+  void launch(Stream s, const OptimTensor* t, int count, const StepScalars* scalars,
+              GradSquares sq);
+  void end_step();  // step() and defer_step(): the begun step is closed
 
   Device& device_;
   OptimizerConfig config_;
@@ -92,6 +103,12 @@ class Optimizer {
   std::vector<std::string> sq_names_;
   float* grad_sq_ = nullptr;         // device, one per tensor
   StepScalars* scalars_ = nullptr;   // device
+  // Note [Optimizer in forward]: the deferred step's scalars and sums (device), and how many
+  // sums it clips by (0: no clipping); deferred_ once defer_step has run.
+  StepScalars* deferred_scalars_ = nullptr;
+  float* deferred_sq_ = nullptr;
+  int deferred_sq_count_ = 0;
+  bool deferred_ = false;
   bool grad_sq_valid_ = false;       // computed for the current step
   std::vector<int> slot_of_;         // per tensor: its entry in grad_sq_ (-1: no grad)
   std::vector<bool> squared_early_;  // per tensor: add_grad_square ran this step

@@ -38,7 +38,7 @@ TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const Run
                                      Device& device, Stream stream, FsdpModule& root,
                                      optim::Optimizer& optimizer)
     : options_(options), run_(run), run_json_(run_config_json(run)), device_(device),
-      stream_(stream), state_(collect_sharded_state(root, &optimizer, expert_layout(run.model))) {
+      stream_(stream), root_(root), state_(collect_sharded_state(root, &optimizer, expert_layout(run.model))) {
   FSDP_USER_CHECK(options_.save_every >= 0, "--save-every must be >= 0, got ", options_.save_every);
   FSDP_USER_CHECK(options_.keep_last >= 0, "--keep-last must be >= 0, got ", options_.keep_last);
   FSDP_USER_CHECK(options_.resume.empty() || options_.init_from.empty(),
@@ -68,6 +68,8 @@ TrainerCheckpoint::~TrainerCheckpoint() {
 }
 
 int TrainerCheckpoint::start(int total_steps) {
+  // Note [Optimizer in forward]: no deferred update may land on the loaded shards later.
+  root_.apply_pending_shard_updates(stream_);
   int64_t start_step = 0;
   std::optional<CheckpointIndex> ckpt;
   std::vector<std::string> changes;  // Note [Resumed schedule and data]
@@ -145,6 +147,7 @@ bool TrainerCheckpoint::due(int steps_done, int total_steps) const {
 double TrainerCheckpoint::after_step(int steps_done, int total_steps,
                                      const nlohmann::json& train_state) {
   if (!due(steps_done, total_steps)) return 0;
+  root_.apply_pending_shard_updates(stream_);  // Note [Optimizer in forward]: the step's shards
   const double t0 = now_ms();
   writer_->wait();  // the previous save; host_ is free again after it
   const double t1 = now_ms();

@@ -60,6 +60,7 @@ class TrainerCheckpoint {
   nlohmann::json run_json_;
   Device& device_;
   Stream stream_;
+  FsdpModule& root_;
   ShardedState state_;
   std::unique_ptr<CheckpointWriter> writer_;
   std::unique_ptr<float[]> host_;  // this rank's shards, being written

@@ -150,7 +150,27 @@ void FsdpModule::set_on_grad_shard_ready(GradShardReadyFn on_ready) {
 
 void FsdpModule::set_optimizer_in_backward(ShardStepFn step) {
   FSDP_CHECK(!state_->ctx, "set_optimizer_in_backward must be called before the first forward");
+  FSDP_USER_CHECK(!state_->optimizer_in_forward,
+                  "the optimizer runs in backward or in forward, not both");
   state_->optimizer_in_backward = std::move(step);
+}
+
+void FsdpModule::set_optimizer_in_forward(ShardUpdateFn update) {
+  FSDP_CHECK(!state_->ctx, "set_optimizer_in_forward must be called before the first forward");
+  FSDP_USER_CHECK(!state_->optimizer_in_backward,
+                  "the optimizer runs in backward or in forward, not both");
+  state_->optimizer_in_forward = std::move(update);
+}
+
+void FsdpModule::defer_shard_updates(Stream s) { state_->defer_updates(s); }
+
+void FsdpModule::apply_pending_shard_updates(Stream s) {
+  FSDP_CHECK(state_->is_root || !state_->ctx, "apply_pending_shard_updates: call it on the root");
+  state_->apply_pending_updates(s);
+}
+
+int FsdpModule::pending_shard_updates() const {
+  return state_->ctx ? state_->ctx->pending_updates : 0;
 }
 
 void FsdpModule::set_event_log(std::vector<ScheduleEvent>* log) {
@@ -189,6 +209,7 @@ void zero_sharded_grads(FsdpModule& root) {
 std::vector<std::vector<float>> gather_full_params(FsdpModule& root, Stream compute) {
   std::vector<std::vector<float>> out;
   Device& d = root.state().mesh.device();
+  root.apply_pending_shard_updates(compute);  // Note [Optimizer in forward]
   for (Param* p : root.module().all_params()) {
     const core::FsdpState::ParamHome* home = nullptr;
     root.module().visit([&](Module& m) {

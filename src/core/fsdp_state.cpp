@@ -162,6 +162,8 @@ void FsdpState::lazy_init(RunContext& run) {
   ctx->event_log = event_log;
   ctx->optimizer_in_backward = optimizer_in_backward;
   ctx->grad_shard_ready = grad_shard_ready;
+  ctx->optimizer_in_forward = optimizer_in_forward;
+  if (optimizer_in_forward) ctx->updates_ready = ctx->events.acquire();  // kept for good
   if (ctx->separate_reduce_scatter_group)
     for (FsdpState* s : all_states)
       for (auto& g : s->groups) ctx->create_separate_comm(g->mesh());
@@ -181,6 +183,9 @@ void FsdpState::root_pre_forward(RunContext& run) {
   // The all-gathers read the shards the optimizer wrote on the compute stream.
   d.record_event(optimizer_done_, run.compute);
   d.wait_event(ctx->all_gather_stream, optimizer_done_);
+  // Note [Optimizer in forward]: compute is past the deferral here; a captured step's
+  // updates then wait for an event recorded inside the capture.
+  if (ctx->pending_updates > 0) d.record_event(ctx->updates_ready, run.compute);
   ctx->forget_compute_started();
   ctx->post_forward_order.clear();
   ctx->forward_hooks.clear();
@@ -197,6 +202,24 @@ void FsdpState::root_pre_forward(RunContext& run) {
       if (g->is_sharded_post_forward()) g->reshard(run.compute);
     }
   }
+}
+
+void FsdpState::defer_updates(Stream s) {
+  FSDP_CHECK(is_root && ctx, "defer_shard_updates: call it on the root after its first forward");
+  FSDP_USER_CHECK(ctx->optimizer_in_forward,
+                  "defer_shard_updates needs set_optimizer_in_forward before the first forward");
+  FSDP_CHECK(ctx->pending_updates == 0,
+             "defer_shard_updates: the previous step's updates have not all run "
+             "(apply_pending_shard_updates first)");
+  mesh.device().record_event(ctx->updates_ready, s);
+  for (FsdpState* st : all_states)
+    for (auto& g : st->groups) g->defer_update(s);
+}
+
+void FsdpState::apply_pending_updates(Stream s) {
+  if (!ctx) return;
+  for (FsdpState* st : all_states)
+    for (auto& g : st->groups) g->run_pending_update(s, nullptr);
 }
 
 void FsdpState::unshard(const char* phase) {
@@ -285,6 +308,9 @@ void FsdpState::post_forward(RunContext& run) {
 void FsdpState::catch_up_backward(RunContext& run, bool pre) {
   CommContext& c = *ctx;
   if (!c.backward_planned) {
+    // Note [Optimizer in forward]: an update the forward did not run must read its grad
+    // shard before this backward's reduce-scatters write it.
+    if (c.pending_updates > 0) root->apply_pending_updates(run.compute);
     c.backward_planned = true;
     c.backward_plan.clear();
     for (auto it = c.forward_hooks.rbegin(); it != c.forward_hooks.rend(); ++it)

@@ -34,6 +34,10 @@ class FsdpState : public ModuleHooks {
   // Tells the context once none of this module's all-gather buffers is left (Note [All-gather
   // ordering]).
   void note_all_gather_freed(Stream compute);
+  // Root only (Note [Optimizer in forward]): mark every group's update pending after the work
+  // issued on s; run every pending update on s.
+  void defer_updates(Stream s);
+  void apply_pending_updates(Stream s);
 
   Module& module;
   Mesh& mesh;
@@ -56,6 +60,7 @@ class FsdpState : public ModuleHooks {
   std::vector<ScheduleEvent>* event_log = nullptr;
   ShardStepFn optimizer_in_backward;  // root only
   GradShardReadyFn grad_shard_ready;  // root only
+  ShardUpdateFn optimizer_in_forward;  // root only
 
   // Set at lazy init.
   bool is_root = false;

@@ -57,6 +57,13 @@ class ParamGroup {
   // For groups that got no reduce-scatter since the last mark: make the zeros real.
   void materialize_zero_grad(Stream compute);
 
+  // Note [Optimizer in forward]. defer_update marks this group's update pending, or runs it
+  // at once on s when the group is not sharded; run_pending_update runs a pending one on s,
+  // writing the new param (in the param dtype) to param_copy when given.
+  void defer_update(Stream s);
+  bool update_pending() const { return update_pending_; }
+  void run_pending_update(Stream s, void* param_copy);
+
   Mesh& mesh() const { return *mesh_; }
   int index() const { return index_; }
   const GroupLayout& layout() const { return layout_; }
@@ -95,6 +102,7 @@ class ParamGroup {
   float* shard_param_ = nullptr;  // fp32 master shard, flat
   float* shard_grad_ = nullptr;   // fp32 grad shard, flat
   bool grad_shard_zero_ = true;  // logically zero; the memory may hold old values
+  bool update_pending_ = false;  // Note [Optimizer in forward]
 
   UnshardState state_ = Sharded;
   void* gathered_ = nullptr;  // [world][shard_numel] in the param dtype

@@ -156,6 +156,8 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   FSDP_USER_CHECK(!(config.optimizer_in_backward && config.optimizer.max_grad_norm > 0),
                   "the optimizer in backward cannot clip gradients (clipping needs every "
                   "gradient before any step): turn clipping off or the optimizer in backward off");
+  FSDP_USER_CHECK(!(config.optimizer_in_backward && config.optimizer_in_forward),
+                  "the optimizer runs in backward or in forward, not both");
   // Note [Collective fingerprints]: every collective below, on `world` and on the
   // communicators split from it, is compared across ranks before it runs.
   if (config.check_collectives) world = with_collective_checks(std::move(world), device);
@@ -232,7 +234,11 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
         [&optimizer](Stream s, int ordinal, float*, const void* grad, DType t, int64_t) {
           optimizer.step_one(s, ordinal, grad, t);
         });
-  else if (!config.after_backward)  // that hook may change grads the early sums have read
+  if (config.optimizer_in_forward)
+    root.set_optimizer_in_forward([&optimizer](Stream s, int ordinal, void* copy, DType t) {
+      optimizer.step_deferred(s, ordinal, copy, t);  // Note [Optimizer in forward]
+    });
+  if (!config.optimizer_in_backward && !config.after_backward)  // that hook may change grads the early sums have read
     root.set_on_grad_shard_ready([&optimizer](Stream s, int ordinal, const float* grad, int64_t) {
       optimizer.add_grad_square(s, ordinal, grad);  // Note [Early grad norm]
     });
@@ -344,6 +350,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
   std::unique_ptr<CapturedStep> graph;
   if (config.cuda_graph) graph = std::make_unique<CapturedStep>(device, compute, config.micro_batches);
   const int capture_at = state.next_step + std::max(1, config.warmup);
+  int deferred_groups = 0;  // updates an eager step leaves pending (Note [Optimizer in forward])
   double host_step_us_total = 0;
   int host_step_count = 0;
   // One whole step's device work: every micro-batch, the grad norm and the optimizer. Under a
@@ -384,7 +391,12 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     if (config.after_backward) config.after_backward(state);
     if (!config.optimizer_in_backward) {
       optimizer.compute_grad_squares(compute);
-      optimizer.step(compute);
+      if (config.optimizer_in_forward) {  // Note [Optimizer in forward]
+        optimizer.defer_step(compute);
+        root.defer_shard_updates(compute);
+      } else {
+        optimizer.step(compute);
+      }
       zero_sharded_grads(root);
     }
     // Clears the loss for the next step; on a timeline it marks where this step ends.
@@ -408,7 +420,11 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       report.tokens += batch.tokens;
       return batch;
     };
-    if (graph && step >= capture_at) {
+    // Note [Optimizer in forward]: a captured step starts with every group's update pending,
+    // as the step before its capture left them; after anything ran them early (evaluation, a
+    // checkpoint, the after_step hook) one eager step restores that.
+    const bool graph_ready = !config.optimizer_in_forward || root.pending_shard_updates() == deferred_groups;
+    if (graph && step >= capture_at && graph_ready) {
       for (int mb = 0; mb < config.micro_batches; ++mb) graph->stage(mb, make_batch(mb));
       if (!graph->captured()) {
         graph->capture([&] {
@@ -429,6 +445,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
         current = make_batch(mb);
         return current;
       });
+      deferred_groups = root.pending_shard_updates();
     }
     if (prefetch && step + 1 < config.steps)
       fsdp_module_of(*model.blocks().front())->unshard(/*async_op=*/true);
@@ -441,7 +458,10 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       ++host_step_count;
     }
     state.next_step = step + 1;
-    if (config.after_step) config.after_step(state);
+    if (config.after_step) {
+      root.apply_pending_shard_updates(compute);  // the hook may read the shards
+      config.after_step(state);
+    }
     if (eval_source && ((step + 1) % config.eval_every == 0 || step + 1 == config.steps)) {
       float* scratch = static_cast<float*>(device.alloc(3 * sizeof(float), compute, MemTag::Other));
       const double eval_start_ms = now_ms();
@@ -478,6 +498,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       if (!stopped) ckpt->after_step(step + 1, config.steps, nlohmann::json::object());
     }
   }
+  root.apply_pending_shard_updates(compute);  // the last step's (Note [Optimizer in forward])
   while (reader.pending() > 0 && !stopped) stopped = !read_one();
   while (reader.pending() > 0) reader.pop();  // drain what ran after a stop
   if (ckpt) ckpt->finish();  // the last save is on disk

@@ -71,6 +71,10 @@ struct TrainConfig {
   // Each group's optimizer step runs right after its reduce-scatter (Note [Optimizer in
   // backward]); off: one multi-tensor step after backward, with persistent grad shards.
   bool optimizer_in_backward = false;
+  // Each group's step runs in the next forward, just before its all-gather, on the
+  // all-gather stream (Note [Optimizer in forward]); clipping works. Off: one multi-tensor
+  // step after backward on the compute stream.
+  bool optimizer_in_forward = false;
   // Between steps, start the first unit's all-gather for the next step (FsdpModule::unshard
   // with async_op) so it runs while the host finishes the step.
   bool prefetch_next_step = false;

@@ -44,6 +44,8 @@ std::vector<OptimTensor> copy_optim_tensors(const char* op, const OptimTensor* t
     check_buffer(t.grad, t.numel, "grad", op);
     if (needs_state0) check_buffer(t.state0, t.numel, "state0", op);
     if (needs_state1) check_buffer(t.state1, t.numel, "state1", op);
+    FSDP_CHECK(!t.param_copy || t.param_copy_dtype == DType::F32 || t.param_copy_dtype == DType::BF16,
+               op, ": param_copy must be fp32 or bf16");
   }
   return out;
 }

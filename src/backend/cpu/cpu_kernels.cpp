@@ -106,6 +106,11 @@ namespace {
 
 // PyTorch's AdamW (foreach=False) order of operations: decoupled decay first, then the
 // moments, then the bias-corrected update. grad_scale is the clipping coefficient.
+// The updated param into the tensor's param_copy, if it has one, rounded as cast() rounds.
+void write_param_copy(const OptimTensor& o) {
+  if (o.param_copy) cast(o.param_copy, o.param_copy_dtype, o.param, DType::F32, o.numel);
+}
+
 void adamw_apply(const OptimTensor* tensors, int count, const AdamWConfig& c, float lr,
                  float step_size, float bias2_sqrt, float grad_scale) {
   const float decay = 1.0f - lr * c.weight_decay;
@@ -123,6 +128,7 @@ void adamw_apply(const OptimTensor* tensors, int count, const AdamWConfig& c, fl
         o.state1[i] = v;
       }
     });
+    write_param_copy(o);
   }
 }
 
@@ -143,6 +149,7 @@ void sgd_apply(const OptimTensor* tensors, int count, float lr, float momentum,
         o.param[i] -= lr * g;
       }
     });
+    write_param_copy(o);
   }
 }
 

@@ -29,9 +29,14 @@ void describe_optim_tensors(std::vector<kernels::OptimDesc>& descs, const OptimT
     const bool uses_state0 = adamw || momentum != 0.0f;
     descs[i] = kernels::OptimDesc{t.param, t.grad, t.state0, adamw ? t.state1 : nullptr, t.numel,
                                   0, false, t.grad_dtype == DType::BF16};
+    FSDP_CHECK(!t.param_copy || t.param_copy_dtype == DType::F32 || t.param_copy_dtype == DType::BF16,
+               "optimizer tensor ", i, ": param_copy must be fp32 or bf16");
+    descs[i].param_copy = t.param_copy;
+    descs[i].copy_bf16 = t.param_copy_dtype == DType::BF16;
     descs[i].vectorized = pack_aligned(t.param) && pack_aligned(t.grad) &&
                           (!uses_state0 || pack_aligned(t.state0)) &&
-                          (!adamw || pack_aligned(t.state1));
+                          (!adamw || pack_aligned(t.state1)) &&
+                          (!t.param_copy || pack_aligned(t.param_copy));
   }
 }
 

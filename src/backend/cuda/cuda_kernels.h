@@ -47,6 +47,8 @@ struct OptimDesc {
   int64_t tile_begin = 0;
   bool vectorized = false;
   bool grad_bf16 = false;
+  void* param_copy = nullptr;  // the updated param also lands here (OptimTensor::param_copy)
+  bool copy_bf16 = false;
 };
 
 // Numbers the tiles of each descriptor; returns the launch's total tile count.

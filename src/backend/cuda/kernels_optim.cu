@@ -16,6 +16,17 @@ __device__ __forceinline__ void load_grad(const OptimDesc& d, int64_t e, float (
     load_pack<W>(static_cast<const float*>(d.grad) + e, g);
 }
 
+// The updated param into the descriptor's param_copy, if any (OptimTensor::param_copy),
+// rounded as the cast kernel rounds.
+template <int W>
+__device__ __forceinline__ void store_param_copy(const OptimDesc& d, int64_t e, const float (&p)[W]) {
+  if (!d.param_copy) return;
+  if (d.copy_bf16)
+    store_pack<W>(static_cast<bf16*>(d.param_copy) + e, p);
+  else
+    store_pack<W>(static_cast<float*>(d.param_copy) + e, p);
+}
+
 struct AdamWBody {
   AdamWParams c;
   float grad_scale = 1.0f;  // the clipping coefficient
@@ -41,6 +52,7 @@ struct AdamWBody {
     store_pack<W>(d.param + e, p);
     store_pack<W>(d.state0 + e, m);
     store_pack<W>(d.state1 + e, v);
+    store_param_copy<W>(d, e, p);
   }
 
   // Note [Step scalars]: lr, bias corrections and the clip coefficient from device memory.
@@ -79,6 +91,7 @@ struct SgdBody {
 #pragma unroll
     for (int i = 0; i < W; ++i) p[i] -= lr * g[i];
     store_pack<W>(d.param + e, p);
+    store_param_copy<W>(d, e, p);
   }
 
   __device__ void resolve(const StepScalars& s, float clip) {
