@@ -5,6 +5,8 @@
 // - a stream joins the capture by waiting on an event recorded inside it; work on a stream
 //   that has not joined raises a UserError;
 // - a wait on an event last recorded before the capture is dropped;
+// - after the capture, an eager wait on an event whose last record was captured fails
+//   (CUDA: cudaStreamWaitEvent returns cudaErrorInvalidValue), until it is recorded again;
 // - memory allocated inside must be freed inside (it stays reserved for the graph, as graph
 //   memory does), and memory from before may not be freed inside;
 // - copy_from_host snapshots the host bytes; host waits raise a UserError.
@@ -117,10 +119,16 @@ class GraphEmulatorDevice final : public Device {
   void destroy_event(Event e) override { d_.destroy_event(e); }
   void record_event(Event e, Stream s) override {
     if (active_) epochs_[e.id] = epoch_;
+    if (active_)
+      captured_last_.insert(e.id);
+    else
+      captured_last_.erase(e.id);
     issue(s, [=, this] { d_.record_event(e, s); });
     if (active_) event_clock_[e.id] = clock_[s.id];
   }
   void wait_event(Stream s, Event e) override {
+    FSDP_CHECK(active_ || !captured_last_.count(e.id),
+               "an eager wait on an event last recorded inside a capture (CUDA refuses it)");
     if (!active_) return d_.wait_event(s, e);
     if (epochs_[e.id] != epoch_) return;  // recorded before the capture: nothing to order
     joined_.insert(s.id);
@@ -395,6 +403,7 @@ class GraphEmulatorDevice final : public Device {
   bool active_ = false;
   uint64_t epoch_ = 0;
   std::map<int, uint64_t> epochs_;  // event id: epoch of its last record
+  std::set<int> captured_last_;     // events whose last record was captured
   std::map<int, std::string> names_;
   std::vector<std::function<void()>> ops_;
   std::vector<int> streams_;

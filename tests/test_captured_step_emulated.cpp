@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "captured_run.h"
+#include "runtime/batch_source.h"
 
 namespace fsdp::testing {
 namespace {
@@ -70,6 +71,37 @@ TEST(CapturedStepEmulated, MoeWithExpertsOnTheirOwnMesh) {
   runtime::TrainConfig c = small("moe");
   c.reshard_after_forward = false;
   expect_captured_equals_eager(c, 2);
+}
+
+// Note [Optimizer in forward]: each group's update, replayed inside the next step's forward on
+// the all-gather stream, gives the step after backward's bits. Evaluation between steps runs
+// the pending updates early, eagerly; the step after it then runs eagerly, so that no update
+// runs twice (the replay would run it again) or never.
+TEST(CapturedStepEmulated, OptimizerInForwardReplaysBitwiseAsTheStepAfterBackward) {
+  runtime::TrainConfig c = small("transformer");
+  c.micro_batches = 2;
+  runtime::TrainConfig in_forward = c;
+  in_forward.optimizer_in_forward = true;
+  const auto plain = run_fsdp(2, c);
+  const CapturedRun graph = run_captured(2, in_forward);
+  EXPECT_EQ(graph.replays[0], c.steps - c.warmup);
+  EXPECT_EQ(graph.ranks[0].losses, plain[0].losses);
+  EXPECT_EQ(graph.ranks[0].grad_norms, plain[0].grad_norms);
+  EXPECT_EQ(graph.ranks[0].params, plain[0].params);
+
+  for (runtime::TrainConfig* t : {&c, &in_forward}) {
+    t->eval_source = [model = c.model](int, int) { return runtime::make_synthetic_tokens(model, 99); };
+    t->eval_every = 3;  // after steps 3, 6 and 8 (1-based)
+    t->eval_batches = 1;
+  }
+  const auto plain_eval = run_fsdp(2, c);
+  const CapturedRun graph_eval = run_captured(2, in_forward);
+  // Steps 3..8 (1-based) would replay; steps 4 and 7 follow an evaluation and run eagerly.
+  EXPECT_EQ(graph_eval.replays[0], c.steps - c.warmup - 2);
+  EXPECT_EQ(graph_eval.ranks[0].losses, plain_eval[0].losses);
+  EXPECT_EQ(graph_eval.ranks[0].val_losses, plain_eval[0].val_losses);
+  EXPECT_EQ(graph_eval.ranks[0].params, plain_eval[0].params);
+  ASSERT_EQ(plain_eval[0].val_losses.size(), 3u);
 }
 
 // HSDP adds the all-reduce stream, and only HSDP does: the graph holds exactly the streams

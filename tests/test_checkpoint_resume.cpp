@@ -18,25 +18,33 @@ namespace {
 // The models resume is tested on: adding a model is one line here.
 const std::vector<std::string> kResumeModels = {"mlp", "moe", "resmlp", "transformer"};
 
+// Where the optimizer steps: after backward, in backward (the command's default schedule
+// without clipping, with next-step prefetch), or in the next forward (Note [Optimizer in
+// forward], with next-step prefetch: a save must run the pending updates first).
+enum class StepAt { AfterBackward, InBackward, InForward };
 struct ResumeCase {
   std::string kind;
-  bool optimizer_in_backward;  // the command's default schedule, with next-step prefetch
+  StepAt step_at;
 };
-void PrintTo(const ResumeCase& c, std::ostream* os) {
-  *os << c.kind << (c.optimizer_in_backward ? " optimizer in backward" : "");
+const char* name_of(StepAt s) {
+  return s == StepAt::AfterBackward ? "StepAfterBackward"
+         : s == StepAt::InBackward  ? "OptimizerInBackward"
+                                    : "OptimizerInForward";
 }
+void PrintTo(const ResumeCase& c, std::ostream* os) { *os << c.kind << " " << name_of(c.step_at); }
 
 class Resume : public ::testing::TestWithParam<ResumeCase> {};
 
 TEST_P(Resume, ContinuesBitwiseIdenticallyOnTheSameWorldSize) {
   const ResumeCase p = GetParam();
   runtime::TrainConfig c = small_config(p.kind);
-  c.optimizer_in_backward = p.optimizer_in_backward;
-  c.prefetch_next_step = p.optimizer_in_backward;
+  c.optimizer_in_backward = p.step_at == StepAt::InBackward;
+  c.optimizer_in_forward = p.step_at == StepAt::InForward;
+  c.prefetch_next_step = p.step_at != StepAt::AfterBackward;
   const int world = 3;
   const auto plain = run_fsdp(world, c);  // no checkpoints at all
 
-  const std::string dir = fresh_dir("resume_" + p.kind + (p.optimizer_in_backward ? "_oib" : ""));
+  const std::string dir = fresh_dir("resume_" + p.kind + "_" + name_of(p.step_at));
   runtime::TrainConfig saving = c;
   saving.checkpoint.save_dir = dir;
   saving.checkpoint.save_every = 4;  // mid-run: step 4 of 6 (and the last step)
@@ -56,15 +64,14 @@ TEST_P(Resume, ContinuesBitwiseIdenticallyOnTheSameWorldSize) {
 std::vector<ResumeCase> resume_cases() {
   std::vector<ResumeCase> out;
   for (const std::string& kind : kResumeModels)
-    for (bool oib : {false, true}) out.push_back({kind, oib});
+    for (StepAt at : {StepAt::AfterBackward, StepAt::InBackward, StepAt::InForward})
+      out.push_back({kind, at});
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Resume, ::testing::ValuesIn(resume_cases()),
                          [](const auto& info) {
-                           return info.param.kind +
-                                  (info.param.optimizer_in_backward ? "_OptimizerInBackward"
-                                                                    : "_StepAfterBackward");
+                           return info.param.kind + "_" + name_of(info.param.step_at);
                          });
 
 struct ReshardCase {

@@ -185,7 +185,10 @@ void FsdpState::root_pre_forward(RunContext& run) {
   d.wait_event(ctx->all_gather_stream, optimizer_done_);
   // Note [Optimizer in forward]: compute is past the deferral here; a captured step's
   // updates then wait for an event recorded inside the capture.
-  if (ctx->pending_updates > 0) d.record_event(ctx->updates_ready, run.compute);
+  if (ctx->pending_updates > 0) {
+    d.record_event(ctx->updates_ready, run.compute);
+    ctx->updates_stream = run.compute;
+  }
   ctx->forget_compute_started();
   ctx->post_forward_order.clear();
   ctx->forward_hooks.clear();
@@ -212,14 +215,25 @@ void FsdpState::defer_updates(Stream s) {
              "defer_shard_updates: the previous step's updates have not all run "
              "(apply_pending_shard_updates first)");
   mesh.device().record_event(ctx->updates_ready, s);
+  ctx->updates_stream = s;
   for (FsdpState* st : all_states)
     for (auto& g : st->groups) g->defer_update(s);
 }
 
 void FsdpState::apply_pending_updates(Stream s) {
-  if (!ctx) return;
+  if (!ctx || !ctx->optimizer_in_forward) return;
   for (FsdpState* st : all_states)
     for (auto& g : st->groups) g->run_pending_update(s, nullptr);
+  // Updates that already ran in all-gathers ran on the all-gather stream: whoever reads the
+  // shards on s (a checkpoint, say) must follow those too.
+  if (ctx->updates_ran_elsewhere && !(s == ctx->all_gather_stream)) {
+    Device& d = mesh.device();
+    const Event done = ctx->events.acquire();
+    d.record_event(done, ctx->all_gather_stream);
+    d.wait_event(s, done);
+    ctx->events.release(done);
+  }
+  ctx->updates_ran_elsewhere = false;
 }
 
 void FsdpState::unshard(const char* phase) {

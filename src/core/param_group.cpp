@@ -204,7 +204,10 @@ void ParamGroup::defer_update(Stream s) {
 
 void ParamGroup::run_pending_update(Stream s, void* param_copy) {
   if (!update_pending_) return;
-  device_->wait_event(s, ctx_->updates_ready);
+  if (!(s == ctx_->updates_stream)) {
+    device_->wait_event(s, ctx_->updates_ready);
+    ctx_->updates_ran_elsewhere = true;
+  }
   device_->set_label(label_optimizer_);
   ctx_->optimizer_in_forward(s, ordinal_, param_copy, owner_->mp.param_dtype);
   update_pending_ = false;

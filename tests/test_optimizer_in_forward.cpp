@@ -1,0 +1,128 @@
+// Note [Optimizer in forward]: each group's optimizer step runs in the next forward, on the
+// all-gather stream, just before the group's all-gather, and writes the all-gather's input in
+// place of the copy-in. The math is the plain step's, element for element, so losses, grad
+// norms and params must be the same bits as the step after backward, under chaos delays (a
+// missing wait would read a grad or a shard at the wrong time), for every layout the schedule
+// has: a second mesh, HSDP, micro-batches, the post-forward mesh, next-step prefetch, SGD.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "command_util.h"
+#include "test_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+struct Case {
+  std::string name;
+  std::string kind;
+  int world = 2;
+  int hsdp_replicas = 0;
+  int micro_batches = 1;
+  int post_forward = 0;  // reshard_after_forward to groups of this many ranks
+  bool prefetch = false;
+  std::string optimizer = "adamw";
+};
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+runtime::TrainConfig config_of(const Case& k) {
+  runtime::TrainConfig c;
+  c.model.kind = k.kind;
+  c.model.layers = 3;
+  c.model.dim = 16;
+  c.model.classes = k.kind == "transformer" ? 0 : 4;
+  c.model.hidden = 10;
+  c.model.experts = 3;
+  c.model.heads = 2;
+  c.model.ffn_dim = 24;
+  c.model.seq_len = 4;
+  c.model.vocab = 29;
+  c.tokens = 8;
+  c.steps = 5;
+  c.micro_batches = k.micro_batches;
+  c.hsdp_replicas = k.hsdp_replicas;
+  c.reshard_after_forward_size = k.post_forward;
+  c.prefetch_next_step = k.prefetch;
+  c.optimizer.kind = k.optimizer;
+  c.optimizer.max_grad_norm = 0.05f;  // small: every step clips, so the norm matters
+  c.collect_params = true;
+  return c;
+}
+
+cpu::CpuOptions chaos(uint64_t seed) {
+  cpu::CpuOptions o;
+  o.chaos = true;
+  o.chaos_seed = seed;
+  o.virtual_clock = true;  // the delays reorder the streams without taking wall-clock time
+  return o;
+}
+
+class OptimizerInForward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OptimizerInForward, SameBitsAsTheStepAfterBackward) {
+  const Case k = GetParam();
+  const runtime::TrainConfig plain = config_of(k);
+  runtime::TrainConfig in_forward = plain;
+  in_forward.optimizer_in_forward = true;
+  const auto a = run_fsdp(k.world, plain, chaos(11));
+  const auto b = run_fsdp(k.world, in_forward, chaos(12));
+  for (int rank = 0; rank < k.world; ++rank) {
+    ASSERT_EQ(a[rank].losses.size(), 5u);
+    EXPECT_EQ(a[rank].losses, b[rank].losses) << "rank " << rank;
+    EXPECT_EQ(a[rank].grad_norms, b[rank].grad_norms) << "rank " << rank;
+    EXPECT_EQ(a[rank].params, b[rank].params) << "rank " << rank;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, OptimizerInForward,
+    ::testing::Values(Case{"mlp_one_rank", "mlp", 1}, Case{"mlp", "mlp", 2},
+                      Case{"mlp_sgd", "mlp", 2, 0, 1, 0, false, "sgd"},
+                      Case{"mlp_three_micro_batches_prefetch", "mlp", 2, 0, 3, 0, true},
+                      Case{"moe_expert_mesh", "moe", 2},
+                      Case{"transformer_post_forward_mesh", "transformer", 4, 0, 1, 2},
+                      Case{"hsdp_2x2", "mlp", 4, 2}),
+    [](const auto& info) { return info.param.name; });
+
+// Where the updates run: in every traced step, one optimizer op per group, each on the
+// all-gather stream; and each replaces its group's forward copy-in, so the step has exactly one
+// copy-in fewer per group than the plain schedule, whose single optimizer op is on compute.
+TEST(OptimizerInForwardSchedule, EachGroupStepsOnTheAllGatherStreamInPlaceOfItsCopyIn) {
+  runtime::TrainConfig plain = config_of(Case{"mlp", "mlp", 2});
+  plain.timeline = true;
+  plain.warmup = 1;  // steps 2..5 traced: each runs the updates of the step before it
+  runtime::TrainConfig in_forward = plain;
+  in_forward.optimizer_in_forward = true;
+  const auto a = run_fsdp(2, plain), b = run_fsdp(2, in_forward);
+  const int traced_steps = plain.steps - plain.warmup;
+  const int groups = plain.model.layers + 1;  // every block and the root
+  auto count = [](const runtime::RankResult& r) {
+    std::map<std::string, int> n;  // "optimizer@stream" and "copy-in"
+    for (const TimelineOp& op : r.timeline.ops) {
+      if (op.kind == OpKind::Optimizer) ++n["optimizer@" + r.timeline.stream_names.at(op.stream)];
+      if (op.label.rfind("AG copy-in", 0) == 0) ++n["copy-in"];
+    }
+    return n;
+  };
+  const auto plain_ops = count(a[0]), forward_ops = count(b[0]);
+  EXPECT_EQ(plain_ops.at("optimizer@compute"), traced_steps);
+  EXPECT_EQ(forward_ops.count("optimizer@compute"), 0u);
+  EXPECT_EQ(forward_ops.at("optimizer@all-gather"), traced_steps * groups);
+  EXPECT_EQ(forward_ops.at("copy-in"), plain_ops.at("copy-in") - traced_steps * groups);
+  EXPECT_EQ(a[0].params, b[0].params);
+}
+
+TEST(OptimizerInForwardSchedule, TheOptimizerInBackwardTooIsRefusedInOneLine) {
+  const CommandResult r = run_fsdp_command(
+      "train --backend cpu --steps 1 --clip-grad-norm 0 --optimizer-in-backward 1 "
+      "--optimizer-in-forward 1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.code, -1) << "crashed";
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find("exclude each other"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace fsdp::testing
