@@ -235,6 +235,27 @@ void expect_bitwise_equal_with_attention(const std::string& args, const std::str
   unsetenv("FSDP_ATTENTION");
 }
 
+// Note [Optimizer in forward]: each group's step in the next forward, on the all-gather stream,
+// writing the all-gather's input: with clipping on, the step after backward's losses and grad
+// norms bit for bit, eager and captured (the attention on CUDA cores, which is deterministic).
+TEST(CudaGraphTrain, OptimizerInForwardIsBitwiseTheStepAfterBackward) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU";
+  const std::string mlp = "--model mlp --layers 4 --dim 256 --tokens 512 --param-dtype bf16 "
+                          "--clip-grad-norm 0.5 --optimizer-in-backward 0 --micro-batches 2";
+  const std::string transformer =
+      "--model transformer --layers 2 --dim 128 --heads 4 --kv-heads 2 --seq-len 64 --vocab 512 "
+      "--tokens 256 --param-dtype bf16 --clip-grad-norm 0.5";
+  setenv("FSDP_ATTENTION", "simt", 1);
+  for (const auto& [args, name] : {std::pair{mlp, std::string("mlp")}, {transformer, "transformer"}}) {
+    const nlohmann::json plain = run_json(args, name + "_plain");
+    const nlohmann::json in_forward = run_json(args + " --optimizer-in-forward 1", name + "_oif");
+    EXPECT_EQ(first_difference(losses_of(plain), losses_of(in_forward)), 0u) << args;
+    EXPECT_EQ(plain["grad_norms"], in_forward["grad_norms"]) << args;
+    expect_bitwise_equal(args + " --optimizer-in-forward 1", name + "_oif");
+  }
+  unsetenv("FSDP_ATTENTION");
+}
+
 // With a capacity factor the MoE layers route on the device (Note [Device MoE routing]), so the
 // whole step captures: the top-k, the capacity, the aux loss and its gradient included.
 TEST(CudaGraphTrain, MoeTransformerWithCapacityLossesAreBitwiseEagerAndCaptured) {
