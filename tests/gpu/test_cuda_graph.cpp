@@ -246,7 +246,9 @@ TEST(CudaGraphTrain, OptimizerInForwardIsBitwiseTheStepAfterBackward) {
       "--model transformer --layers 2 --dim 128 --heads 4 --kv-heads 2 --seq-len 64 --vocab 512 "
       "--tokens 256 --param-dtype bf16 --clip-grad-norm 0.5";
   setenv("FSDP_ATTENTION", "simt", 1);
-  for (const auto& [args, name] : {std::pair{mlp, std::string("mlp")}, {transformer, "transformer"}}) {
+  const std::vector<std::pair<std::string, std::string>> runs = {{mlp, "mlp"},
+                                                                  {transformer, "transformer"}};
+  for (const auto& [args, name] : runs) {
     const nlohmann::json plain = run_json(args, name + "_plain");
     const nlohmann::json in_forward = run_json(args + " --optimizer-in-forward 1", name + "_oif");
     EXPECT_EQ(first_difference(losses_of(plain), losses_of(in_forward)), 0u) << args;
