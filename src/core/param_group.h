@@ -61,7 +61,6 @@ class ParamGroup {
   // at once on s when the group is not sharded; run_pending_update runs a pending one on s,
   // writing the new param (in the param dtype) to param_copy when given.
   void defer_update(Stream s);
-  bool update_pending() const { return update_pending_; }
   void run_pending_update(Stream s, void* param_copy);
 
   Mesh& mesh() const { return *mesh_; }

@@ -238,7 +238,8 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     root.set_optimizer_in_forward([&optimizer](Stream s, int ordinal, void* copy, DType t) {
       optimizer.step_deferred(s, ordinal, copy, t);  // Note [Optimizer in forward]
     });
-  if (!config.optimizer_in_backward && !config.after_backward)  // that hook may change grads the early sums have read
+  // Note [Early grad norm]; an after_backward hook may change grads the early sums have read.
+  if (!config.optimizer_in_backward && !config.after_backward)
     root.set_on_grad_shard_ready([&optimizer](Stream s, int ordinal, const float* grad, int64_t) {
       optimizer.add_grad_square(s, ordinal, grad);  // Note [Early grad norm]
     });
