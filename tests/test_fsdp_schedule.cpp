@@ -153,6 +153,7 @@ TEST(Chaos, FiftySeedsKeepParityAndReadNoPoison) {
     c.rs_max_input_buffers = 1 + static_cast<int>(seed % 2);
     c.separate_rs_group = (seed / 2) % 2 == 1;
     c.optimizer_in_backward = seed % 3 == 0;  // the newer paths under random delays too
+    c.optimizer_in_forward = seed % 3 == 1;
     c.prefetch_next_step = seed % 5 < 3;
     cpu::CpuOptions o;
     o.chaos = true;

@@ -6,10 +6,14 @@
 // has: a second mesh, HSDP, micro-batches, the post-forward mesh, next-step prefetch, SGD.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "command_util.h"
+#include "fsdp/error.h"
+#include "fsdp/fsdp.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
@@ -112,6 +116,47 @@ TEST(OptimizerInForwardSchedule, EachGroupStepsOnTheAllGatherStreamInPlaceOfItsC
   EXPECT_EQ(forward_ops.at("optimizer@all-gather"), traced_steps * groups);
   EXPECT_EQ(forward_ops.at("copy-in"), plain_ops.at("copy-in") - traced_steps * groups);
   EXPECT_EQ(a[0].params, b[0].params);
+}
+
+// The API by hand: an update stays pending until the group's next all-gather runs it (or an
+// explicit apply), exactly once; misuse is a one-line UserError.
+TEST(OptimizerInForwardApi, AnUpdateRunsOnceAtTheNextAllGatherAndMisuseIsOneLine) {
+  auto expect_user_error = [](const std::function<void()>& f, const std::string& words) {
+    try {
+      f();
+      ADD_FAILURE() << "accepted; expected: " << words;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  };
+  runtime::run_cpu_ranks(1, {}, [&](int, Device& device, std::shared_ptr<Comm> world) {
+    const Stream s = device.create_stream("compute", StreamPriority::Normal);
+    RunContext ctx{&device, s, DType::F32};
+    Mesh mesh("dp", device, world);
+    nn::Model model(tiny_mlp_config(2, 8));
+    FsdpModule& root = fully_shard(model, mesh);
+    std::vector<int> ran;  // the group ordinal of each update, in order
+    root.set_optimizer_in_forward([&](Stream, int group, void*, DType) { ran.push_back(group); });
+    expect_user_error([&] { root.set_optimizer_in_backward({}); }, "not both");
+    Tensor x = empty_tensor(device, s, DType::F32, 4, 8, MemTag::Activation);
+    device.fill(s, x.data, DType::F32, x.numel(), 0.5f);
+    model.forward(ctx, x);  // lazy init; the root keeps its params gathered
+    root.reshard();
+    root.defer_shard_updates(s);
+    EXPECT_EQ(root.pending_shard_updates(), 1);
+    EXPECT_TRUE(ran.empty());
+    expect_user_error([&] { root.defer_shard_updates(s); }, "have not all run");
+    model.forward(ctx, x);  // the all-gather runs the update, once
+    EXPECT_EQ(ran, std::vector<int>{0});
+    EXPECT_EQ(root.pending_shard_updates(), 0);
+    root.reshard();
+    root.defer_shard_updates(s);
+    root.apply_pending_shard_updates(s);
+    root.apply_pending_shard_updates(s);  // nothing left: no second run
+    EXPECT_EQ(ran, (std::vector<int>{0, 0}));
+    device.synchronize();
+  });
 }
 
 TEST(OptimizerInForwardSchedule, TheOptimizerInBackwardTooIsRefusedInOneLine) {

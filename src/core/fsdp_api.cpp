@@ -165,7 +165,7 @@ void FsdpModule::set_optimizer_in_forward(ShardUpdateFn update) {
 void FsdpModule::defer_shard_updates(Stream s) { state_->defer_updates(s); }
 
 void FsdpModule::apply_pending_shard_updates(Stream s) {
-  FSDP_CHECK(state_->is_root || !state_->ctx, "apply_pending_shard_updates: call it on the root");
+  FSDP_USER_CHECK(state_->is_root || !state_->ctx, "apply_pending_shard_updates: call it on the root");
   state_->apply_pending_updates(s);
 }
 

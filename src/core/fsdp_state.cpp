@@ -208,12 +208,13 @@ void FsdpState::root_pre_forward(RunContext& run) {
 }
 
 void FsdpState::defer_updates(Stream s) {
-  FSDP_CHECK(is_root && ctx, "defer_shard_updates: call it on the root after its first forward");
+  FSDP_USER_CHECK(is_root && ctx,
+                  "defer_shard_updates: call it on the root, after its first forward");
   FSDP_USER_CHECK(ctx->optimizer_in_forward,
                   "defer_shard_updates needs set_optimizer_in_forward before the first forward");
-  FSDP_CHECK(ctx->pending_updates == 0,
-             "defer_shard_updates: the previous step's updates have not all run "
-             "(apply_pending_shard_updates first)");
+  FSDP_USER_CHECK(ctx->pending_updates == 0,
+                  "defer_shard_updates: the previous step's updates have not all run (a forward "
+                  "runs them, or apply_pending_shard_updates)");
   mesh.device().record_event(ctx->updates_ready, s);
   ctx->updates_stream = s;
   for (FsdpState* st : all_states)
