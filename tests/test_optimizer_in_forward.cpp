@@ -90,6 +90,23 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"hsdp_2x2", "mlp", 4, 2}),
     [](const auto& info) { return info.param.name; });
 
+// Experts on the efsdp mesh with expert parallelism (the all-to-alls between the groups'
+// all-gathers), and clipping across both meshes.
+TEST(OptimizerInForward, MoeTransformerWithExpertParallelismIsBitwiseTheStepAfterBackward) {
+  runtime::TrainConfig plain = tiny_moe_transformer_config(/*ep=*/2, /*experts=*/4, /*steps=*/4);
+  plain.optimizer.max_grad_norm = 0.05f;
+  plain.micro_batches = 2;
+  runtime::TrainConfig in_forward = plain;
+  in_forward.optimizer_in_forward = true;
+  const auto a = run_fsdp(4, plain, chaos(21)), b = run_fsdp(4, in_forward, chaos(22));
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_EQ(a[rank].losses.size(), 4u);
+    EXPECT_EQ(a[rank].losses, b[rank].losses) << "rank " << rank;
+    EXPECT_EQ(a[rank].grad_norms, b[rank].grad_norms) << "rank " << rank;
+    EXPECT_EQ(a[rank].params, b[rank].params) << "rank " << rank;
+  }
+}
+
 // Where the updates run: in every traced step, one optimizer op per group, each on the
 // all-gather stream; and each replaces its group's forward copy-in, so the step has exactly one
 // copy-in fewer per group than the plain schedule, whose single optimizer op is on compute.
