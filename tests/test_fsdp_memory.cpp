@@ -119,6 +119,38 @@ TEST(PeakMemory, OneRankBf16GradsUnderAnFp32ReduceNeedNoCopyIn) {
     }
 }
 
+// Note [One-rank reduce-scatter]: a transformer block's group has many grads, so on one rank
+// the copy-in is needed; it writes the fp32 grad shard itself. There is no RS input buffer, no
+// RS output, and still one (in-place, launch-free) reduce-scatter per group.
+TEST(PeakMemory, OneRankCopyInWritesTheGradShard) {
+  int64_t reduce_scatters[3] = {};
+  for (int world : {1, 2}) {
+    runtime::TrainConfig c;
+    c.model.kind = "transformer";
+    c.model.layers = 2;
+    c.model.dim = 32;
+    c.model.heads = 4;
+    c.model.kv_heads = 2;
+    c.model.ffn_dim = 40;
+    c.model.seq_len = 8;
+    c.model.vocab = 61;
+    c.tokens = 16;
+    c.steps = 2;
+    c.param_dtype = DType::BF16;
+    for (const auto& r : run_fsdp(world, c)) {
+      const int64_t rs_in = tag_peak(r, MemTag::RsInput);
+      if (world == 1)
+        EXPECT_EQ(rs_in, 0);
+      else
+        EXPECT_GT(rs_in, 0);
+      EXPECT_EQ(tag_peak(r, MemTag::RsOutput), 0) << "world " << world;
+      reduce_scatters[world] = r.reduce_scatters_first_step;
+    }
+  }
+  EXPECT_GT(reduce_scatters[1], 0);
+  EXPECT_EQ(reduce_scatters[1], reduce_scatters[2]);
+}
+
 TEST(PeakMemory, MoeStaysWithinTheBound) {
   for (int k : {1, 2}) {
     runtime::TrainConfig c;

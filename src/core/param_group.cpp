@@ -307,18 +307,28 @@ void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>&
   const int world = layout_.world;
   const Stream rs_stream = ctx_->reduce_scatter_stream;
 
-  ctx_->ring.reserve(*device_, ctx.compute, ctx_->events, index_,
-                     static_cast<int>(owner_->groups.size()));
-  void* rs_in = nullptr;
-  DType in_type = rt;
   // Note [One-rank reduce-scatter]: over one rank a lone grad that already is the copy-in's
   // output (no padding, a buffer of its own on compute) is the input itself. Its dtype may be
   // bf16 under an fp32 reduce: a one-rank reduction is the identity and bf16 widens to fp32
   // exactly, so what follows reads the same values without the copy-in's cast.
   const Tensor* lone = srcs.size() == 1 && grads_.size() == 1 ? &grads_[0] : nullptr;
-  if (world == 1 && !mesh_->is_hsdp() && lone && lone->storage && lone->data == srcs[0] &&
+  const bool one_rank = world == 1 && !mesh_->is_hsdp();
+  const bool lone_is_input =
+      one_rank && lone && lone->storage && lone->data == srcs[0] &&
       (lone->dtype == rt || (lone->dtype == DType::BF16 && rt == DType::F32)) &&
-      lone->numel() == n && lone->storage->stream().id == ctx.compute.id) {
+      lone->numel() == n && lone->storage->stream().id == ctx.compute.id;
+  // Otherwise, where the reduce-scatter would only overwrite the fp32 grad shard with its
+  // input, the copy-in writes the grad shard itself: no input buffer, no copy after it.
+  if (one_rank && !lone_is_input && rt == DType::F32 && grad_shard_zero_ &&
+      !ctx_->optimizer_in_backward && !custom_divide()) {
+    copy_in_to_grad_shard(ctx, srcs, types);
+    return;
+  }
+  ctx_->ring.reserve(*device_, ctx.compute, ctx_->events, index_,
+                     static_cast<int>(owner_->groups.size()));
+  void* rs_in = nullptr;
+  DType in_type = rt;
+  if (lone_is_input) {
     rs_in = lone->data;
     rs_in_owner_ = lone->storage;
     in_type = lone->dtype;
@@ -340,6 +350,36 @@ void ParamGroup::reduce_scatter(RunContext& ctx, const std::vector<const void*>&
   ctx_->log("reduce_scatter", label_, "post_backward");
 }
 
+void ParamGroup::copy_in_to_grad_shard(RunContext& ctx, const std::vector<const void*>& srcs,
+                                       const std::vector<DType>& types) {
+  const int64_t n = layout_.shard_numel;
+  float* grad = ensure_grad_shard(ctx.compute);
+  device_->set_label(label_rs_copy_in_);
+  device_->reduce_scatter_copy_in(ctx.compute, grad, DType::F32, n, 1, layout_.slices.data(),
+                                  srcs.data(), types.data(), static_cast<int>(srcs.size()));
+  grad_shard_zero_ = false;
+  const Stream rs_stream = ctx_->reduce_scatter_stream;
+  Event copied = ctx_->events.acquire();
+  device_->record_event(copied, ctx.compute);
+  device_->wait_event(rs_stream, copied);
+  ctx_->events.release(copied);
+  // In place over one rank: counted like every reduce-scatter, and launches nothing.
+  device_->set_label(label_rs_);
+  ctx_->reduce_scatter_comm(*mesh_).reduce_scatter(grad, grad, n, DType::F32, ReduceOp::Avg,
+                                                   rs_stream);
+  if (ctx_->grad_shard_ready) {  // Note [Early grad norm]
+    ctx_->grad_shard_ready(rs_stream, ordinal_, grad, n);
+    ctx_->rs_work_after_ring = true;
+  }
+  ctx_->log("reduce_scatter", label_, "post_backward");
+}
+
+bool ParamGroup::custom_divide() const {
+  // Note [Gradient divide factor]
+  const std::optional<double> factor = owner_->gradient_divide_factor;
+  return factor && *factor != static_cast<double>(mesh_->data_parallel_size());
+}
+
 void ParamGroup::reduce_into_grad(void* rs_in, DType rt, Stream rs_stream) {
   if (mesh_->is_hsdp()) {
     all_reduce_into_grad(rs_in, rs_stream);
@@ -349,10 +389,9 @@ void ParamGroup::reduce_into_grad(void* rs_in, DType rt, Stream rs_stream) {
   Comm& comm = ctx_->reduce_scatter_comm(*mesh_);
   // Note [Gradient divide factor]: the RS averages over the mesh unless the module asked for
   // another divisor; then it sums and the result is scaled by 1 / factor on the way out.
-  const std::optional<double> factor = owner_->gradient_divide_factor;
-  const bool custom = factor && *factor != static_cast<double>(mesh_->data_parallel_size());
+  const bool custom = custom_divide();
   const ReduceOp op = custom ? ReduceOp::Sum : ReduceOp::Avg;
-  const float scale = custom ? static_cast<float>(1.0 / *factor) : 1.0f;
+  const float scale = custom ? static_cast<float>(1.0 / *owner_->gradient_divide_factor) : 1.0f;
   auto push_ring_entry = [&] {
     Event done = ctx_->events.acquire();
     device_->record_event(done, rs_stream);
@@ -448,10 +487,9 @@ void ParamGroup::all_reduce_into_grad(void* rs_in, Stream rs_stream) {
   const int64_t n = layout_.shard_numel;
   const size_t bytes = static_cast<size_t>(n) * dtype_size(rt);
   Comm& comm = ctx_->reduce_scatter_comm(*mesh_);
-  const std::optional<double> factor = owner_->gradient_divide_factor;
-  const bool custom = factor && *factor != static_cast<double>(mesh_->data_parallel_size());
+  const bool custom = custom_divide();
   const ReduceOp op = custom ? ReduceOp::Sum : ReduceOp::Avg;
-  const float scale = custom ? static_cast<float>(1.0 / *factor) : 1.0f;
+  const float scale = custom ? static_cast<float>(1.0 / *owner_->gradient_divide_factor) : 1.0f;
 
   void* out = device_->alloc(bytes, rs_stream, MemTag::RsOutput);
   device_->set_label(label_rs_);

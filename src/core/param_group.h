@@ -79,6 +79,13 @@ class ParamGroup {
   int post_forward_size() const;
   void reduce_scatter(RunContext& ctx, const std::vector<const void*>& srcs,
                       const std::vector<DType>& types);
+  // Note [One-rank reduce-scatter]: the copy-in writes the fp32 grad shard directly, on
+  // compute; the in-place collective and the early grad norm follow on the RS stream.
+  void copy_in_to_grad_shard(RunContext& ctx, const std::vector<const void*>& srcs,
+                             const std::vector<DType>& types);
+  // Whether the grads are summed and scaled by 1 / gradient_divide_factor rather than
+  // averaged over the mesh (Note [Gradient divide factor]).
+  bool custom_divide() const;
   // The collective and what follows it on the RS stream: into the grad shard, or (optimizer
   // in backward) into a transient grad that the optimizer consumes.
   // rt: rs_in's dtype, the reduce dtype (or a one-rank grad's own: Note [One-rank
