@@ -313,28 +313,79 @@ TEST(CpuProcessesCli, NprocGivesTheLossesOfAsManyThreads) {
   EXPECT_EQ(processes["losses"].size(), 5u);
 }
 
-// The torchrun form: two `fsdp train` processes, each one rank through RANK and WORLD_SIZE;
-// rank 0 hosts the store on MASTER_PORT.
-TEST(CpuProcessesCli, TorchrunFormGivesTheLossesOfNproc) {
+// An external launcher's form: two `fsdp train` processes, each one rank through the
+// variables torchrun, srun or mpirun would set (docs/launch.md); rank 0 hosts the store on
+// MASTER_PORT (srun: on the first host of its node list). The losses must be those of --nproc 2.
+struct ExternalForm {
+  const char* name;
+  // The variables of rank r, and those every rank shares (given the port).
+  std::string (*rank_vars)(int r);
+  std::string (*shared_vars)(int port);
+};
+
+const ExternalForm kExternalForms[] = {
+    {"torchrun",
+     [](int r) { return "RANK=" + std::to_string(r) + " LOCAL_RANK=" + std::to_string(r); },
+     [](int port) {
+       return "WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+              std::to_string(port);
+     }},
+    {"srun",
+     [](int r) { return "SLURM_PROCID=" + std::to_string(r) + " SLURM_LOCALID=" + std::to_string(r); },
+     [](int port) {
+       return "SLURM_NTASKS=2 SLURM_NNODES=1 SLURM_NODEID=0 SLURM_TASKS_PER_NODE=2 "
+              "SLURM_JOB_ID=7 SLURM_STEP_ID=0 SLURM_STEP_NODELIST=127.0.0.1 MASTER_PORT=" +
+              std::to_string(port);
+     }},
+    {"mpirun_openmpi",
+     [](int r) {
+       return "OMPI_COMM_WORLD_RANK=" + std::to_string(r) +
+              " OMPI_COMM_WORLD_LOCAL_RANK=" + std::to_string(r);
+     },
+     [](int port) {
+       return "OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_LOCAL_SIZE=2 MASTER_ADDR=127.0.0.1 "
+              "MASTER_PORT=" + std::to_string(port);
+     }},
+    {"mpirun_mpich",
+     [](int r) { return "PMI_RANK=" + std::to_string(r) + " MPI_LOCALRANKID=" + std::to_string(r); },
+     [](int port) {
+       return "PMI_SIZE=2 MPI_LOCALNRANKS=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+              std::to_string(port);
+     }},
+};
+
+class ExternalLauncherCli : public ::testing::TestWithParam<ExternalForm> {};
+
+TEST_P(ExternalLauncherCli, TwoProcessesGiveTheLossesOfNproc) {
   SKIP_WITHOUT_GLOO();
+  const ExternalForm& form = GetParam();
   const std::string dir = ::testing::TempDir();
+  const std::string name = form.name;
   const std::string args =
       " train --backend cpu --model transformer --layers 2 --dim 32 --heads 4 --kv-heads 2 "
       "--ffn-dim 40 --seq-len 8 --vocab 61 --tokens 16 --steps 5 --quiet --timeout 30";
-  const std::string env = "WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-                          std::to_string(free_port());
-  const std::string cmd = "cd " + dir + " && (RANK=1 LOCAL_RANK=1 " + env + " " + FSDP_BINARY +
-                          args + " > torchrun1.log 2>&1 & RANK=0 LOCAL_RANK=0 " + env + " " +
-                          FSDP_BINARY + args + " --json torchrun.json > torchrun0.log 2>&1; a=$?; "
-                          "wait $!; b=$?; exit $((a | b)))";
-  ASSERT_EQ(std::system(("bash -c '" + cmd + "'").c_str()), 0)
-      << std::ifstream(dir + "torchrun0.log").rdbuf() << std::ifstream(dir + "torchrun1.log").rdbuf();
-  std::ifstream in(dir + "torchrun.json");
-  const nlohmann::json torchrun = nlohmann::json::parse(in);
-  const nlohmann::json nproc = train_summary("--nproc 2", "nproc2");
-  EXPECT_EQ(torchrun["world_size"], 2);
-  EXPECT_EQ(torchrun["losses"], nproc["losses"]);
+  const std::string shared = form.shared_vars(free_port());
+  auto rank_cmd = [&](int r) {
+    // env -i: no variable of the launcher running this test (an sbatch job's SLURM_*) leaks in.
+    return "env -i PATH=\"$PATH\" " + form.rank_vars(r) + " " + shared + " " + FSDP_BINARY +
+           args + (r == 0 ? " --json " + name + ".json" : "") + " > " + name +
+           std::to_string(r) + ".log 2>&1";
+  };
+  const std::string cmd = "cd " + dir + " && (" + rank_cmd(1) + " & " + rank_cmd(0) +
+                          "; a=$?; wait $!; b=$?; exit $((a | b)))";
+  std::ofstream(dir + name + ".sh") << cmd << "\n";
+  ASSERT_EQ(std::system(("bash " + dir + name + ".sh").c_str()), 0)
+      << std::ifstream(dir + name + "0.log").rdbuf() << std::ifstream(dir + name + "1.log").rdbuf();
+  std::ifstream in(dir + name + ".json");
+  const nlohmann::json external = nlohmann::json::parse(in);
+  const nlohmann::json nproc = train_summary("--nproc 2", "nproc2_" + name);
+  EXPECT_EQ(external["world_size"], 2);
+  EXPECT_EQ(external["losses"].size(), 5u);
+  EXPECT_EQ(external["losses"], nproc["losses"]);
 }
+
+INSTANTIATE_TEST_SUITE_P(Forms, ExternalLauncherCli, ::testing::ValuesIn(kExternalForms),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace fsdp::testing

@@ -15,6 +15,7 @@
 
 #include "fsdp/error.h"
 #include "launch/node_ranks.h"
+#include "rendezvous/failure_notice.h"
 
 namespace fsdp::launch {
 namespace {
@@ -143,9 +144,9 @@ TEST(NodeRanks, AKilledRankIsNamedAndTheOthersAreStopped) {
             std::string::npos) << error;
 }
 
-LaunchEnv torchrun_rank(int rank, int port, bool agent_store) {
+LaunchEnv torchrun_rank(int rank, int port, bool agent_store, int world = 2) {
   const std::map<std::string, std::string> vars = {
-      {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+      {"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)}, {"MASTER_ADDR", "127.0.0.1"},
       {"MASTER_PORT", std::to_string(port)},
       {"TORCHELASTIC_USE_AGENT_STORE", agent_store ? "True" : "False"}};
   return resolve_launch({}, [&](const char* n) -> const char* {
@@ -163,6 +164,58 @@ TEST(RankStore, RankZeroHostsOnMasterPortAndTheOthersJoin) {
   EXPECT_FALSE(r1.server);
   r0.store->set("id", "abc");
   EXPECT_EQ(r1.store->get("id", kLong), "abc");
+}
+
+// Note [Failure notices]: under an external launcher nobody of ours reaps a rank. Rank `rank`
+// is forked, joins rank 0's store, arms its notice and dies by SIGKILL; the parent reaps it.
+void fork_rank_that_dies(int rank, int port, int world) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    try {
+      LaunchEnv e = torchrun_rank(rank, port, false, world);
+      rendezvous::HostedStore h = open_rank_store(e, kLong);
+      arm_failure_notice(e, h, "job/");
+      h.store->add("job/armed", 1);  // a round trip: the server holds the notice
+      ::raise(SIGKILL);
+    } catch (...) {
+    }
+    std::_Exit(3);
+  }
+  ASSERT_GT(pid, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFSIGNALED(status));
+}
+
+TEST(RankStore, TheServerPostsTheNoticeOfARankThatDiedWithoutGoodbye) {
+  const int port = free_port();
+  rendezvous::HostedStore r0 = open_rank_store(torchrun_rank(0, port, false), kLong);
+  arm_failure_notice(torchrun_rank(0, port, false), r0, "job/");  // the host: nothing to arm
+  fork_rank_that_dies(1, port, 2);
+  rendezvous::PrefixStore job("job", r0.store);
+  const auto notice = rendezvous::read_failure(job, kLong);
+  ASSERT_TRUE(notice);
+  EXPECT_EQ(notice->rank, 1);
+  EXPECT_EQ(notice->message, "rank 1, started by torchrun, ended without finishing: its "
+                             "connection to the store closed (killed by a signal, or crashed)");
+}
+
+// A rank that destroys its store client (a normal end, or an error already reported) says
+// goodbye, so nothing is posted for it: the one notice is that of the rank that died after.
+TEST(RankStore, ARankThatSaysGoodbyePostsNothing) {
+  const int port = free_port();
+  rendezvous::HostedStore r0 = open_rank_store(torchrun_rank(0, port, false, 3), kLong);
+  {
+    rendezvous::HostedStore r1 = open_rank_store(torchrun_rank(1, port, false, 3), kLong);
+    arm_failure_notice(torchrun_rank(1, port, false, 3), r1, "job/");
+    r1.store->add("job/armed", 1);
+  }
+  fork_rank_that_dies(2, port, 3);
+  rendezvous::PrefixStore job("job", r0.store);
+  const auto notice = rendezvous::read_failure(job, kLong);
+  ASSERT_TRUE(notice);
+  EXPECT_EQ(notice->rank, 2);
+  EXPECT_EQ(r0.store->add("job/fsdp/failure/count", 0), 1);
 }
 
 TEST(RankStore, WithTorchrunsAgentStoreEveryRankJoinsIt) {

@@ -157,9 +157,8 @@ CpuProcessLaunch run_launched_rank(const LaunchEnv& e, const cpu::CpuOptions& op
                                    const RankBodyWithResult& body) {
   const Millis timeout(static_cast<int64_t>(options.collective_timeout_s * 1000));
   rendezvous::HostedStore hosted = open_rank_store(e, timeout);
-  // Keys of this run only: torchrun's store outlives a restart.
-  auto store = std::make_shared<rendezvous::PrefixStore>(
-      "fsdp" + (e.run_id.empty() ? "" : "/" + e.run_id) + "/cpu", hosted.store);
+  auto store = std::make_shared<rendezvous::PrefixStore>(run_key_prefix(e, "cpu"), hosted.store);
+  arm_failure_notice(e, hosted, store->prefix());
   CpuProcessLaunch launch;
   launch.world_size = e.world_size;
   launch.first_rank = e.rank;

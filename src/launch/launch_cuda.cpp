@@ -30,6 +30,7 @@
 #include "fsdp/launch.h"
 #include "launch/launch_env.h"
 #include "launch/node_ranks.h"
+#include "rendezvous/failure_notice.h"
 #include "rendezvous/tcp_store.h"
 
 namespace fsdp {
@@ -41,13 +42,36 @@ using rendezvous::Millis;
 // Joins the others at the store, gets the NCCL id from rank 0, and runs the body as `e.rank`.
 // `gpu` is the device index in this process (the local rank unless a launcher left each
 // process a single GPU).
+std::string run_one_rank_body(const launch::LaunchEnv& e, int gpu, rendezvous::Store& store,
+                              Millis timeout, const RankBodyWithResult& body);
+
 std::string run_one_rank(const launch::LaunchEnv& e, int gpu, rendezvous::Store& base,
                          Millis timeout, const RankBodyWithResult& body) {
   this_thread_identity() = {e.rank, "cuda:" + std::to_string(gpu)};
   cuda::set_exit_when_hung(true);  // this process is one rank (Note [NCCL watchdog])
-  // Keys of this run only: torchrun's store outlives a restart.
-  rendezvous::PrefixStore store("fsdp" + (e.run_id.empty() ? "" : "/" + e.run_id) + "/cuda",
+  rendezvous::PrefixStore store(launch::run_key_prefix(e, "cuda"),
                                 std::shared_ptr<rendezvous::Store>(&base, [](auto*) {}));
+  // Note [Failure notices]: the watchdog's error names the lost rank from the notice there;
+  // this rank's own error is posted for the others.
+  cuda::set_lost_rank_reader([&store](double wait_s) -> std::string {
+    const auto notice = rendezvous::read_failure(
+        store, Millis(static_cast<int64_t>(wait_s * 1000)));
+    return notice ? notice->message : "";
+  });
+  struct ClearReader {
+    ~ClearReader() { cuda::set_lost_rank_reader(nullptr); }
+  } clear_reader;
+  try {
+    return run_one_rank_body(e, gpu, store, timeout, body);
+  } catch (const std::exception& err) {
+    rendezvous::post_failure(store, {e.rank, detail::concat("rank ", e.rank, " failed: ", err.what())});
+    throw;
+  }
+}
+
+// run_one_rank's work, with the store of this run's keys.
+std::string run_one_rank_body(const launch::LaunchEnv& e, int gpu, rendezvous::Store& store,
+                              Millis timeout, const RankBodyWithResult& body) {
   std::unique_ptr<Device> device = cuda::make_device(gpu);
   cuda::UniqueId id;
   if (e.rank == 0) {
@@ -96,6 +120,7 @@ CudaLaunch run_as_one_rank(const launch::LaunchEnv& e, Millis timeout,
                   " needs GPU ", e.local_rank, " but this process sees ", gpus, " GPUs");
   const int gpu = gpus == 1 ? 0 : e.local_rank;
   rendezvous::HostedStore hosted = launch::open_rank_store(e, timeout);
+  launch::arm_failure_notice(e, hosted, launch::run_key_prefix(e, "cuda") + "/");
   CudaLaunch launch;
   launch.world_size = e.world_size;
   launch.this_rank = launch.first_rank = e.rank;

@@ -16,6 +16,7 @@
 
 #include "fsdp/error.h"
 #include "launch/rank_processes.h"
+#include "rendezvous/failure_notice.h"
 #include "rendezvous/tcp_store.h"
 
 namespace fsdp::launch {
@@ -107,6 +108,20 @@ rendezvous::HostedStore open_rank_store(const LaunchEnv& e, rendezvous::Millis t
     }
   }
   return hosted;
+}
+
+std::string run_key_prefix(const LaunchEnv& e, const char* backend) {
+  return "fsdp" + (e.run_id.empty() ? "" : "/" + e.run_id) + "/" + backend;
+}
+
+void arm_failure_notice(const LaunchEnv& e, const rendezvous::HostedStore& hosted,
+                        const std::string& prefix) {
+  if (e.agent_store || hosted.server) return;  // not our server; or this process is the store
+  rendezvous::post_failure_on_disconnect(
+      *hosted.store, prefix,
+      {e.rank, detail::concat("rank ", e.rank, ", started by ", launcher_name(e.launcher),
+                              ", ended without finishing: its connection to the store closed "
+                              "(killed by a signal, or crashed)")});
 }
 
 }  // namespace fsdp::launch

@@ -29,5 +29,13 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
 // one round trip first, so a store that does not speak the protocol of Note [TCP store
 // protocol] fails here with a message that says so.
 rendezvous::HostedStore open_rank_store(const LaunchEnv& rank, rendezvous::Millis timeout);
+// The keys of one run in an external launcher's store: "fsdp[/run_id]/<backend>" (torchrun's
+// store outlives a restart).
+std::string run_key_prefix(const LaunchEnv& rank, const char* backend);
+// Note [Failure notices]: no launcher of ours reaps this rank, so its connection to our store
+// is armed with the notice of its death, under `prefix` (run_key_prefix). Nothing on the host
+// of the store (its death ends the store) or under torchrun's agent store (not our server).
+void arm_failure_notice(const LaunchEnv& rank, const rendezvous::HostedStore& hosted,
+                        const std::string& prefix);
 
 }  // namespace fsdp::launch

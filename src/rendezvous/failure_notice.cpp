@@ -25,6 +25,12 @@ bool post_failure(Store& store, const FailureNotice& notice) {
   }
 }
 
+void post_failure_on_disconnect(TcpStore& store, const std::string& prefix,
+                                const FailureNotice& notice) {
+  store.set_disconnect_notice(prefix + kCountKey, prefix + kNoticeKey,
+                              std::to_string(notice.rank) + "\n" + notice.message);
+}
+
 std::optional<FailureNotice> read_failure(Store& store, Millis wait) {
   try {
     const auto deadline = std::chrono::steady_clock::now() + wait;

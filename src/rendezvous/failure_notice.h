@@ -5,13 +5,17 @@
 // whose body threw (its message), or a launcher that reaped a child ("rank 2 was killed by
 // signal 9"). Only the first notice is kept. A rank whose collective breaks reads the notice
 // (waiting a little for it, since the launcher may be a moment behind the broken socket) and
-// names the lost rank and its cause in its own error.
+// names the lost rank and its cause in its own error. Under torchrun, srun or mpirun no
+// launcher of ours reaps a rank that dies by a signal; there each rank arms its connection to
+// our store's server with a notice of its own death (post_failure_on_disconnect), which the
+// server posts when that connection closes before the rank said goodbye.
 #pragma once
 
 #include <optional>
 #include <string>
 
 #include "rendezvous/store.h"
+#include "rendezvous/tcp_store.h"
 
 namespace fsdp::rendezvous {
 
@@ -22,6 +26,11 @@ struct FailureNotice {
 
 // Records `notice` unless one was recorded before; returns true if this one was kept.
 bool post_failure(Store& store, const FailureNotice& notice);
+// Arms `store`'s connection (our server only): posts `notice` should the connection close
+// before `store` is destroyed, under `prefix` (that of the PrefixStore the ranks post and
+// read notices through, with its "/"; "" for none). Throws if the store is unreachable.
+void post_failure_on_disconnect(TcpStore& store, const std::string& prefix,
+                                const FailureNotice& notice);
 // The recorded notice, waiting up to `wait` for one to appear; nullopt if none by then.
 std::optional<FailureNotice> read_failure(Store& store, Millis wait);
 

@@ -59,6 +59,8 @@ class PrefixStore final : public Store {
     return base_->add(prefix_ + key, delta);
   }
   std::vector<bool> check(const std::vector<std::string>& keys) override;
+  // What every key gets in front, with its "/".
+  const std::string& prefix() const { return prefix_; }
 
  private:
   std::string prefix_;

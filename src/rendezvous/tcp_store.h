@@ -70,6 +70,12 @@ class TcpStore final : public Store {
   int64_t add(const std::string& key, int64_t delta) override;
   std::vector<bool> check(const std::vector<std::string>& keys) override;
 
+  // Our server only (never torchrun's agent store): should this connection close before
+  // this client is destroyed (its process killed, crashed, or _exit), the server adds 1 to
+  // count_key and, if that made it 1, sets key to text. Destroying the client disarms it.
+  void set_disconnect_notice(const std::string& count_key, const std::string& key,
+                             const std::string& text);
+
   // "host:port" of the server, for messages.
   std::string address() const;
 
@@ -80,6 +86,7 @@ class TcpStore final : public Store {
 
   TcpStoreOptions options_;
   int fd_ = -1;
+  bool notice_armed_ = false;
   std::mutex mu_;  // one request and its reply at a time
 };
 

@@ -20,9 +20,10 @@
 //    abort did not end) gets the error printed and the process exits with status 1.
 //  - Which peer died NCCL cannot say. The --nproc parent names it (it sees the child's exit,
 //    src/launch/rank_processes.h) and stops the others at once, usually long before this
-//    timeout. Where the ranks share a store, a launcher can set set_lost_rank_reader (to read
-//    the failure notice there, Note [Failure notices]), and the watchdog's error names the
-//    lost rank; nothing sets it yet.
+//    timeout. Each rank sets set_lost_rank_reader to read the failure notice in the job's
+//    store (Note [Failure notices]): a rank that threw posts its error there, and under
+//    torchrun (without its agent store), srun or mpirun our store's server posts the death of
+//    a rank whose connection closed without a goodbye, so the watchdog's error names it.
 //  - Order at teardown: a CUDA graph that captured collectives must be destroyed before its
 //    communicator (the trainer destroys its captured step first, Note [Captured steps]); the
 //    watchdog records no events while a stream is captured. An aborted communicator is never
