@@ -125,17 +125,7 @@ TEST(PeakMemory, OneRankBf16GradsUnderAnFp32ReduceNeedNoCopyIn) {
 TEST(PeakMemory, OneRankCopyInWritesTheGradShard) {
   int64_t reduce_scatters[3] = {};
   for (int world : {1, 2}) {
-    runtime::TrainConfig c;
-    c.model.kind = "transformer";
-    c.model.layers = 2;
-    c.model.dim = 32;
-    c.model.heads = 4;
-    c.model.kv_heads = 2;
-    c.model.ffn_dim = 40;
-    c.model.seq_len = 8;
-    c.model.vocab = 61;
-    c.tokens = 16;
-    c.steps = 2;
+    runtime::TrainConfig c = tiny_transformer_config(/*steps=*/2);
     c.param_dtype = DType::BF16;
     for (const auto& r : run_fsdp(world, c)) {
       const int64_t rs_in = tag_peak(r, MemTag::RsInput);

@@ -26,19 +26,8 @@ runtime::TrainConfig mlp_config() {
 }
 
 runtime::TrainConfig transformer_config() {
-  runtime::TrainConfig c;
-  c.model.kind = "transformer";
-  c.model.layers = 2;
-  c.model.dim = 32;
-  c.model.heads = 4;
-  c.model.kv_heads = 2;
-  c.model.ffn_dim = 40;
-  c.model.seq_len = 8;
-  c.model.vocab = 61;
-  c.tokens = 16;
-  c.steps = 3;
+  runtime::TrainConfig c = tiny_transformer_config(/*steps=*/3);
   c.optimizer.adamw.lr = 3e-3f;
-  c.collect_params = true;
   return c;
 }
 

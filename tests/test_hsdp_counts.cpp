@@ -121,18 +121,7 @@ TEST(PostForwardMesh, ParityWithTheReferenceForEveryGroupSize) {
     EXPECT_LE(relative_error(r[0].params, ref.params), 1e-6)
         << "replicas " << k.replicas << " size " << k.size;
   }
-  runtime::TrainConfig t;
-  t.model.kind = "transformer";
-  t.model.layers = 2;
-  t.model.dim = 32;
-  t.model.heads = 4;
-  t.model.kv_heads = 2;
-  t.model.ffn_dim = 40;
-  t.model.seq_len = 8;
-  t.model.vocab = 61;
-  t.tokens = 16;
-  t.steps = 2;
-  t.collect_params = true;
+  runtime::TrainConfig t = tiny_transformer_config(/*steps=*/2);
   const auto tref = run_reference(t, 8);
   t.hsdp_replicas = 2;
   t.reshard_after_forward_size = 2;

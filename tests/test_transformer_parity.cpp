@@ -15,19 +15,8 @@ namespace fsdp::testing {
 namespace {
 
 runtime::TrainConfig transformer_parity_config() {
-  runtime::TrainConfig c;
-  c.model.kind = "transformer";
-  c.model.layers = 2;
-  c.model.dim = 32;
-  c.model.heads = 4;
-  c.model.kv_heads = 2;  // grouped-query
-  c.model.ffn_dim = 40;
-  c.model.seq_len = 8;
-  c.model.vocab = 61;   // odd: the embedding and head rows never divide evenly over ranks
-  c.tokens = 16;        // two sequences per rank
-  c.steps = 4;
+  runtime::TrainConfig c = tiny_transformer_config(/*steps=*/4);
   c.optimizer.adamw.lr = 3e-3f;
-  c.collect_params = true;
   return c;
 }
 

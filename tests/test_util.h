@@ -73,6 +73,24 @@ inline nn::ModelConfig tiny_mlp_config(int layers, int dim) {
   return c;
 }
 
+// A tiny llama-style transformer: grouped-query attention, and a vocab (61) whose embedding
+// and head rows never divide evenly over ranks; two sequences of 8 tokens per rank.
+inline runtime::TrainConfig tiny_transformer_config(int steps) {
+  runtime::TrainConfig c;
+  c.model.kind = "transformer";
+  c.model.layers = 2;
+  c.model.dim = 32;
+  c.model.heads = 4;
+  c.model.kv_heads = 2;
+  c.model.ffn_dim = 40;
+  c.model.seq_len = 8;
+  c.model.vocab = 61;
+  c.tokens = 16;
+  c.steps = steps;
+  c.collect_params = true;
+  return c;
+}
+
 // A tiny MoE transformer (layer 0 dense, layer 1 MoE) for tests that train it on a few ranks.
 inline runtime::TrainConfig tiny_moe_transformer_config(int ep, int experts, int steps) {
   runtime::TrainConfig c;
