@@ -278,6 +278,65 @@ TEST(CpuProcesses, RanksOnAnotherNodeNameTheLostRank) {
   EXPECT_GE(named, 1);
 }
 
+// Under srun (only its variables set) each process is one rank, and nobody of ours reaps
+// them. Rank `victim` of two kills itself at step 3; returns what the other rank printed.
+std::string srun_survivor_error(int victim) {
+  const std::string dir = ::testing::TempDir();
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int rank = 0; rank < 2; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      const std::string log = dir + "srun_rank" + std::to_string(rank) + ".err";
+      std::FILE* f = std::freopen(log.c_str(), "w", stderr);
+      if (!f) std::_Exit(3);
+      for (const char* v : {"RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MASTER_ADDR"})
+        ::unsetenv(v);
+      ::setenv("SLURM_PROCID", std::to_string(rank).c_str(), 1);
+      ::setenv("SLURM_LOCALID", std::to_string(rank).c_str(), 1);
+      ::setenv("SLURM_NTASKS", "2", 1);
+      ::setenv("SLURM_NNODES", "1", 1);
+      ::setenv("SLURM_NODEID", "0", 1);
+      ::setenv("SLURM_TASKS_PER_NODE", "2", 1);
+      ::setenv("SLURM_STEP_NODELIST", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      CpuProcessOptions o;
+      o.external = true;
+      o.timeout_s = 30;  // far longer than the test takes: the notice, not a timeout, ends it
+      try {
+        run_cpu_processes(1, [&](int r, Device& d, std::shared_ptr<Comm> world) {
+          all_reduces(d, *world, 1000, [&](int step) {
+            if (r == victim && step == 3) ::raise(SIGKILL);
+          });
+        }, o);
+      } catch (...) {
+      }
+      std::_Exit(0);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+  std::ifstream in(dir + "srun_rank" + std::to_string(1 - victim) + ".err");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(CpuProcesses, UnderSrunAKilledRankIsNamedFromTheNoticeItsConnectionLeft) {
+  SKIP_WITHOUT_GLOO();
+  const std::string error = srun_survivor_error(/*victim=*/1);
+  EXPECT_TRUE(contains(error, "rank 0: all_reduce #")) << error;
+  EXPECT_TRUE(contains(error, "lost rank 1 (rank 1, started by srun, ended without finishing: "
+                              "its connection to the store closed (killed by a signal, or "
+                              "crashed))")) << error;
+}
+
+TEST(CpuProcesses, UnderSrunALostStoreHostIsNamed) {
+  SKIP_WITHOUT_GLOO();
+  const std::string error = srun_survivor_error(/*victim=*/0);
+  EXPECT_TRUE(contains(error, "rank 1: all_reduce #")) << error;
+  EXPECT_TRUE(contains(error, "a peer's connection broke, and the store does not answer "
+                              "either: rank 0, which hosts it, is lost")) << error;
+}
+
 TEST(CpuProcesses, BadPlacementsAreOneLineErrors) {
   SKIP_WITHOUT_GLOO();
   CpuProcessOptions o;

@@ -88,7 +88,7 @@ struct ChildPlan {
 // stderr and the store, and exits the process at once: the device stays as it is, since one
 // of its streams may be blocked in a Gloo wait (see the Note).
 std::string run_rank(int rank, int world_size, const cpu::CpuOptions& options,
-                     const std::string& listen_address,
+                     const std::string& listen_address, const std::string& store_host,
                      const std::function<std::shared_ptr<rendezvous::Store>()>& connect,
                      const RankBodyWithResult& body) {
   this_thread_identity() = {rank, "cpu:" + std::to_string(rank)};
@@ -107,6 +107,7 @@ std::string run_rank(int rank, int world_size, const cpu::CpuOptions& options,
     gloo.size = world_size;
     gloo.listen_address = listen_address;
     gloo.timeout_s = options.collective_timeout_s;
+    gloo.store_host = store_host;
     comm = gloo_backend::make_world_comm(*device, store, gloo);
     std::string result = body(rank, *device, comm);
     device->synchronize();
@@ -136,7 +137,7 @@ std::string run_rank(int rank, int world_size, const cpu::CpuOptions& options,
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != launcher) std::_Exit(1);
   const std::string result = run_rank(
-      plan.rank, plan.world, plan.options, plan.listen_address,
+      plan.rank, plan.world, plan.options, plan.listen_address, "the launcher of node 0",
       [&] { return std::make_shared<rendezvous::TcpStore>(store_at); }, body);
   std::ofstream out(plan.result_path, std::ios::binary);
   out << result;
@@ -164,6 +165,7 @@ CpuProcessLaunch run_launched_rank(const LaunchEnv& e, const cpu::CpuOptions& op
   launch.first_rank = e.rank;
   launch.results.push_back(run_rank(e.rank, e.world_size, options,
                                     local_address_towards(e.master_addr),
+                                    e.agent_store ? "torchrun's agent" : "rank 0",
                                     [&] { return store; }, body));
   // Every rank counts itself out; the host of the store keeps it up until all have.
   store->add(kReapedKey, 1);

@@ -51,4 +51,13 @@ std::optional<FailureNotice> read_failure(Store& store, Millis wait) {
   }
 }
 
+bool store_answers(Store& store) {
+  try {
+    store.check({kNoticeKey});
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 }  // namespace fsdp::rendezvous

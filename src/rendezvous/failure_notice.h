@@ -34,4 +34,7 @@ void post_failure_on_disconnect(TcpStore& store, const std::string& prefix,
 // The recorded notice, waiting up to `wait` for one to appear; nullopt if none by then.
 std::optional<FailureNotice> read_failure(Store& store, Millis wait);
 
+// Whether the store still answers (a lost connection to it means its host is gone).
+bool store_answers(Store& store);
+
 }  // namespace fsdp::rendezvous

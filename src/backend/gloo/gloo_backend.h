@@ -23,6 +23,9 @@ struct GlooWorldOptions {
   std::string listen_address = "127.0.0.1";
   // Every collective, split and connection fails after this long (seconds; > 0).
   double timeout_s = 60;
+  // Who hosts `store`, for the error of a collective that broke when the store broke too
+  // ("rank 0", "the launcher on node 0").
+  std::string store_host = "its host";
 };
 
 // Collective over the `size` ranks: each calls it once with its own CPU device (made by a

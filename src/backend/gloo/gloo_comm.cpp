@@ -64,6 +64,7 @@ struct GlooProcess {
   int world_rank = 0;
   Millis timeout{60000};
   double timeout_s = 60;
+  std::string store_host;
 };
 
 struct GlooCommShared {
@@ -130,6 +131,10 @@ std::string failure_message(const GlooProcess& process, const GlooCommShared& co
       rendezvous::read_failure(*process.store, std::min(process.timeout, Millis(5000)));
   if (notice && notice->rank != process.world_rank)
     return out + detail::concat(": lost rank ", notice->rank, " (", notice->message, ") [Gloo: ",
+                                gloo_what, "]");
+  if (!rendezvous::store_answers(*process.store))
+    return out + detail::concat(": a peer's connection broke, and the store does not answer "
+                                "either: ", process.store_host, ", which hosts it, is lost [Gloo: ",
                                 gloo_what, "]");
   if (gloo_what.find("Timed out") != std::string::npos)
     out += detail::concat(": no answer from a peer within the timeout of ", process.timeout_s,
@@ -381,6 +386,7 @@ std::unique_ptr<Comm> make_world_comm(Device& device, std::shared_ptr<rendezvous
   process->store = std::move(store);
   process->world_rank = options.rank;
   process->timeout_s = options.timeout_s;
+  process->store_host = options.store_host;
   process->timeout = Millis(static_cast<int64_t>(options.timeout_s * 1000));
   ::gloo::transport::tcp::attr attr;
   attr.hostname = options.listen_address;
