@@ -281,7 +281,9 @@ TEST(CpuProcesses, RanksOnAnotherNodeNameTheLostRank) {
 // Under srun (only its variables set) each process is one rank, and nobody of ours reaps
 // them. Rank `victim` of two kills itself at step 3; returns what the other rank printed.
 std::string srun_survivor_error(int victim) {
-  const std::string dir = ::testing::TempDir();
+  // Names of this test's own: ctest runs tests in parallel processes.
+  const std::string dir = ::testing::TempDir() + "srun_victim" + std::to_string(victim) + "_" +
+                          std::to_string(::getpid()) + "_";
   const int port = free_port();
   std::vector<pid_t> pids;
   for (int rank = 0; rank < 2; ++rank) {
