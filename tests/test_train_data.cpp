@@ -20,18 +20,11 @@ namespace {
 const std::string kCorpus = std::string(FSDP_SOURCE_DIR) + "/data/pydocs-4k";
 
 runtime::TrainConfig corpus_config() {
-  runtime::TrainConfig c;
-  c.model.kind = "transformer";
-  c.model.layers = 2;
-  c.model.dim = 32;
-  c.model.heads = 4;
-  c.model.kv_heads = 2;
+  runtime::TrainConfig c = tiny_transformer_config(/*steps=*/3);
   c.model.ffn_dim = 48;
   c.model.seq_len = 16;
-  c.model.vocab = 4096;
-  c.tokens = 32;  // two sequences per rank
-  c.steps = 3;
-  c.collect_params = true;
+  c.model.vocab = 4096;  // the corpus's tokenizer
+  c.tokens = 32;         // two sequences per rank
   c.batch_source = runtime::token_file_batches(kCorpus + "/train.bin", c.model, c.seed);
   return c;
 }

@@ -5,12 +5,8 @@
 # that the launcher still trains as --nproc 1 and as one rank of torchrun and of srun; then two
 # torchrun-form ranks on the one GPU, which NCCL refuses: what each rank says.
 set -u
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-T0=$SECONDS; R=/tmp/call4; mkdir -p $R
-trap 'tar czf $OUT/call4.tgz -C /tmp call4' EXIT
-(cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
- cmake --build build-gpu -j16 --target fsdp) > $R/build.log 2>&1; echo "build rc=$? at $((SECONDS-T0)) s"
-grep -E "error" $R/build.log | head
+source bench/gpu_call.sh
+gpu_call_begin call4 fsdp
 MLP="train --backend cuda --model mlp --layers 4 --dim 1024 --param-dtype bf16 --tokens 2048 --steps 5 --warmup 1 --timeout 20"
 timeout 120 build-gpu/fsdp $MLP --nproc 1 --json $R/nproc1.json > $R/nproc1.log 2>&1; echo "nproc1 rc=$?: $(tail -1 $R/nproc1.log)"
 timeout 120 env RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29561 build-gpu/fsdp $MLP --json $R/torchrun1.json > $R/torchrun1.log 2>&1; echo "torchrun1 rc=$?: $(tail -1 $R/torchrun1.log)"

@@ -1,0 +1,34 @@
+# Shared by the one-call GPU scripts under bench/results/gpu_wave*/ (sourced, not run):
+#   source bench/gpu_call.sh; gpu_call_begin call3 fsdp [more targets]; run_llama NAME ARGS...
+# gpu_call_begin exports the NVLS switches, makes R=/tmp/NAME (tarred into $OUT/NAME.tgz on
+# exit), and builds the targets into build-gpu for sm_90a. run_llama trains the ~1B
+# transformer (the LLAMA1B args) for 20 steps after 5 warm-up steps, writing R/NAME.{cmd,json,log}.
+# Its ARGS come last, so they can override the defaults (--tokens).
+LLAMA1B="--model transformer --layers 22 --dim 2048 --heads 32 --kv-heads 4 --ffn-dim 5632 \
+--seq-len 2048 --vocab 32000 --param-dtype bf16 --data data/pydocs-4k --eval-every 0 --lr 3e-4 \
+--min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 5 --optimizer-in-backward 0"
+
+gpu_call_begin() {  # NAME TARGET...
+  local name=$1
+  shift
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  T0=$SECONDS
+  R=/tmp/$name
+  mkdir -p "$R"
+  trap "tar czf \$OUT/$name.tgz -C /tmp $name" EXIT
+  (cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_CUDA=ON \
+     -DCMAKE_CUDA_ARCHITECTURES=90a && cmake --build build-gpu -j16 --target "$@") \
+    > "$R/build.log" 2>&1
+  echo "build rc=$? at $((SECONDS - T0)) s"
+  grep -E "error" "$R/build.log" | head
+}
+
+run_llama() {  # NAME ARGS...
+  local name=$1
+  shift
+  local cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 20 --warmup 5 --quiet $LLAMA1B
+             "$@" --json "$R/$name.json")
+  echo "${FSDP_RUN_ENV:-}${FSDP_RUN_ENV:+ }${cmd[*]}" > "$R/$name.cmd"
+  env ${FSDP_RUN_ENV:-} timeout 150 "${cmd[@]}" > "$R/$name.log" 2>&1
+  echo "$name rc=$? at $((SECONDS - T0)) s: $(tail -1 "$R/$name.log")"
+}
