@@ -174,8 +174,8 @@ void fork_rank_that_dies(int rank, int port, int world) {
     try {
       LaunchEnv e = torchrun_rank(rank, port, false, world);
       rendezvous::HostedStore h = open_rank_store(e, kLong);
-      arm_failure_notice(e, h, "job/");
-      h.store->add("job/armed", 1);  // a round trip: the server holds the notice
+      arm_failure_notice(e, h, "job");
+      h.store->add("armed", 1);  // a round trip: the server holds the notice
       ::raise(SIGKILL);
     } catch (...) {
     }
@@ -190,9 +190,9 @@ void fork_rank_that_dies(int rank, int port, int world) {
 TEST(RankStore, TheServerPostsTheNoticeOfARankThatDiedWithoutGoodbye) {
   const int port = free_port();
   rendezvous::HostedStore r0 = open_rank_store(torchrun_rank(0, port, false), kLong);
-  arm_failure_notice(torchrun_rank(0, port, false), r0, "job/");  // the host: nothing to arm
+  arm_failure_notice(torchrun_rank(0, port, false), r0, "job");  // the host: nothing to arm
   fork_rank_that_dies(1, port, 2);
-  rendezvous::PrefixStore job("job", r0.store);
+  rendezvous::PrefixStore job("fsdp/job", r0.store);
   const auto notice = rendezvous::read_failure(job, kLong);
   ASSERT_TRUE(notice);
   EXPECT_EQ(notice->rank, 1);
@@ -207,15 +207,15 @@ TEST(RankStore, ARankThatSaysGoodbyePostsNothing) {
   rendezvous::HostedStore r0 = open_rank_store(torchrun_rank(0, port, false, 3), kLong);
   {
     rendezvous::HostedStore r1 = open_rank_store(torchrun_rank(1, port, false, 3), kLong);
-    arm_failure_notice(torchrun_rank(1, port, false, 3), r1, "job/");
-    r1.store->add("job/armed", 1);
+    arm_failure_notice(torchrun_rank(1, port, false, 3), r1, "job");
+    r1.store->add("armed", 1);
   }
   fork_rank_that_dies(2, port, 3);
-  rendezvous::PrefixStore job("job", r0.store);
+  rendezvous::PrefixStore job("fsdp/job", r0.store);
   const auto notice = rendezvous::read_failure(job, kLong);
   ASSERT_TRUE(notice);
   EXPECT_EQ(notice->rank, 2);
-  EXPECT_EQ(r0.store->add("job/fsdp/failure/count", 0), 1);
+  EXPECT_EQ(job.add("fsdp/failure/count", 0), 1);
 }
 
 TEST(RankStore, WithTorchrunsAgentStoreEveryRankJoinsIt) {

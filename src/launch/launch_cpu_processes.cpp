@@ -159,7 +159,7 @@ CpuProcessLaunch run_launched_rank(const LaunchEnv& e, const cpu::CpuOptions& op
   const Millis timeout(static_cast<int64_t>(options.collective_timeout_s * 1000));
   rendezvous::HostedStore hosted = open_rank_store(e, timeout);
   auto store = std::make_shared<rendezvous::PrefixStore>(run_key_prefix(e, "cpu"), hosted.store);
-  arm_failure_notice(e, hosted, store->prefix());
+  arm_failure_notice(e, hosted, "cpu");
   CpuProcessLaunch launch;
   launch.world_size = e.world_size;
   launch.first_rank = e.rank;

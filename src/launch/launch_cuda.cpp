@@ -39,12 +39,33 @@ namespace {
 
 using rendezvous::Millis;
 
-// Joins the others at the store, gets the NCCL id from rank 0, and runs the body as `e.rank`.
-// `gpu` is the device index in this process (the local rank unless a launcher left each
-// process a single GPU).
+// run_one_rank's work: joins the others at `store` (this run's keys), gets the NCCL id from
+// rank 0, and runs the body.
 std::string run_one_rank_body(const launch::LaunchEnv& e, int gpu, rendezvous::Store& store,
-                              Millis timeout, const RankBodyWithResult& body);
+                              Millis timeout, const RankBodyWithResult& body) {
+  std::unique_ptr<Device> device = cuda::make_device(gpu);
+  cuda::UniqueId id;
+  if (e.rank == 0) {
+    id = cuda::make_unique_id();
+    store.set("nccl_id", std::string(id.bytes.data(), id.bytes.size()));
+  }
+  store.barrier("start", e.rank, e.world_size, timeout);
+  if (e.rank != 0) {
+    const std::string got = store.get("nccl_id", timeout);
+    FSDP_CHECK(got.size() == id.bytes.size(), "the NCCL id from rank 0 has ", got.size(),
+               " bytes, not ", id.bytes.size());
+    std::memcpy(id.bytes.data(), got.data(), got.size());
+  }
+  std::shared_ptr<Comm> comm = cuda::make_world_comm(*device, id, e.rank, e.world_size);
+  std::string result = body(e.rank, *device, comm);
+  device->synchronize();
+  comm.reset();
+  return result;
+}
 
+// Runs the body as `e.rank` (run_one_rank_body) among this run's keys of `base`, where the
+// job's failure notices are read and posted. `gpu` is the device index in this process (the
+// local rank unless a launcher left each process a single GPU).
 std::string run_one_rank(const launch::LaunchEnv& e, int gpu, rendezvous::Store& base,
                          Millis timeout, const RankBodyWithResult& body) {
   this_thread_identity() = {e.rank, "cuda:" + std::to_string(gpu)};
@@ -67,29 +88,6 @@ std::string run_one_rank(const launch::LaunchEnv& e, int gpu, rendezvous::Store&
     rendezvous::post_failure(store, {e.rank, detail::concat("rank ", e.rank, " failed: ", err.what())});
     throw;
   }
-}
-
-// run_one_rank's work, with the store of this run's keys.
-std::string run_one_rank_body(const launch::LaunchEnv& e, int gpu, rendezvous::Store& store,
-                              Millis timeout, const RankBodyWithResult& body) {
-  std::unique_ptr<Device> device = cuda::make_device(gpu);
-  cuda::UniqueId id;
-  if (e.rank == 0) {
-    id = cuda::make_unique_id();
-    store.set("nccl_id", std::string(id.bytes.data(), id.bytes.size()));
-  }
-  store.barrier("start", e.rank, e.world_size, timeout);
-  if (e.rank != 0) {
-    const std::string got = store.get("nccl_id", timeout);
-    FSDP_CHECK(got.size() == id.bytes.size(), "the NCCL id from rank 0 has ", got.size(),
-               " bytes, not ", id.bytes.size());
-    std::memcpy(id.bytes.data(), got.data(), got.size());
-  }
-  std::shared_ptr<Comm> comm = cuda::make_world_comm(*device, id, e.rank, e.world_size);
-  std::string result = body(e.rank, *device, comm);
-  device->synchronize();
-  comm.reset();
-  return result;
 }
 
 Millis timeout_of(const LaunchOptions& o) {
@@ -120,7 +118,7 @@ CudaLaunch run_as_one_rank(const launch::LaunchEnv& e, Millis timeout,
                   " needs GPU ", e.local_rank, " but this process sees ", gpus, " GPUs");
   const int gpu = gpus == 1 ? 0 : e.local_rank;
   rendezvous::HostedStore hosted = launch::open_rank_store(e, timeout);
-  launch::arm_failure_notice(e, hosted, launch::run_key_prefix(e, "cuda") + "/");
+  launch::arm_failure_notice(e, hosted, "cuda");
   CudaLaunch launch;
   launch.world_size = e.world_size;
   launch.this_rank = launch.first_rank = e.rank;

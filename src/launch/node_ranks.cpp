@@ -115,10 +115,10 @@ std::string run_key_prefix(const LaunchEnv& e, const char* backend) {
 }
 
 void arm_failure_notice(const LaunchEnv& e, const rendezvous::HostedStore& hosted,
-                        const std::string& prefix) {
+                        const char* backend) {
   if (e.agent_store || hosted.server) return;  // not our server; or this process is the store
   rendezvous::post_failure_on_disconnect(
-      *hosted.store, prefix,
+      *hosted.store, run_key_prefix(e, backend) + "/",
       {e.rank, detail::concat("rank ", e.rank, ", started by ", launcher_name(e.launcher),
                               ", ended without finishing: its connection to the store closed "
                               "(killed by a signal, or crashed)")});

@@ -33,9 +33,10 @@ rendezvous::HostedStore open_rank_store(const LaunchEnv& rank, rendezvous::Milli
 // store outlives a restart).
 std::string run_key_prefix(const LaunchEnv& rank, const char* backend);
 // Note [Failure notices]: no launcher of ours reaps this rank, so its connection to our store
-// is armed with the notice of its death, under `prefix` (run_key_prefix). Nothing on the host
-// of the store (its death ends the store) or under torchrun's agent store (not our server).
+// is armed with the notice of its death, among the keys of run_key_prefix(rank, backend).
+// Nothing on the host of the store (its death ends the store) or under torchrun's agent store
+// (not our server).
 void arm_failure_notice(const LaunchEnv& rank, const rendezvous::HostedStore& hosted,
-                        const std::string& prefix);
+                        const char* backend);
 
 }  // namespace fsdp::launch
