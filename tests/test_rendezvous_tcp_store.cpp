@@ -276,6 +276,42 @@ TEST(TcpStore, WireFormatIsTheNotesTcpStoreSubset) {
   ::close(listener);
 }
 
+// DISCONNECT_NOTICE (0x70) as the Note writes it, from a bare socket: armed, then the
+// connection closes with no goodbye, so the server counts it and sets the notice; a second
+// armed connection that closes finds the count taken and sets nothing.
+TEST(TcpStore, ADisconnectNoticeIsPostedWhenItsConnectionClosesArmed) {
+  TcpStoreServer server(0);
+  auto le64 = [](uint64_t v) {
+    std::string out;
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+    return out;
+  };
+  auto str = [&](const std::string& x) { return le64(x.size()) + x; };
+  auto arm_and_close = [&](const std::string& text) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(server.port()));
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const std::string bytes = std::string("\x00\xce\xf7\x85\x3c", 5) + "\x70" + str("count") +
+                              str("notice") + str(text);
+    ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    ::close(fd);
+  };
+  TcpStore store(local(server.port()));
+  arm_and_close("rank 3 is gone");
+  EXPECT_EQ(store.get("notice", kLong), "rank 3 is gone");
+  arm_and_close("rank 4 is gone");
+  // The server reaches the second close in its own time: wait (bounded) until the count says
+  // so; the notice must still be the first one.
+  const auto deadline = std::chrono::steady_clock::now() + kLong;
+  while (store.add("count", 0) < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(store.add("count", 0), 2);
+  EXPECT_EQ(store.get("notice", kLong), "rank 3 is gone");
+}
+
 TEST(TcpStore, AConnectionThatDoesNotValidateIsDropped) {
   TcpStoreServer server(0);
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
