@@ -1,9 +1,12 @@
 // Note [Failure notices]: the first failure of a job is the one every rank names.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <future>
 #include <thread>
 
 #include "rendezvous/failure_notice.h"
+#include "rendezvous/failure_watch.h"
 
 namespace fsdp::rendezvous {
 namespace {
@@ -33,6 +36,60 @@ TEST(FailureNotice, AReaderWaitsForALateNotice) {
   launcher.join();
   ASSERT_TRUE(notice.has_value());
   EXPECT_EQ(notice->rank, 3);
+}
+
+// A store that counts the reads a FailureWatch makes (CHECK), so a test can wait for a
+// number of them instead of for a time.
+class CountingStore final : public Store {
+ public:
+  std::shared_ptr<Store> base = make_memory_store();
+  std::atomic<int> checks{0};
+  void set(const std::string& k, const std::string& v) override { base->set(k, v); }
+  std::string get(const std::string& k, Millis t) override { return base->get(k, t); }
+  int64_t add(const std::string& k, int64_t d) override { return base->add(k, d); }
+  std::vector<bool> check(const std::vector<std::string>& keys) override {
+    ++checks;
+    return base->check(keys);
+  }
+};
+
+TEST(FailureWatch, CallsBackOnceWithAnotherRanksNotice) {
+  auto store = std::make_shared<CountingStore>();
+  std::promise<FailureNotice> seen;
+  std::atomic<int> calls{0};
+  {
+    FailureWatch watch(store, /*rank=*/0, Millis(1), [&](const FailureNotice& n) {
+      if (calls++ == 0) seen.set_value(n);
+    });
+    post_failure(*store, {3, "rank 3 was killed by signal 9 (Killed)"});
+    auto got = seen.get_future();
+    ASSERT_EQ(got.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    const FailureNotice n = got.get();
+    EXPECT_EQ(n.rank, 3);
+    EXPECT_EQ(n.message, "rank 3 was killed by signal 9 (Killed)");
+  }
+  EXPECT_EQ(calls.load(), 1);
+}
+
+TEST(FailureWatch, ThisRanksOwnNoticeIsNotNews) {
+  auto store = std::make_shared<CountingStore>();
+  std::atomic<int> calls{0};
+  post_failure(*store, {1, "rank 1 failed: the data file is empty"});
+  {
+    FailureWatch watch(store, /*rank=*/1, Millis(1), [&](const FailureNotice&) { ++calls; });
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (store->checks.load() < 5 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
+    ASSERT_GE(store->checks.load(), 5);  // it read the notice several times over
+  }
+  EXPECT_EQ(calls.load(), 0);
+}
+
+TEST(FailureWatch, StopsAtOnceWhenDestroyed) {
+  auto store = std::make_shared<CountingStore>();
+  // An interval of an hour: the destructor must not wait for it.
+  { FailureWatch watch(store, 0, Millis(3600 * 1000), [](const FailureNotice&) {}); }
+  EXPECT_EQ(store->checks.load(), 0);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
@@ -31,6 +32,7 @@
 #include "launch/launch_env.h"
 #include "launch/node_ranks.h"
 #include "rendezvous/failure_notice.h"
+#include "rendezvous/failure_watch.h"
 #include "rendezvous/tcp_store.h"
 
 namespace fsdp {
@@ -70,22 +72,33 @@ std::string run_one_rank(const launch::LaunchEnv& e, int gpu, rendezvous::Store&
                          Millis timeout, const RankBodyWithResult& body) {
   this_thread_identity() = {e.rank, "cuda:" + std::to_string(gpu)};
   cuda::set_exit_when_hung(true);  // this process is one rank (Note [NCCL watchdog])
-  rendezvous::PrefixStore store(launch::run_key_prefix(e, "cuda"),
-                                std::shared_ptr<rendezvous::Store>(&base, [](auto*) {}));
-  // Note [Failure notices]: the watchdog's error names the lost rank from the notice there;
-  // this rank's own error is posted for the others.
-  cuda::set_lost_rank_reader([&store](double wait_s) -> std::string {
+  auto store = std::make_shared<rendezvous::PrefixStore>(
+      launch::run_key_prefix(e, "cuda"), std::shared_ptr<rendezvous::Store>(&base, [](auto*) {}));
+  // Note [Failure notices]: this rank's own error is posted for the others; another rank's
+  // notice aborts this rank's communicators at once (NCCL would wait for the dead peer until
+  // the watchdog's timeout), and the watchdog's error names the lost rank from it.
+  cuda::set_lost_rank_reader([store](double wait_s) -> std::string {
     const auto notice = rendezvous::read_failure(
-        store, Millis(static_cast<int64_t>(wait_s * 1000)));
+        *store, Millis(static_cast<int64_t>(wait_s * 1000)));
     return notice ? notice->message : "";
   });
   struct ClearReader {
     ~ClearReader() { cuda::set_lost_rank_reader(nullptr); }
   } clear_reader;
+  std::unique_ptr<rendezvous::FailureWatch> watch;
+  if (e.world_size > 1)
+    watch = std::make_unique<rendezvous::FailureWatch>(
+        store, e.rank, Millis(1000), [rank = e.rank](const rendezvous::FailureNotice& n) {
+          // On a thread of its own: the abort blocks while the rank's host wait unwinds.
+          std::thread([rank, lost = n.rank] {
+            cuda::abort_communicators(rank, detail::concat("rank ", lost, " reported a failure "
+                                                           "in the job's store"));
+          }).detach();
+        });
   try {
-    return run_one_rank_body(e, gpu, store, timeout, body);
+    return run_one_rank_body(e, gpu, *store, timeout, body);
   } catch (const std::exception& err) {
-    rendezvous::post_failure(store, {e.rank, detail::concat("rank ", e.rank, " failed: ", err.what())});
+    rendezvous::post_failure(*store, {e.rank, detail::concat("rank ", e.rank, " failed: ", err.what())});
     throw;
   }
 }

@@ -41,6 +41,10 @@ void set_exit_when_hung(bool on);
 // `wait_s` seconds, returns e.g. "rank 1 was killed by signal 9 (Killed)", or "" when nobody
 // knows. A launcher whose ranks share a store sets it to read the failure notice there.
 void set_lost_rank_reader(std::function<std::string(double wait_s)> reader);
+// Aborts every watched communicator now, as a collective timeout would, with `why` in the
+// error (Note [Failure notices]: another rank reported its failure). Once per process; it
+// blocks for as long as the watchdog's abort does (run it on a thread of its own).
+void abort_communicators(int rank, const std::string& why);
 
 std::unique_ptr<Device> make_device(int local_rank);
 std::unique_ptr<Comm> make_world_comm(Device& device, const UniqueId& id, int rank, int world);

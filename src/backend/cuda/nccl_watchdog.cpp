@@ -24,6 +24,10 @@
 //    store (Note [Failure notices]): a rank that threw posts its error there, and under
 //    torchrun (without its agent store), srun or mpirun our store's server posts the death of
 //    a rank whose connection closed without a goodbye, so the watchdog's error names it.
+//    Each rank of a multi-rank job also reads the store once a second (FailureWatch,
+//    src/rendezvous/failure_watch.h): another rank's notice aborts at once
+//    (abort_communicators), instead of after the timeout. The abort happens once per process,
+//    whoever comes first; after it the polling thread stops (an aborted communicator is freed).
 //  - Order at teardown: a CUDA graph that captured collectives must be destroyed before its
 //    communicator (the trainer destroys its captured step first, Note [Captured steps]); the
 //    watchdog records no events while a stream is captured. An aborted communicator is never
@@ -103,6 +107,7 @@ class Watchdog {
     std::lock_guard<std::mutex> lock(reason_mutex_);
     return reason_;
   }
+  void abort_now(int rank, const std::string& why) { abort_all(rank, why); }
 
  private:
   void run() {
@@ -110,6 +115,7 @@ class Watchdog {
       const double timeout = g_timeout_s.load();
       const double interval = timeout > 0 ? std::clamp(timeout / 10, 0.01, 0.1) : 0.1;
       std::this_thread::sleep_for(std::chrono::duration<double>(interval));
+      if (g_aborted.load(std::memory_order_acquire)) return;  // aborted from outside
       std::string why;
       int rank = -1;
       {
@@ -162,7 +168,9 @@ class Watchdog {
     return "";
   }
 
+  // Once per process: the first caller aborts (the polling thread, or abort_communicators).
   void abort_all(int rank, const std::string& why) {
+    if (aborting_.exchange(true)) return;
     const std::string lost = lost_rank();
     {
       std::lock_guard<std::mutex> lock(reason_mutex_);
@@ -198,7 +206,10 @@ class Watchdog {
   bool thread_started_ = false;
   std::mutex reason_mutex_;
   std::string reason_;
+  std::atomic<bool> aborting_{false};
 };
+
+void abort_communicators(int rank, const std::string& why) { Watchdog::get().abort_now(rank, why); }
 
 void set_collective_timeout_s(double seconds) {
   FSDP_CHECK(seconds >= 0, "the collective timeout must be >= 0 s (0: none), got ", seconds);
