@@ -5,7 +5,7 @@
 // What a backend records while Device::enable_timeline(true) is on (include/fsdp/device.h):
 //  - One TimelineOp per enqueued op, on the track of its stream, labelled with the device's
 //    sticky label at enqueue time (set_label; the engine's labels are "AG copy-in X", "AG X",
-//    "AG copy-out X", "RS copy-in X", "RS X", "RS accumulate X" from param_group.cpp, and
+//    "AG copy-out X", "RS copy-in X", "RS X", "RS accumulate X" from param_group*.cpp, and
 //    "fwd X gemm", "bwd X gemm dW", ... from the modules). Host spans (kind Host) go on
 //    stream -1.
 //  - A Wait op (wait_event) spans the time its stream was blocked; its waited_for is the label
