@@ -7,6 +7,7 @@
 
 #include "rendezvous/failure_notice.h"
 #include "rendezvous/failure_watch.h"
+#include "counting_store.h"
 
 namespace fsdp::rendezvous {
 namespace {
@@ -37,21 +38,6 @@ TEST(FailureNotice, AReaderWaitsForALateNotice) {
   ASSERT_TRUE(notice.has_value());
   EXPECT_EQ(notice->rank, 3);
 }
-
-// A store that counts the reads a FailureWatch makes (CHECK), so a test can wait for a
-// number of them instead of for a time.
-class CountingStore final : public Store {
- public:
-  std::shared_ptr<Store> base = make_memory_store();
-  std::atomic<int> checks{0};
-  void set(const std::string& k, const std::string& v) override { base->set(k, v); }
-  std::string get(const std::string& k, Millis t) override { return base->get(k, t); }
-  int64_t add(const std::string& k, int64_t d) override { return base->add(k, d); }
-  std::vector<bool> check(const std::vector<std::string>& keys) override {
-    ++checks;
-    return base->check(keys);
-  }
-};
 
 TEST(FailureWatch, CallsBackOnceWithAnotherRanksNotice) {
   auto store = std::make_shared<CountingStore>();

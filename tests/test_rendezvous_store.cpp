@@ -6,6 +6,7 @@
 
 #include "fsdp/error.h"
 #include "rendezvous/store.h"
+#include "counting_store.h"
 
 namespace fsdp::rendezvous {
 namespace {
@@ -58,21 +59,8 @@ TEST(MemoryStore, BarrierReturnsOnceEveryRankArrives) {
   EXPECT_EQ(store->check({"barrier/go/3"}), std::vector<bool>{true});
 }
 
-// A store that counts the keys asked about by check(): a barrier that completes polls its
-// counter only, so its cost per poll does not grow with the ranks.
-class CountingStore final : public Store {
- public:
-  std::shared_ptr<Store> base = make_memory_store();
-  std::atomic<int64_t> checked_keys{0};
-  void set(const std::string& k, const std::string& v) override { base->set(k, v); }
-  std::string get(const std::string& k, Millis t) override { return base->get(k, t); }
-  int64_t add(const std::string& k, int64_t d) override { return base->add(k, d); }
-  std::vector<bool> check(const std::vector<std::string>& keys) override {
-    checked_keys += static_cast<int64_t>(keys.size());
-    return base->check(keys);
-  }
-};
-
+// A barrier that completes polls its counter only (CountingStore, counting_store.h), so its
+// cost per poll does not grow with the ranks.
 TEST(MemoryStore, ABarrierThatCompletesChecksNoRankKeys) {
   CountingStore store;
   std::vector<std::thread> ranks;

@@ -276,6 +276,21 @@ TEST(TcpStore, WireFormatIsTheNotesTcpStoreSubset) {
   ::close(listener);
 }
 
+// A bare TCP connection to 127.0.0.1:port (a client that speaks bytes of the test's choosing);
+// -1 if it fails.
+int connect_loopback(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
 // DISCONNECT_NOTICE (0x70) as the Note writes it, from a bare socket: armed, then the
 // connection closes with no goodbye, so the server counts it and sets the notice; a second
 // armed connection that closes finds the count taken and sets nothing.
@@ -288,12 +303,8 @@ TEST(TcpStore, ADisconnectNoticeIsPostedWhenItsConnectionClosesArmed) {
   };
   auto str = [&](const std::string& x) { return le64(x.size()) + x; };
   auto arm_and_close = [&](const std::string& text) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(server.port()));
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const int fd = connect_loopback(server.port());
+    ASSERT_GE(fd, 0);
     const std::string bytes = std::string("\x00\xce\xf7\x85\x3c", 5) + "\x70" + str("count") +
                               str("notice") + str(text);
     ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
@@ -314,12 +325,8 @@ TEST(TcpStore, ADisconnectNoticeIsPostedWhenItsConnectionClosesArmed) {
 
 TEST(TcpStore, AConnectionThatDoesNotValidateIsDropped) {
   TcpStoreServer server(0);
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(server.port()));
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const int fd = connect_loopback(server.port());
+  ASSERT_GE(fd, 0);
   ASSERT_EQ(::write(fd, "GET / HTTP/1.0\r\n\r\n", 18), 18);
   char c;
   EXPECT_EQ(::read(fd, &c, 1), 0);  // closed, with no reply
