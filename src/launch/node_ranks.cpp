@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
@@ -13,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <thread>
 
 #include "fsdp/error.h"
 #include "launch/rank_processes.h"
@@ -20,6 +22,30 @@
 #include "rendezvous/tcp_store.h"
 
 namespace fsdp::launch {
+
+namespace {
+
+const char* const kNodeRanksReapedKey = "fsdp/node_ranks_reaped";
+
+// Node 0's launcher hosts the store, and its ranks may finish before another node's are done
+// with the store: it keeps the store up until every node has counted its reaped ranks there
+// (or the timeout). A node whose store is gone (node 0 ended) has nobody to count for.
+void keep_store_until_all_nodes_reaped(const LaunchEnv& node, bool hosts, const std::string& host,
+                                       int port, rendezvous::Millis timeout) {
+  if (node.nnodes == 1) return;
+  try {
+    rendezvous::TcpStore store({host, port, std::min(timeout, rendezvous::Millis(5000))});
+    store.add(kNodeRanksReapedKey, node.local_world_size);
+    if (!hosts) return;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (store.add(kNodeRanksReapedKey, 0) < node.world_size &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  } catch (const std::exception&) {
+  }
+}
+
+}  // namespace
 
 std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Millis timeout,
                                         const RankMain& rank_main) {
@@ -79,6 +105,7 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   if (server) server->start();
   // Names the first rank to fail, stops and reaps the others (rank_processes.h).
   const std::string first_failure = wait_for_rank_processes(pids, node.rank);
+  keep_store_until_all_nodes_reaped(node, server != nullptr, store_host, port, timeout);
   bool failed = !first_failure.empty();
   std::vector<std::string> results(local);
   for (int local_rank = 0; local_rank < local; ++local_rank) {
