@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# One GPU session for --cuda-graph (docs/cuda_graphs.md): build, the capture tests, the
+# One GPU run for --cuda-graph (docs/cuda_graphs.md): build, the capture tests, the
 # eager-vs-graph bitwise tests, then bench/run_cuda_graph_bench.sh's rows, most important first,
 # each phase only while BUDGET_S (default 390) seconds have not run out.
 #
 #   bench/cuda_graph_check.sh OUTDIR
 #
-# OUTDIR gets summary.txt (one line per phase) and the logs; bench/cuda_graph_table.py OUTDIR/bench
-# bench/results/cuda_graph_h200x1 then writes the result files.
+# OUTDIR (best a run folder, bench/runs/DATE-purpose/) gets summary.txt (one line per phase), the
+# logs, and OUTDIR/cuda_graph_h200x1.{json,md} from bench/cuda_graph_table.py.
 set -u
 OUTDIR=${1:?usage: bench/cuda_graph_check.sh OUTDIR}
 BUDGET_S=${BUDGET_S:-390}

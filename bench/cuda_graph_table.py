@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Eager against --cuda-graph rows (bench/run_cuda_graph_bench.sh OUTDIR) as one JSON and a table.
 
-usage: bench/cuda_graph_table.py OUTDIR bench/results/cuda_graph_h200x1 [DEVICE] [RESULTS_BASE]
+usage: bench/cuda_graph_table.py OUTDIR RUN_DIR/cuda_graph_h200x1 [DEVICE] [RESULTS_BASE]
 Writes PREFIX.json and PREFIX.md. Every row keeps the exact command that made it. With
-RESULTS_BASE (e.g. bench/results/h200x1), the rows also replace that file's "cuda-graph" rows
+RESULTS_BASE (e.g. RUN_DIR/h200x1), the rows also replace that file's "cuda-graph" rows
 and its table section.
 """
 import json

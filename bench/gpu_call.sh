@@ -1,8 +1,9 @@
-# Shared by the one-call GPU scripts under bench/results/gpu_wave*/ (sourced, not run):
-#   source bench/gpu_call.sh; gpu_call_begin call3 fsdp [more targets]; run_llama NAME ARGS...
+# Shared by run scripts (bench/runs/*/run.sh) that build on a GPU machine and time llama1b
+# (sourced, not run):
+#   source bench/gpu_call.sh; gpu_call_begin NAME fsdp [more targets]; run_llama ROW ARGS...
 # gpu_call_begin exports the NVLS switches, makes R=/tmp/NAME (tarred into $OUT/NAME.tgz on
 # exit), and builds the targets into build-gpu for sm_90a. run_llama trains the ~1B
-# transformer (the LLAMA1B args) for 20 steps after 5 warm-up steps, writing R/NAME.{cmd,json,log}.
+# transformer (the LLAMA1B args) for 20 steps after 5 warm-up steps, writing R/ROW.{cmd,json,log}.
 # Its ARGS come last, so they can override the defaults (--tokens).
 LLAMA1B="--model transformer --layers 22 --dim 2048 --heads 32 --kv-heads 4 --ffn-dim 5632 \
 --seq-len 2048 --vocab 32000 --param-dtype bf16 --data data/pydocs-4k --eval-every 0 --lr 3e-4 \

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Merge the per-run JSON files of one bench/run_bench.sh run into one JSON list and a markdown table.
 
-    python3 bench/make_table.py OUTDIR --out bench/results/h200x2.json --md bench/results/h200x2.md
+    python3 bench/make_table.py RUN_DIR/rows --out RUN_DIR/h200x2.json --md RUN_DIR/h200x2.md
 
-Files in OUTDIR (see bench/run_bench.sh):
+Files in the rows folder (RUN_DIR/rows, written by bench/run_bench.sh):
   NAME.json       a result: ours (`fsdp train --json`, has "step_ms_median") or torch (has "engine")
   NAME.fail.json  run_bench.sh's record of a row that failed, timed out or was skipped; when NAME.json
                   exists too, its numbers are kept and the row's status says what went wrong
@@ -280,7 +280,9 @@ def main():
     for pr in problems:
         print(f"make_table: {pr}", file=sys.stderr)
     js = json.dumps(rows, indent=2) + "\n"
-    md = markdown(rows, meta, problems, a.outdir)
+    # The table names its rows' folder relative to itself (a run folder moves with the repository).
+    source = os.path.relpath(a.outdir, os.path.dirname(os.path.abspath(a.md))) if a.md else a.outdir
+    md = markdown(rows, meta, problems, source)
     if a.out:
         write(a.out, js)
     else:

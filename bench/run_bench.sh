@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One benchmark run on the GPU machine: ours (build/fsdp) and PyTorch FSDP2 on the mlp16 workload.
 #
-#   bench/run_bench.sh OUTDIR [NGPUS]
+#   bench/run_bench.sh RUN_DIR [NGPUS]        e.g. RUN_DIR=bench/runs/$(date +%F)-mlp16-h200x2
 #
 # NGPUS defaults to all visible GPUs. Needs build/fsdp (built by the caller) and python3 with torch.
-# Each row writes OUTDIR/NAME.json; a failing, timed-out or skipped row writes OUTDIR/NAME.fail.json
-# instead (or beside it) and the run goes on. All output goes to OUTDIR/log.txt (and OUTDIR/NAME.log).
-# At the end: bench/make_table.py -> bench/results/h200x${NGPUS}.{json,md}.
+# RUN_DIR is the run's folder (bench/README.md). Each row writes RUN_DIR/rows/NAME.json; a failing,
+# timed-out or skipped row writes RUN_DIR/rows/NAME.fail.json instead (or beside it) and the run
+# goes on. All output goes to RUN_DIR/rows/log.txt (and RUN_DIR/rows/NAME.log).
+# At the end: bench/make_table.py -> RUN_DIR/h200x${NGPUS}.{json,md}.
 #
 # Environment (optional): FSDP_BIN (default build/fsdp), PYTHON (default python3),
 # BENCH_BUDGET_S (default 400: a row whose expected time would end past it is skipped),
@@ -15,15 +16,16 @@
 set -uo pipefail
 
 if [[ $# -lt 1 || $# -gt 2 ]]; then
-  echo "usage: $0 OUTDIR [NGPUS]" >&2
+  echo "usage: $0 RUN_DIR [NGPUS]" >&2
   exit 2
 fi
 
 # NVLink SHARP / multicast off, for NCCL, torch symmetric memory and NVSHMEM alike.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-mkdir -p "$1" || exit 2
-OUTDIR=$(cd "$1" && pwd)
+mkdir -p "$1/rows" || exit 2
+RUN_DIR=$(cd "$1" && pwd)
+OUTDIR=$RUN_DIR/rows  # the rows' files; the table goes into RUN_DIR
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$REPO" || exit 2
 
@@ -212,13 +214,12 @@ else
   torch_local 2048
 fi
 
-mkdir -p bench/results
-say "make_table -> bench/results/h200x${N}.json, bench/results/h200x${N}.md"
-"$PYTHON" bench/make_table.py "$OUTDIR" --out "bench/results/h200x${N}.json" \
-  --md "bench/results/h200x${N}.md" 2>&1 | tee -a "$LOG"
+say "make_table -> $RUN_DIR/h200x${N}.json, $RUN_DIR/h200x${N}.md"
+"$PYTHON" bench/make_table.py "$OUTDIR" --out "$RUN_DIR/h200x${N}.json" \
+  --md "$RUN_DIR/h200x${N}.md" 2>&1 | tee -a "$LOG"
 rc=${PIPESTATUS[0]}
-if [[ -f "bench/results/h200x${N}.md" ]]; then
-  cat "bench/results/h200x${N}.md"
+if [[ -f "$RUN_DIR/h200x${N}.md" ]]; then
+  cat "$RUN_DIR/h200x${N}.md"
 fi
 say "finished in $((SECONDS - START))s (make_table rc=$rc)"
 exit "$rc"

@@ -5,7 +5,7 @@
 #   bench/run_cuda_graph_bench.sh OUTDIR
 #
 # Each row writes OUTDIR/NAME.json (the summary) and OUTDIR/NAME.log; bench/cuda_graph_table.py
-# turns them into bench/results/cuda_graph_h200x1.{json,md}. Environment: FSDP_BIN (default
+# turns them into a table, e.g. RUN_DIR/cuda_graph_h200x1.{json,md} (bench/README.md). Environment: FSDP_BIN (default
 # build-gpu/fsdp), GEMM_FLOOR (default build-gpu/bench/gemm_floor), ROWS (default: all).
 set -u
 OUTDIR=${1:?usage: bench/run_cuda_graph_bench.sh OUTDIR}

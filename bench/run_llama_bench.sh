@@ -16,8 +16,8 @@
 #
 # Writes into OUTDIR: one NAME.json and NAME.log per row, h200x1.json (the rows: config, engine,
 # world_size, sequences_per_rank, step_ms, tokens_per_s_per_gpu, mfu, peak_mem_gib, command,
-# status) and h200x1.md (the same as a table, with the targets of issue 10). Copy both to
-# bench/results/ to keep them.
+# status) and h200x1.md (the same as a table, with the targets). OUTDIR is best a run folder,
+# bench/runs/DATE-purpose/ (bench/README.md).
 #
 # Our recipe flags are checked against `fsdp train --help` first: a missing one stops the script
 # with its name, unless LLAMA_BENCH_ALLOW_MISSING=1, which runs without it and says so in the row.
@@ -193,7 +193,7 @@ for r in result:
     lines.append(f"| {r['engine']} | {r['sequences_per_rank']} | {fmt(r['step_ms'], '.1f')} | "
                  f"{fmt(r['tokens_per_s_per_gpu'], '.0f')} | {fmt(r['mfu'], '.1%')} | "
                  f"{fmt(r['peak_mem_gib'], '.1f')} | {fmt(speed, '.2f') + ('x' if speed else '')} | {status} |")
-lines += ["", "Targets (issue 10): at 4 sequences tokens/s >= 1.2x FSDP2 eager and not below FSDP2 "
+lines += ["", "Targets: at 4 sequences tokens/s >= 1.2x FSDP2 eager and not below FSDP2 "
           "compiled, MFU >= 50%; at 1 sequence >= 3x FSDP2 eager; peak memory <= FSDP2's.", ""]
 for r in result:
     if r["command"]:

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# The MoE benchmark of issue 11 (docs/moe.md) on the GPUs of one machine: ours for k = 1 and 2
+# The MoE benchmark (docs/moe.md) on the GPUs of one machine: ours for k = 1 and 2
 # RS input buffers with the separate RS group off and on, beside PyTorch FSDP2 in torchtitan's
 # layout (bench/torch_moe.py), the same model, data and recipe, in the same run.
 #
 #   bench/run_moe_bench.sh OUTDIR [DATA_DIR]       run the rows, write OUTDIR/moe_rows.{json,md}
 #   bench/run_moe_bench.sh --table OUTDIR          only (re)write OUTDIR/moe_rows.{json,md} from the
 #                                                   rows' files there (same NPROC, EP, STEPS, ROWS)
-#   bench/run_moe_bench.sh --merge OUTDIR [RESULTS] merge them into RESULTS.json and RESULTS.md
-#                                                   (default bench/results/h200x$NPROC), keeping
-#                                                   every row of another config
+#   bench/run_moe_bench.sh --merge OUTDIR RESULTS  merge them into RESULTS.json and RESULTS.md,
+#                                                   keeping every row of another config
+#
+# OUTDIR is best a run folder, bench/runs/DATE-purpose/ (bench/README.md).
 #
 # DATA_DIR (or $MOE_DATA; default data/pydocs-4k) is a corpus made by `fsdp prepare-data`.
 # $FSDP_BIN is our binary (default build-gpu/fsdp, already built), $PYTHON the interpreter with
@@ -18,7 +19,7 @@
 # $ROWS picks rows (default: all, in this order): ours_k1_sep0 ours_k2_sep0 ours_k1_sep1
 # ours_k2_sep1 torch
 #
-# Model (issue 11): dim 2048, 16 layers (blocks 1, 3, ..., 15 MoE), 16 heads and 4 kv heads
+# Model: dim 2048, 16 layers (blocks 1, 3, ..., 15 MoE), 16 heads and 4 kv heads
 # (head dim 128), dense FFN 5504 (8 dim / 3 rounded up to 64, our default), 8 experts, top-2,
 # FFN 1408 per expert, dropless, aux loss 0.01, seq 2048, 4 sequences per GPU, vocab of the
 # corpus. Recipe: bf16 params, fp32 reduce, AdamW (betas 0.9/0.999, weight decay 0.1), lr 3e-4
@@ -55,8 +56,8 @@ EOF
 }
 
 if [[ "${1:-}" == "--merge" ]]; then
-  [[ -n "${2:-}" ]] || die "usage: bench/run_moe_bench.sh --merge OUTDIR [RESULTS_BASE]"
-  merge "$2" "${3:-bench/results/h200x$NPROC}"
+  [[ -n "${2:-}" && -n "${3:-}" ]] || die "usage: bench/run_moe_bench.sh --merge OUTDIR RESULTS_BASE"
+  merge "$2" "$3"
   exit $?
 fi
 

@@ -12,7 +12,7 @@ process group (a compute reference).
 """
 import os
 
-# NVLink SHARP / multicast stays off on the lent machines. Set before torch.distributed (and NCCL)
+# NVLink SHARP / multicast stays off on the GPU machines. Set before torch.distributed (and NCCL)
 # is imported so that every process, torchrun's children included, sees them.
 os.environ["NCCL_NVLS_ENABLE"] = "0"
 os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"

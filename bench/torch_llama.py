@@ -28,7 +28,7 @@ head counted; causal attention counted in full), times tokens/s per GPU, over --
 """
 import os
 
-# NVLink SHARP / multicast stays off on the lent machines (as in bench/torch_fsdp2.py). Set before
+# NVLink SHARP / multicast stays off on the GPU machines (as in bench/torch_fsdp2.py). Set before
 # torch.distributed is imported so that torchrun's children see them too.
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
@@ -126,7 +126,8 @@ class Attention(nn.Module):
         v = v.view(b, t, kv, hd).transpose(1, 2)
         # enable_gqa rather than kv heads expanded by hand: on one H200 with PyTorch 2.11 the
         # expanded form was no faster at 4 sequences (204.0 vs 203.2 ms a step) and slower at 1
-        # (153.5 vs 106.5 ms); bench/results/llama_bench_run2 and h200x1.md.
+        # (153.5 vs 106.5 ms). The enable_gqa rows: bench/runs/2026-12-01-llama1b-vs-fsdp2; the
+        # expanded form's raw output is not committed (docs/performance.md).
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.wo(y.transpose(1, 2).reshape(b, t, h * hd))
 

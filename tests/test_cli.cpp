@@ -1,4 +1,4 @@
-// The fsdp command: the done-when run, and bad input giving one-line errors.
+// The fsdp command: a whole training run, and bad input giving one-line errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -258,7 +258,7 @@ TEST(TransformerModel, ParamCountAndFlopsFollowTheStatedFormulas) {
   EXPECT_EQ(m.param_count(), transformer_param_count(c));
   // 6 * (131392 - 256*64) + 12 * 2 layers * 64 * 32 tokens
   EXPECT_EQ(transformer_flops_per_token(c), 6.0 * (131392 - 16384) + 12.0 * 2 * 64 * 32);
-  // The issue's ~1B benchmark model.
+  // The ~1B benchmark model (llama1b, docs/performance.md).
   TransformerConfig big;
   big.layers = 22, big.dim = 2048, big.heads = 32, big.kv_heads = 4, big.ffn_dim = 5632;
   big.seq_len = 2048, big.vocab = 32000;
