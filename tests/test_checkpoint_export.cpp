@@ -14,6 +14,7 @@
 #include "fsdp/error.h"
 #include "io/safetensors.h"
 #include "test_checkpoint_util.h"
+#include "models/model_family.h"
 
 namespace fsdp::testing {
 namespace {
@@ -67,7 +68,8 @@ TEST(CheckpointExport, HoldsTheTrainedParamsAndInitFromLoadsThemOnAnyWorldSize) 
   const std::string dir = fresh_dir("export_moe");
   c.checkpoint.save_dir = dir;
   const auto trained = run_fsdp(3, c);
-  nn::Model reference(c.model);
+  std::unique_ptr<nn::Model> reference_built = models::build_model(c.model);
+  nn::Model& reference = *reference_built;
   const std::vector<std::string> names = fqns_of(reference);
   ASSERT_EQ(names.size(), trained[0].params.size());
 
@@ -86,7 +88,7 @@ TEST(CheckpointExport, HoldsTheTrainedParamsAndInitFromLoadsThemOnAnyWorldSize) 
   }
   // The round trip: --init-from on 2 ranks (saved on 3) gives the same params, bitwise.
   auto make = [&](std::vector<Module*>& blocks) {
-    auto m = std::make_unique<nn::Model>(c.model);
+    auto m = models::build_model(c.model);
     blocks = m->blocks();
     return std::unique_ptr<Module>(std::move(m));
   };
@@ -185,7 +187,8 @@ TEST(CheckpointExport, TrainedTransformerExportsLlamaNamesAndInitFromLoadsItBack
   const std::string dir = fresh_dir("export_transformer");
   c.checkpoint.save_dir = dir;
   const auto trained = run_fsdp(3, c);
-  nn::Model reference(c.model);
+  std::unique_ptr<nn::Model> reference_built = models::build_model(c.model);
+  nn::Model& reference = *reference_built;
   const std::vector<std::string> names = fqns_of(reference);
   ASSERT_EQ(names.size(), trained[0].params.size());
   auto trained_rows = [&](const std::string& fqn, int64_t first, int64_t count) {
@@ -225,7 +228,7 @@ TEST(CheckpointExport, TrainedTransformerExportsLlamaNamesAndInitFromLoadsItBack
 
   // Back into the real model on 2 ranks (saved on 3): the trained params, bitwise.
   auto make = [&](std::vector<Module*>& blocks) {
-    auto m = std::make_unique<nn::Model>(c.model);
+    auto m = models::build_model(c.model);
     blocks = m->blocks();
     return std::unique_ptr<Module>(std::move(m));
   };
@@ -260,7 +263,8 @@ TEST(CheckpointExport, InitialWeightsFromTheCommandAreTheModelsOwnAndTrainTheSam
   mc.kind = "mlp";
   mc.layers = 2;
   mc.dim = 16;
-  nn::Model model(mc);
+  std::unique_ptr<nn::Model> model_built = models::build_model(mc);
+  nn::Model& model = *model_built;
   const io::SafetensorsFile f(file);
   const std::vector<std::string> names = fqns_of(model);
   const std::vector<Param*> params = model.all_params();

@@ -7,6 +7,7 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/nn/model.h"
 #include "runtime/launch.h"
+#include "models/model_family.h"
 
 namespace fsdp {
 namespace {
@@ -22,7 +23,8 @@ TEST(CpuAsyncUnshard, ReshardRightAfterAnAsyncUnshardWaitsForTheAllGather) {
     mc.kind = "mlp";
     mc.layers = 2;
     mc.dim = 8;
-    nn::Model model(mc);
+    std::unique_ptr<nn::Model> model_built = models::build_model(mc);
+  nn::Model& model = *model_built;
     Mesh mesh("dp", d, comm);
     for (Module* block : model.blocks()) fully_shard(*block, mesh);
     fully_shard(model, mesh);

@@ -7,6 +7,7 @@
 #include "core/fsdp_state.h"
 #include "fsdp/error.h"
 #include "test_util.h"
+#include "models/model_family.h"
 
 namespace fsdp::testing {
 namespace {
@@ -208,7 +209,8 @@ TEST(BadInput, PlacementMeshOutsideTheModulesMesh) {
       Mesh world_mesh("world", device, world);
       // each rank alone: the module's mesh spans one rank, the placement mesh two
       Mesh lonely("lonely", device, world->split(rank, 0, "lonely"));
-      nn::Model model(tiny_mlp_config(1, 4));
+      std::unique_ptr<nn::Model> model_built = models::build_model(tiny_mlp_config(1, 4));
+  nn::Model& model = *model_built;
       FullyShardOptions o;
       o.shard_placement_fn = [&](const Module&, const Param&) { return &world_mesh; };
       fully_shard(model, lonely, o);
@@ -224,7 +226,8 @@ TEST(SubMesh, APlacementMeshInsideTheModulesMeshIsAccepted) {
   runtime::run_cpu_ranks(2, {}, [](int rank, Device& device, std::shared_ptr<Comm> world) {
     Mesh dp("dp", device, world);
     Mesh lonely("lonely", device, world->split(rank, 0, "lonely"));
-    nn::Model model(tiny_mlp_config(1, 4));
+    std::unique_ptr<nn::Model> model_built = models::build_model(tiny_mlp_config(1, 4));
+  nn::Model& model = *model_built;
     FullyShardOptions o;
     o.shard_placement_fn = [&](const Module&, const Param&) { return &lonely; };
     FsdpModule& root = fully_shard(model, dp, o);

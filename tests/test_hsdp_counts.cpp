@@ -11,6 +11,7 @@
 #include "fsdp/error.h"
 #include "fsdp/nn/model.h"
 #include "test_util.h"
+#include "models/model_family.h"
 
 namespace fsdp::testing {
 namespace {
@@ -151,7 +152,8 @@ void expect_no_stale_params_after_a_forward(int world_size, int replicas) {
     RunContext ctx{&d, s, DType::F32};
     Mesh mesh = replicas ? make_hsdp_mesh("dp", d, *world, replicas, world_size / replicas)
                          : Mesh("dp", d, world);
-    nn::Model model(tiny_mlp_config(2, 8));
+    std::unique_ptr<nn::Model> model_built = models::build_model(tiny_mlp_config(2, 8));
+  nn::Model& model = *model_built;
     FullyShardOptions o;
     o.reshard_after_forward = 2;
     for (Module* b : model.blocks()) fully_shard(*b, mesh, o);
@@ -203,7 +205,8 @@ TEST(HsdpBadInput, OneLineErrors) {
     e = error_of([n] {
       runtime::run_cpu_ranks(4, {}, [n](int, Device& d, std::shared_ptr<Comm> world) {
         Mesh mesh = make_hsdp_mesh("dp", d, *world, 1, 4);
-        nn::Model model(tiny_mlp_config(1, 4));
+        std::unique_ptr<nn::Model> model_built = models::build_model(tiny_mlp_config(1, 4));
+  nn::Model& model = *model_built;
         FullyShardOptions o;
         o.reshard_after_forward = n;
         fully_shard(*model.blocks()[0], mesh, o);
@@ -222,7 +225,8 @@ TEST(HsdpBadInput, OneLineErrors) {
     runtime::run_cpu_ranks(4, {}, [](int rank, Device& d, std::shared_ptr<Comm> world) {
       Mesh mesh = make_hsdp_mesh("dp", d, *world, 2, 2);
       Mesh flat("flat", d, world->split(rank / 2, rank, "flat"));  // the shard group's ranks
-      nn::Model model(tiny_mlp_config(1, 4));
+      std::unique_ptr<nn::Model> model_built = models::build_model(tiny_mlp_config(1, 4));
+  nn::Model& model = *model_built;
       FullyShardOptions o;
       o.shard_placement_fn = [&](const Module&, const Param&) { return &flat; };
       fully_shard(*model.blocks()[0], mesh, o);

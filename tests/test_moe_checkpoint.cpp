@@ -11,10 +11,12 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/full_weights.h"
+#include "models/initial_weights.h"
 #include "checkpoint/sharded_state.h"
 #include "fsdp/checkpoint.h"
 #include "io/safetensors.h"
 #include "test_checkpoint_util.h"
+#include "models/model_family.h"
 
 namespace fsdp::testing {
 namespace {
@@ -36,7 +38,8 @@ std::vector<float> read_tensor(const io::SafetensorsFile& f, const std::string& 
 std::vector<std::pair<std::string, std::vector<int64_t>>> params_of(const runtime::TrainConfig& c) {
   nn::ModelConfig m = c.model;
   m.ep = 1;
-  nn::Model model(m);
+  std::unique_ptr<nn::Model> model_built = models::build_model(m);
+  nn::Model& model = *model_built;
   std::vector<std::pair<std::string, std::vector<int64_t>>> out;
   model.visit([&](Module& mod) {
     for (const auto& p : mod.params()) out.push_back({checkpoint::param_fqn(mod, *p), p->shape()});
@@ -144,11 +147,12 @@ TEST(MoeCheckpoint, ExportInitWritesEveryExpertAndInitFromLoadsItOnAnyEp) {
   const std::string dir = fresh_dir("moe_export_init");
   runtime::TrainConfig c = moe_checkpoint_config(2);
   const std::string init = dir + "/init.safetensors";
-  checkpoint::export_initial_weights(c.model, init, DType::F32);  // --ep 2 on the command line
+  models::export_initial_weights(c.model, init, DType::F32);  // --ep 2 on the command line
   const io::SafetensorsFile f(init);
   nn::ModelConfig all = c.model;
   all.ep = 1;
-  nn::Model model(all);
+  std::unique_ptr<nn::Model> model_built = models::build_model(all);
+  nn::Model& model = *model_built;
   for (Param* p : model.all_params())
     if (p->shape().size() == 3) {  // the experts: every one of the 6
       const std::string fqn = "layers.1.moe.experts." + p->name();

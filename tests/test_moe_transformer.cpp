@@ -12,6 +12,7 @@
 
 #include "command_util.h"
 #include "test_util.h"
+#include "models/model_family.h"
 
 namespace fsdp::testing {
 namespace {
@@ -24,7 +25,8 @@ runtime::TrainConfig moe_config(int ep) {
 std::vector<std::vector<float>> initial_params(const runtime::TrainConfig& c) {
   nn::ModelConfig m = c.model;
   m.ep = 1;
-  nn::Model model(m);
+  std::unique_ptr<nn::Model> model_built = models::build_model(m);
+  nn::Model& model = *model_built;
   std::vector<std::vector<float>> out;
   for (Param* p : model.all_params()) out.push_back(p->init_values());
   return out;
@@ -61,7 +63,8 @@ std::vector<std::vector<float>> as_held_by(const std::vector<std::vector<float>>
 TEST(MoeTransformerModel, ExpertParamsAndActiveParamsPerEpLayout) {
   runtime::TrainConfig c = moe_config(1);
   const int64_t per_expert = 3 * 16 * 8;  // w13 and w2 of one expert: 3 * dim * expert ffn
-  nn::Model all(c.model);
+  std::unique_ptr<nn::Model> all_built = models::build_model(c.model);
+  nn::Model& all = *all_built;
   int64_t expert_params = 0;
   for (Param* p : all.all_params())
     if (p->shape().size() == 3) expert_params += p->numel();
@@ -69,7 +72,8 @@ TEST(MoeTransformerModel, ExpertParamsAndActiveParamsPerEpLayout) {
   EXPECT_EQ(all.active_param_count(), all.param_count() - 2 * per_expert);  // top-2 of 4
   c.model.ep = 2;
   c.model.ep_rank = 1;
-  nn::Model half(c.model);
+  std::unique_ptr<nn::Model> half_built = models::build_model(c.model);
+  nn::Model& half = *half_built;
   EXPECT_EQ(half.param_count(), all.param_count() - 2 * per_expert);  // 2 local experts
   EXPECT_EQ(half.active_param_count(), all.active_param_count());
   // Ep rank 1 holds global experts 2 and 3: the same values as the unsharded model's.
@@ -88,10 +92,11 @@ TEST(MoeTransformerModel, ExpertParamsAndActiveParamsPerEpLayout) {
 TEST(MoeTransformerModel, FlopsPerTokenCountActiveParams) {
   runtime::TrainConfig c = moe_config(1);
   c.model.layers = 4;  // blocks 1 and 3 are MoE
-  nn::Model model(c.model);
+  std::unique_ptr<nn::Model> model_built = models::build_model(c.model);
+  nn::Model& model = *model_built;
   const double expected = 6.0 * static_cast<double>(model.active_param_count() - 23 * 16) +
                           12.0 * 4 * 16 * 4;
-  EXPECT_DOUBLE_EQ(nn::flops_per_token(c.model), expected);
+  EXPECT_DOUBLE_EQ(models::flops_per_token(c.model), expected);
 }
 
 struct Layout {
@@ -305,7 +310,7 @@ TEST(MoeTransformerCli, BadLayoutsAreOneLineErrors) {
   const CommandResult c = run_fsdp_command(
       "train --backend cpu --world-size 2 --model transformer --ep 2 --steps 1");
   EXPECT_NE(c.code, 0);
-  EXPECT_NE(c.output.find("--ep applies to --model moe-transformer only"), std::string::npos)
+  EXPECT_NE(c.output.find("--ep applies to models with experts split over ranks"), std::string::npos)
       << c.output;
 }
 

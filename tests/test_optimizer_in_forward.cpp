@@ -15,6 +15,7 @@
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "test_util.h"
+#include "models/model_family.h"
 
 namespace fsdp::testing {
 namespace {
@@ -151,7 +152,8 @@ TEST(OptimizerInForwardApi, AnUpdateRunsOnceAtTheNextAllGatherAndMisuseIsOneLine
     const Stream s = device.create_stream("compute", StreamPriority::Normal);
     RunContext ctx{&device, s, DType::F32};
     Mesh mesh("dp", device, world);
-    nn::Model model(tiny_mlp_config(2, 8));
+    std::unique_ptr<nn::Model> model_built = models::build_model(tiny_mlp_config(2, 8));
+  nn::Model& model = *model_built;
     FsdpModule& root = fully_shard(model, mesh);
     std::vector<int> ran;  // the group ordinal of each update, in order
     root.set_optimizer_in_forward([&](Stream, int group, void*, DType) { ran.push_back(group); });

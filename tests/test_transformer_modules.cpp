@@ -14,6 +14,7 @@
 #include "fsdp/error.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/nn/model.h"
+#include "models/model_family.h"
 
 namespace fsdp::nn {
 namespace {
@@ -198,7 +199,8 @@ TEST_F(TransformerModules, WholeModelBackwardMatchesFiniteDifferences) {
   mc.ffn_dim = c.ffn_dim;
   mc.seq_len = c.seq_len;
   mc.vocab = c.vocab;
-  Model m(mc);
+  std::unique_ptr<Model> m_built = models::build_model(mc);
+  Model& m = *m_built;
   check_gradients(m, {}, 0, token_ids({1, 4, 4, 9, 0, 2, 10, 4}), c.vocab, /*stride=*/3);
 }
 
@@ -218,7 +220,8 @@ ModelConfig llama_like(int layers) {
 }
 
 TEST(TransformerModel, ParamNamesAndShapesAreTheSharedFqns) {
-  Model m(llama_like(2));
+  std::unique_ptr<Model> m_built = models::build_model(llama_like(2));
+  Model& m = *m_built;
   std::vector<std::string> got;
   m.visit([&](Module& mod) {
     for (const auto& p : mod.params()) {
@@ -251,7 +254,8 @@ TEST(TransformerModel, ParamNamesAndShapesAreTheSharedFqns) {
 
 TEST(TransformerModel, ParamCountAndFlopsFollowTheStatedFormulas) {
   const ModelConfig mc = llama_like(2);
-  Model m(mc);
+  std::unique_ptr<Model> m_built = models::build_model(mc);
+  Model& m = *m_built;
   const TransformerConfig c = transformer_config(mc);
   // per layer: wqkv 64*8*16 = 8192, wo 4096, w13 + w2 3*64*192 = 36864, norms 128 -> 49280
   EXPECT_EQ(transformer_param_count(c), 2 * 256 * 64 + 64 + 2 * 49280);
@@ -274,7 +278,7 @@ TEST(TransformerModel, DefaultsResolveAndBadSizesGiveOneLineErrors) {
   EXPECT_EQ(c.ffn_dim, 192);  // 8 * 64 / 3 = 170.7, up to a multiple of 64
   auto error_of = [](ModelConfig bad) -> std::string {
     try {
-      Model m(bad);
+      models::build_model(bad);
     } catch (const Error& e) {
       return e.what();
     }
@@ -308,7 +312,8 @@ double std_of(const std::vector<float>& v) {
 }
 
 TEST(TransformerModel, InitIsNormalWithDepthScaledResidualProjections) {
-  Model m(llama_like(2));
+  std::unique_ptr<Model> m_built = models::build_model(llama_like(2));
+  Model& m = *m_built;
   std::vector<std::pair<std::string, const Param*>> params;
   m.visit([&](Module& mod) {
     for (const auto& p : mod.params()) params.push_back({mod.fqn() + "." + p->name(), p.get()});
@@ -328,10 +333,12 @@ TEST(TransformerModel, InitIsNormalWithDepthScaledResidualProjections) {
         << name;
   }
   // Deterministic from the seed; a different seed, different values; layers differ.
-  Model again(llama_like(2));
+  std::unique_ptr<Model> again_built = models::build_model(llama_like(2));
+  Model& again = *again_built;
   ModelConfig other = llama_like(2);
   other.seed = 2;
-  Model reseeded(other);
+  std::unique_ptr<Model> reseeded_built = models::build_model(other);
+  Model& reseeded = *reseeded_built;
   const auto a = m.all_params(), b = again.all_params(), r = reseeded.all_params();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]->init_values(), b[i]->init_values());
   EXPECT_NE(a[0]->init_values(), r[0]->init_values());

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "checkpoint/full_weights.h"
+#include "models/initial_weights.h"
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 
@@ -25,7 +26,7 @@ int run_export(ExportOptions& o) {
              "and --init");
   const DType dtype = parse_dtype(o.dtype);
   if (o.init)
-    checkpoint::export_initial_weights(model_config_of(o.train), o.out, dtype);
+    models::export_initial_weights(model_config_of(o.train), o.out, dtype);
   else
     export_checkpoint(o.checkpoint, o.out, dtype);
   std::printf("wrote %s (%s)\n", o.out.c_str(), o.dtype.c_str());

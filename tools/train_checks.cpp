@@ -22,7 +22,9 @@
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
 #include "launch/launch_env.h"
+#include "models/model_family.h"
 #include "runtime/launch_cuda.h"
+#include "runtime/memory_estimate.h"
 #include "tools/train_command.h"
 
 namespace fsdp::tools {
@@ -116,7 +118,7 @@ void resolve_defaults(TrainOptions& o) {
   optim::OptimizerConfig& opt = c.optimizer;
   if (o.lr)
     opt.adamw.lr = opt.sgd_lr = static_cast<float>(*o.lr);
-  else if (c.model.kind != "transformer" && c.model.kind != "moe-transformer")
+  else if (models::family(c.model.kind).width_scaled_lr())
     opt.adamw.lr = optim::default_adamw_lr(c.model.dim);
   opt.adamw.weight_decay = static_cast<float>(o.weight_decay);
   opt.max_grad_norm = static_cast<float>(o.clip_grad_norm);
@@ -137,19 +139,16 @@ void resolve_defaults(TrainOptions& o) {
                   "--optimizer-in-forward 1 and --optimizer-in-backward 1 exclude each other "
                   "(with --clip-grad-norm 0 the optimizer is in backward unless "
                   "--optimizer-in-backward 0)");
-  const bool moe_transformer = c.model.kind == "moe-transformer";
-  FSDP_USER_CHECK(moe_transformer || c.model.ep == 1, "--ep applies to --model moe-transformer only");
-  if (moe_transformer) {
-    FSDP_USER_CHECK(c.model.ep >= 1, "--ep must be >= 1, got ", c.model.ep);
-    FSDP_USER_CHECK(o.backend != "cpu" || o.world_size % c.model.ep == 0, "--world-size (",
-                    o.world_size, ") must be divisible by --ep (", c.model.ep, ")");
-    nn::moe_config(c.model);  // one-line errors (experts divisible by ep, top-k, ...)
-  }
-  if (c.model.kind == "transformer" || moe_transformer) {
-    nn::transformer_config(c.model);  // one-line errors for bad sizes, before any rank
+  const models::ModelFamily& family = models::family(c.model.kind);
+  models::resolved(c.model);  // the family's one-line errors for bad sizes, before any rank
+  const int ep = family.expert_parallel_size(c.model);
+  FSDP_USER_CHECK(c.model.ep == 1 || ep > 1, "--ep applies to models with experts split over "
+                  "ranks (--model moe-transformer), not --model ", c.model.kind);
+  FSDP_USER_CHECK(o.backend != "cpu" || o.world_size % ep == 0, "--world-size (", o.world_size,
+                  ") must be divisible by --ep (", ep, ")");
+  if (family.batch_kind() == models::BatchKind::Tokens)
     FSDP_USER_CHECK(c.tokens % c.model.seq_len == 0, "--tokens (", c.tokens,
                     ") must be a multiple of --seq-len (", c.model.seq_len, ")");
-  }
   c.timeline = !o.trace_path.empty();
 }
 
@@ -261,26 +260,8 @@ void check_capacity(const TrainOptions& o, const std::string& backend) {
 }  // namespace
 
 int64_t estimate_rank_bytes(const runtime::TrainConfig& c, int world) {
-  // docs/memory.md: sharded state (param, grad, exp_avg, exp_avg_sq in fp32), two units'
-  // all-gather outputs, one unit's grads, k RS inputs; activations kept for backward; and the
-  // host copy of every param's initial value that building the model makes.
-  const std::vector<int64_t> units = nn::unit_param_counts(c.model);
-  const int64_t p = dtype_size(c.param_dtype), r = dtype_size(c.reduce_dtype);
-  int64_t sharded = 0, largest = 0, total = 0;
-  for (int64_t n : units) {
-    sharded += ceil_div(n, world) * 4 * 4;
-    largest = std::max(largest, ceil_div(n, world) * world);
-    total += n;
-  }
-  const int64_t d = c.model.dim;
-  const int64_t hidden = c.model.hidden ? c.model.hidden
-                         : c.model.kind == "resmlp" ? 4 * d
-                         : c.model.kind == "transformer" ? 4 * d : d;
-  const int64_t width = c.model.kind == "moe" ? c.model.experts * (2 * hidden + d) + 2 * d
-                                              : 2 * hidden + 3 * d;
-  const int64_t activations = c.tokens * c.model.layers * width * p;
-  return sharded + 3 * largest * p + c.rs_max_input_buffers * largest * r + activations +
-         total * 4;
+  const runtime::MemoryEstimate e = runtime::estimate_rank_memory(c, world);
+  return e.device_bytes + e.host_bytes;
 }
 
 void check_writable(const std::string& flag, const std::string& path) {
@@ -325,7 +306,7 @@ void split_micro_batches(TrainOptions& o) {
   if (o.micro_batches == c.micro_batches) return;
   FSDP_USER_CHECK(c.tokens % o.micro_batches == 0, "--tokens (", c.tokens,
                   ") must be divisible by --micro-batches (", o.micro_batches, ")");
-  const bool sequences = c.model.kind == "transformer" || c.model.kind == "moe-transformer";
+  const bool sequences = models::family(c.model.kind).batch_kind() == models::BatchKind::Tokens;
   FSDP_USER_CHECK(!sequences || (c.tokens / o.micro_batches) % c.model.seq_len == 0,
                   "--tokens / --micro-batches (", c.tokens / o.micro_batches,
                   ") must be a multiple of --seq-len (", c.model.seq_len, ")");

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/error.h"
+#include "models/model_family.h"
 #include "runtime/launch.h"
 #include "runtime/launch_cuda.h"
 #include "tools/step_printer.h"
@@ -266,7 +267,7 @@ Summary summarize(const std::string& backend, int world, const runtime::TrainCon
   s.tokens_per_s = s.step_ms_median > 0 ? step_tokens * world * 1000.0 / s.step_ms_median : 0;
   if (backend != "cpu" && s.step_ms_median > 0) {
     s.tflops_per_gpu =
-        nn::flops_per_token(c.model) * step_tokens / (s.step_ms_median * 1e-3) / 1e12;
+        models::flops_per_token(c.model) * step_tokens / (s.step_ms_median * 1e-3) / 1e12;
     s.mfu = s.tflops_per_gpu / peak_tflops;
   }
   s.graph_streams = r0.graph_streams;
@@ -319,7 +320,7 @@ int run_train(TrainOptions& o) {
   po.log_every = o.log_every;
   po.quiet = o.quiet;
   if (backend != "cpu") {
-    po.flops_per_token = nn::flops_per_token(o.config.model);
+    po.flops_per_token = models::flops_per_token(o.config.model);
     po.peak_tflops = o.peak_tflops;
   }
   StepPrinter printer(po, stdout);

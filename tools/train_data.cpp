@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "models/model_family.h"
 #include "fsdp/data.h"
 #include "fsdp/error.h"
 #include "runtime/token_file_source.h"
@@ -21,9 +22,9 @@ void attach_token_data(TrainOptions& o) {
   }
   namespace fs = std::filesystem;
   nn::ModelConfig& m = o.config.model;
-  FSDP_USER_CHECK(m.kind == "transformer" || m.kind == "moe-transformer",
-                  "--data trains a token model: use --model transformer or moe-transformer (got "
-                  "--model ", m.kind, ")");
+  FSDP_USER_CHECK(models::family(m.kind).batch_kind() == models::BatchKind::Tokens,
+                  "--data trains a model on token ids, which --model ", m.kind,
+                  " is not (use --model transformer or moe-transformer)");
   std::error_code ec;
   FSDP_USER_CHECK(fs::is_directory(o.data_dir, ec), "--data '", o.data_dir,
                   "' is not a directory (make one with `fsdp prepare-data`)");

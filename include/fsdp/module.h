@@ -29,18 +29,33 @@ struct RunContext {
   DType act_dtype = DType::F32;  // activations and unsharded params/grads
 };
 
+// A param's initial values, made on demand (Note [Lazy initial values]).
+using ParamInit = std::function<std::vector<float>()>;
+
+// Note [Lazy initial values]
+// Building a model records each param's shape and how to make its initial values, and
+// makes none of them: a model family's param counts, FLOPs and memory plan are read from a
+// built module (src/models), so building one must cost no memory even for a shape that would
+// not fit. The values are made on the first init_values() (sharding keeps its slice and
+// releases them), from a generator that depends only on the seed, so when they are made does
+// not change what they are.
 class Param {
  public:
   Param(std::string name, std::vector<int64_t> shape, std::vector<float> init);
+  Param(std::string name, std::vector<int64_t> shape, ParamInit init);
 
   const std::string& name() const { return name_; }  // local: "weight"
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t numel() const;
   int64_t rows() const { return shape_.empty() ? 1 : shape_[0]; }  // dim 0
   int64_t cols() const { return numel() / (rows() ? rows() : 1); }
-  // Host initial values (fp32, full size). Sharding keeps its slice and releases them.
-  const std::vector<float>& init_values() const { return init_; }
-  void release_init_values() { std::vector<float>().swap(init_); }
+  // Host initial values (fp32, full size), made on the first call. Sharding keeps its slice
+  // and releases them.
+  const std::vector<float>& init_values() const;
+  void release_init_values() {
+    std::vector<float>().swap(init_);
+    make_init_ = nullptr;
+  }
 
   // The unsharded value in the compute dtype, viewed as [rows, cols]. FSDP sets it between
   // the pre-forward (or pre-backward) hook and the reshard.
@@ -56,7 +71,8 @@ class Param {
  private:
   std::string name_;
   std::vector<int64_t> shape_;
-  std::vector<float> init_;
+  mutable std::vector<float> init_;
+  mutable ParamInit make_init_;  // empty once made (or for values given up front)
 };
 
 struct ModuleHooks {
@@ -99,6 +115,7 @@ class Module {
   virtual Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) = 0;
 
   Param& add_param(std::string name, std::vector<int64_t> shape, std::vector<float> init);
+  Param& add_param(std::string name, std::vector<int64_t> shape, ParamInit init);
   template <typename M>
   M& add_child(std::string name, std::unique_ptr<M> child) {
     M& ref = *child;

@@ -35,22 +35,8 @@ void upload(Device* d, Stream s, float* dst_rows, const std::vector<float>& host
 
 nlohmann::json run_config_json(const RunDescription& r) {
   // "model" is compared on resume (a mismatch is refused): every field that decides a param's
-  // shape. The transformer's own fields only for it, so other kinds don't depend on them.
-  const nn::ModelConfig& m = r.model;
-  nlohmann::json model = {{"kind", m.kind},       {"layers", m.layers},   {"dim", m.dim},
-                          {"hidden", m.hidden},   {"experts", m.experts}, {"classes", m.classes},
-                          {"norm", m.norm}};
-  if (m.kind == "transformer" || m.kind == "moe-transformer") {
-    model["heads"] = m.heads;
-    model["kv_heads"] = m.kv_heads;
-    model["ffn_dim"] = m.ffn_dim;
-    model["vocab"] = m.vocab;
-    model["seq_len"] = m.seq_len;
-  }
-  if (m.kind == "moe-transformer") {  // not ep: a checkpoint holds every expert (any ep loads it)
-    model["expert_ffn_dim"] = m.expert_ffn_dim;
-    model["moe_every"] = m.moe_every;
-  }
+  // shape, as the model's family names them.
+  const nlohmann::json& model = r.model_fields;
   // Note [Resumed schedule and data]: the lr is a pure function of (schedule, peak, step) and
   // the batches of (data, seed, tokens, micro-batches, step), so the step is their whole state
   // and these fields say which functions they were. A resume that changes them is allowed (a

@@ -25,6 +25,8 @@ struct RunDescription {
   optim::LrSchedule schedule;  // with the peak lr (Note [Resumed schedule and data])
   float peak_lr = 0;
   std::string data = "synthetic";  // or the token file's path
+  // The model's fields that decide its params' shapes (models::ModelFamily::shape_fields).
+  nlohmann::json model_fields = nlohmann::json::object();
 };
 nlohmann::json run_config_json(const RunDescription& run);
 // Raises a one-line error naming the checkpoint when its run does not match: another model

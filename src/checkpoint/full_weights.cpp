@@ -55,20 +55,6 @@ void write_full_weights(const std::string& path, const std::vector<FullTensor>& 
   io::write_safetensors(path, out, {{"format", "pt"}, {kChunkCrcKey, crcs.dump()}});
 }
 
-void export_initial_weights(const nn::ModelConfig& config, const std::string& out_path,
-                            DType dtype) {
-  nn::ModelConfig all_experts = config;
-  all_experts.ep = 1;  // every expert: their init depends on the global index only (docs/moe.md)
-  all_experts.ep_rank = 0;
-  nn::Model model(all_experts);
-  std::vector<FullTensor> tensors;
-  model.visit([&](Module& m) {
-    for (const auto& p : m.params())
-      tensors.push_back({param_fqn(m, *p), p->shape(), p->init_values().data()});
-  });
-  write_full_weights(out_path, tensors, dtype);
-}
-
 }  // namespace fsdp
 
 void fsdp::export_checkpoint(const std::string& checkpoint_dir, const std::string& out_path,

@@ -20,8 +20,4 @@ struct FullTensor {
 void write_full_weights(const std::string& path, const std::vector<FullTensor>& tensors,
                         DType dtype);
 
-// The initial weights of a model (its seed's init), without training.
-void export_initial_weights(const nn::ModelConfig& model, const std::string& out_path,
-                            DType dtype);
-
 }  // namespace fsdp::checkpoint

@@ -24,21 +24,13 @@ double now_ms() {
   using namespace std::chrono;
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
-// Note [Expert params in checkpoints]: the MoE transformer's GroupedExperts hold E / ep experts.
-ExpertLayout expert_layout(const nn::ModelConfig& model) {
-  if (model.kind != "moe-transformer") return {};
-  return {model.ep, [](const Module& owner) {
-            return dynamic_cast<const nn::GroupedExperts*>(&owner) != nullptr;
-          }};
-}
-
 }  // namespace
 
 TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const RunDescription& run,
                                      Device& device, Stream stream, FsdpModule& root,
-                                     optim::Optimizer& optimizer)
+                                     optim::Optimizer& optimizer, const ExpertLayout& experts)
     : options_(options), run_(run), run_json_(run_config_json(run)), device_(device),
-      stream_(stream), root_(root), state_(collect_sharded_state(root, &optimizer, expert_layout(run.model))) {
+      stream_(stream), root_(root), state_(collect_sharded_state(root, &optimizer, experts)) {
   FSDP_USER_CHECK(options_.save_every >= 0, "--save-every must be >= 0, got ", options_.save_every);
   FSDP_USER_CHECK(options_.keep_last >= 0, "--keep-last must be >= 0, got ", options_.keep_last);
   FSDP_USER_CHECK(options_.resume.empty() || options_.init_from.empty(),

@@ -34,7 +34,8 @@ namespace fsdp::checkpoint {
 class TrainerCheckpoint {
  public:
   TrainerCheckpoint(const CheckpointOptions& options, const RunDescription& run, Device& device,
-                    Stream stream, FsdpModule& root, optim::Optimizer& optimizer);
+                    Stream stream, FsdpModule& root, optim::Optimizer& optimizer,
+                    const ExpertLayout& experts = {});
   ~TrainerCheckpoint();
 
   // Returns the number of steps already done (0 without --resume); below total_steps.

@@ -30,16 +30,26 @@ std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound) {
   return v;
 }
 
+ParamInit uniform_init_fn(uint64_t seed, int64_t n, float bound) {
+  return [=] { return uniform_init(seed, n, bound); };
+}
+
 // ---- Linear
 Linear::Linear(int64_t in, int64_t out, bool bias, uint64_t seed)
     : Module("Linear"), in_(in), out_(out) {
   FSDP_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
   const float bound = 1.0f / std::sqrt(static_cast<float>(in));
-  add_param("weight", {out, in}, uniform_init(seed, out * in, bound));
-  if (bias) add_param("bias", {out}, uniform_init(seed ^ 0xb1a5ull, out, bound));
+  add_param("weight", {out, in}, uniform_init_fn(seed, out * in, bound));
+  if (bias) add_param("bias", {out}, uniform_init_fn(seed ^ 0xb1a5ull, out, bound));
 }
 
 Linear::Linear(int64_t in, int64_t out, std::vector<float> weight_init)
+    : Module("Linear"), in_(in), out_(out) {
+  FSDP_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
+  add_param("weight", {out, in}, std::move(weight_init));
+}
+
+Linear::Linear(int64_t in, int64_t out, ParamInit weight_init)
     : Module("Linear"), in_(in), out_(out) {
   FSDP_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
   add_param("weight", {out, in}, std::move(weight_init));
@@ -160,7 +170,7 @@ Tensor Sequential::backward_impl(RunContext& ctx, const Tensor& dy, bool input_g
 SpinBlock::SpinBlock(int64_t dim, double forward_us, double backward_us)
     : Module("SpinBlock"), forward_us_(forward_us), backward_us_(backward_us) {
   FSDP_CHECK(forward_us >= 0 && backward_us >= 0, "spin durations must be >= 0");
-  add_param("weight", {dim, dim}, std::vector<float>(static_cast<size_t>(dim * dim), 0.0f));
+  add_param("weight", {dim, dim}, [dim] { return std::vector<float>(static_cast<size_t>(dim * dim), 0.0f); });
 }
 
 Tensor SpinBlock::forward_impl(RunContext& ctx, const Tensor& x) {

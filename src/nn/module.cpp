@@ -10,6 +10,21 @@ Param::Param(std::string name, std::vector<int64_t> shape, std::vector<float> in
              " initial values for a shape of ", numel(), " elements");
 }
 
+Param::Param(std::string name, std::vector<int64_t> shape, ParamInit init)
+    : name_(std::move(name)), shape_(std::move(shape)), make_init_(std::move(init)) {
+  FSDP_CHECK(make_init_ != nullptr, "param '", name_, "': no initial values");
+}
+
+const std::vector<float>& Param::init_values() const {
+  if (make_init_) {
+    init_ = make_init_();
+    make_init_ = nullptr;
+    FSDP_CHECK(static_cast<int64_t>(init_.size()) == numel(), "param '", name_, "': ",
+               init_.size(), " initial values for a shape of ", numel(), " elements");
+  }
+  return init_;
+}
+
 int64_t Param::numel() const {
   int64_t n = 1;
   for (int64_t d : shape_) n *= d;
@@ -54,6 +69,11 @@ std::vector<Param*> Module::all_params() {
 }
 
 Param& Module::add_param(std::string name, std::vector<int64_t> shape, std::vector<float> init) {
+  params_.push_back(std::make_unique<Param>(std::move(name), std::move(shape), std::move(init)));
+  return *params_.back();
+}
+
+Param& Module::add_param(std::string name, std::vector<int64_t> shape, ParamInit init) {
   params_.push_back(std::make_unique<Param>(std::move(name), std::move(shape), std::move(init)));
   return *params_.back();
 }

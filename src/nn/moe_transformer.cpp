@@ -43,17 +43,24 @@ uint64_t expert_param_seed(uint64_t seed, int layer, int expert) {
 
 GroupedExperts::GroupedExperts(const TransformerConfig& c, const MoeConfig& m, int layer)
     : Module("GroupedExperts"), dim_(c.dim), ffn_(m.expert_ffn_dim), local_(m.local_experts()) {
-  std::vector<float> w13, w2;
+  // Each local expert's rows, one after another, from its global expert's own stream.
   const float w2_std = residual_projection_init_std(layer);
-  for (int l = 0; l < local_; ++l) {
-    const uint64_t seed = expert_param_seed(c.seed, layer, m.ep_rank * local_ + l);
-    const std::vector<float> a = normal_init(seed * 2 + 1, 2 * ffn_ * dim_, kTransformerInitStd);
-    const std::vector<float> b = normal_init(seed * 2 + 2, dim_ * ffn_, w2_std);
-    w13.insert(w13.end(), a.begin(), a.end());
-    w2.insert(w2.end(), b.begin(), b.end());
-  }
-  add_param("w13", {local_, 2 * ffn_, dim_}, std::move(w13));
-  add_param("w2", {local_, dim_, ffn_}, std::move(w2));
+  const uint64_t model_seed = c.seed;
+  const int first = m.ep_rank * local_, local = local_;
+  auto experts_init = [=](int64_t rows, int64_t cols, uint64_t offset, float std) {
+    return [=] {
+      std::vector<float> out;
+      out.reserve(static_cast<size_t>(local * rows * cols));
+      for (int l = 0; l < local; ++l) {
+        const uint64_t seed = expert_param_seed(model_seed, layer, first + l);
+        const std::vector<float> v = normal_init(seed * 2 + offset, rows * cols, std);
+        out.insert(out.end(), v.begin(), v.end());
+      }
+      return out;
+    };
+  };
+  add_param("w13", {local_, 2 * ffn_, dim_}, experts_init(2 * ffn_, dim_, 1, kTransformerInitStd));
+  add_param("w2", {local_, dim_, ffn_}, experts_init(dim_, ffn_, 2, w2_std));
 }
 
 // out_l = w2_l(silu(x_l w1_l^T) * (x_l w3_l^T)) for each local expert l's rows x_l.
@@ -162,7 +169,7 @@ MoeFeedForward::MoeFeedForward(const TransformerConfig& c, const MoeConfig& m, i
   router_ = &add_child(
       "router", std::make_unique<Linear>(
                     c.dim, m.experts,
-                    normal_init(transformer_param_seed(c.seed, layer, static_cast<InitRole>(kExpertRoleBase + 1)),
+                    normal_init_fn(transformer_param_seed(c.seed, layer, static_cast<InitRole>(kExpertRoleBase + 1)),
                                 m.experts * c.dim, kTransformerInitStd)));
   experts_ = &add_child("experts", std::make_unique<GroupedExperts>(c, m, layer));
 }

@@ -1,5 +1,6 @@
-// The MoE transformer as the engine's root Model (kind "moe-transformer", docs/moe.md): the
-// transformer's tree with an MoeFeedForward ("layers.{i}.moe") in every other block.
+// The MoE layer's settings from a ModelConfig, and what the root Model does for the MoE layers
+// it holds (docs/moe.md). The MoE transformer's tree is built by its model family
+// (src/models/moe_llama.cpp).
 #include <algorithm>
 
 #include "fsdp/error.h"
@@ -20,38 +21,6 @@ MoeConfig moe_config(const ModelConfig& m) {
   c.validate();
   FSDP_USER_CHECK(m.moe_every >= 1, "--moe-every must be >= 1, got ", m.moe_every);
   return c;
-}
-
-void Model::build_moe_transformer() {
-  const TransformerConfig c = transformer_config(config_);
-  const MoeConfig m = moe_config(config_);
-  embedding_ = &add_child(
-      "tok_embeddings",
-      std::make_unique<Embedding>(c.vocab, c.dim,
-                                  transformer_param_seed(c.seed, -1, InitRole::Embedding)));
-  int moe_index = 0;
-  for (int i = 0; i < c.layers; ++i) {
-    const std::string name = "layers." + std::to_string(i);
-    if (!is_moe_layer(i, config_.moe_every)) {
-      blocks_.push_back(&add_child(name, std::make_unique<TransformerBlock>(c, i)));
-      continue;
-    }
-    auto block = std::make_unique<MoeTransformerBlock>(c, m, i);
-    // Which of the block's two param groups gets all its grads first (tests use every order).
-    const MoeGradOrder order = config_.expert_grad_order;
-    const bool dense_first = order == MoeGradOrder::DenseFirst ||
-                             (order == MoeGradOrder::Interleaved && moe_index % 2 == 1);
-    block->moe().experts().hold_grads = dense_first || order == MoeGradOrder::ExpertsDeferred;
-    block->defer_expert_grads_to_root = order == MoeGradOrder::ExpertsDeferred;
-    ++moe_index;
-    blocks_.push_back(&add_child(name, std::move(block)));
-  }
-  final_norm_ = &add_child("norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
-  head_ = &add_child(
-      "output", std::make_unique<Linear>(
-                    c.dim, c.vocab,
-                    normal_init(transformer_param_seed(c.seed, -1, InitRole::Output),
-                                c.vocab * c.dim, kTransformerInitStd)));
 }
 
 int64_t Model::active_param_count() {

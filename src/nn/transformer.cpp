@@ -64,6 +64,10 @@ std::vector<float> normal_init(uint64_t seed, int64_t n, float std) {
   return v;
 }
 
+ParamInit normal_init_fn(uint64_t seed, int64_t n, float std) {
+  return [=] { return normal_init(seed, n, std); };
+}
+
 float residual_projection_init_std(int layer) {
   return kTransformerInitStd / std::sqrt(2.0f * static_cast<float>(layer + 1));
 }
@@ -78,7 +82,7 @@ Embedding::Embedding(int64_t vocab, int64_t dim, uint64_t seed)
     : Module("Embedding"), vocab_(vocab), dim_(dim) {
   FSDP_CHECK(vocab >= 1 && dim >= 1, "Embedding(", vocab, ", ", dim, "): sizes must be positive");
   add_param("weight", {vocab, dim},
-            normal_init(seed, vocab * dim, kTransformerInitStd));
+            normal_init_fn(seed, vocab * dim, kTransformerInitStd));
 }
 
 Tensor Embedding::forward_impl(RunContext& ctx, const Tensor& ids) {
@@ -107,7 +111,7 @@ Tensor Embedding::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
 
 RMSNorm::RMSNorm(int64_t dim, float eps) : Module("RMSNorm"), dim_(dim), eps_(eps) {
   FSDP_CHECK(dim >= 1, "RMSNorm(", dim, "): size must be positive");
-  add_param("weight", {dim}, std::vector<float>(static_cast<size_t>(dim), 1.0f));
+  add_param("weight", {dim}, [dim] { return std::vector<float>(static_cast<size_t>(dim), 1.0f); });
 }
 
 Tensor RMSNorm::forward_impl(RunContext& ctx, const Tensor& x) {
@@ -181,9 +185,9 @@ FeedForward::FeedForward(int64_t dim, int64_t ffn_dim, uint64_t seed, float w2_s
     : Module("FeedForward"), ffn_dim_(ffn_dim) {
   w13_ = &add_child("w13", std::make_unique<Linear>(
                                dim, 2 * ffn_dim,
-                               normal_init(seed * 2 + 1, 2 * ffn_dim * dim, kTransformerInitStd)));
+                               normal_init_fn(seed * 2 + 1, 2 * ffn_dim * dim, kTransformerInitStd)));
   w2_ = &add_child("w2", std::make_unique<Linear>(ffn_dim, dim,
-                                                  normal_init(seed * 2 + 2, dim * ffn_dim, w2_std)));
+                                                  normal_init_fn(seed * 2 + 2, dim * ffn_dim, w2_std)));
 }
 
 Tensor FeedForward::forward_impl(RunContext& ctx, const Tensor& x) {

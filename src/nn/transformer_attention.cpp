@@ -30,11 +30,11 @@ Attention::Attention(const TransformerConfig& c, int layer)
   const int64_t q_width = c.heads * head_dim_;
   wqkv_ = &add_child("wqkv", std::make_unique<Linear>(
                                  c.dim, qkv_rows,
-                                 normal_init(transformer_param_seed(c.seed, layer, InitRole::Wqkv),
+                                 normal_init_fn(transformer_param_seed(c.seed, layer, InitRole::Wqkv),
                                              qkv_rows * c.dim, kTransformerInitStd)));
   wo_ = &add_child("wo", std::make_unique<Linear>(
                              q_width, c.dim,
-                             normal_init(transformer_param_seed(c.seed, layer, InitRole::Wo),
+                             normal_init_fn(transformer_param_seed(c.seed, layer, InitRole::Wo),
                                          c.dim * q_width, residual_projection_init_std(layer))));
 }
 

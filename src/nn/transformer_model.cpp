@@ -1,5 +1,5 @@
-// The transformer as the engine's root Model (kind "transformer"): its module tree and its
-// synthetic token batches.
+// The transformer's sizes from a ModelConfig, and its synthetic token batches. Its module
+// tree is built by its model family (src/models/llama.cpp).
 #include "fsdp/error.h"
 #include "fsdp/synthetic.h"
 #include "fsdp/nn/model.h"
@@ -23,24 +23,6 @@ TransformerConfig transformer_config(const ModelConfig& m) {
   c.seed = m.seed;
   c.validate();
   return c;
-}
-
-// Parameter order, as FSDP flattens the root's group: tok_embeddings, norm, output.
-void Model::build_transformer() {
-  const TransformerConfig c = transformer_config(config_);
-  embedding_ = &add_child(
-      "tok_embeddings",
-      std::make_unique<Embedding>(c.vocab, c.dim,
-                                  transformer_param_seed(c.seed, -1, InitRole::Embedding)));
-  for (int i = 0; i < c.layers; ++i)
-    blocks_.push_back(
-        &add_child("layers." + std::to_string(i), std::make_unique<TransformerBlock>(c, i)));
-  final_norm_ = &add_child("norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
-  head_ = &add_child(
-      "output", std::make_unique<Linear>(
-                    c.dim, c.vocab,
-                    normal_init(transformer_param_seed(c.seed, -1, InitRole::Output),
-                                c.vocab * c.dim, kTransformerInitStd)));
 }
 
 TokenBatch make_token_batch(const ModelConfig& config, uint64_t seed, int step, int64_t first_row,

@@ -8,6 +8,7 @@
 #include "checkpoint/trainer_checkpoint.h"
 #include "core/fsdp_state.h"
 #include "fsdp/collective_check.h"
+#include "models/model_family.h"
 #include "runtime/captured_step.h"
 #include "fsdp/error.h"
 #include "runtime/step_reader.h"
@@ -37,12 +38,8 @@ Tensor loss_and_grad(Device& d, Stream s, const nn::Model& model, const Tensor& 
 
 // Note [Captured steps]: what cannot be recorded into a graph fails here, in one line.
 void check_capturable(const TrainConfig& c) {
-  FSDP_USER_CHECK(c.model.kind != "moe-transformer" || c.model.capacity_factor > 0,
-                  "--cuda-graph cannot capture --model moe-transformer with dropless routing: "
-                  "its shapes depend on the data (each MoE layer reads its routing back to the "
-                  "host to size the experts' rows and the all-to-all), and a graph cannot wait "
-                  "for the host inside a step; --capacity-factor > 0 routes on the device and "
-                  "captures");
+  const std::string why = models::family(c.model.kind).capture_refusal(c.model);
+  FSDP_USER_CHECK(why.empty(), why);
 }
 
 // Scales the loss gradient of one of `n` micro-batches by 1/n (TrainConfig::micro_batches);
@@ -65,8 +62,9 @@ int64_t count_units(nn::Model& model) {
 
 std::unique_ptr<BatchSource> make_source(const TrainConfig& c, int rank, int world) {
   if (c.batch_source) return c.batch_source(rank, world);
-  return c.model.kind == "transformer" || c.model.kind == "moe-transformer" ? make_synthetic_tokens(c.model, c.seed)
-                                       : make_synthetic_features(c.model, c.seed);
+  return models::family(c.model.kind).batch_kind() == models::BatchKind::Tokens
+             ? make_synthetic_tokens(c.model, c.seed)
+             : make_synthetic_features(c.model, c.seed);
 }
 
 // Note [Non-finite steps]
@@ -169,16 +167,17 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
 
   // Expert parallelism (docs/moe.md): ep groups of consecutive ranks; the experts shard over
   // the efsdp mesh, the ranks with the same ep rank.
-  nn::ModelConfig model_config = config.model;
-  const bool moe_transformer = model_config.kind == "moe-transformer";
-  const int ep = moe_transformer ? model_config.ep : 1;
+  nn::ModelConfig model_config = models::resolved(config.model);
+  const models::ModelFamily& family = models::family(model_config.kind);
+  const int ep = family.expert_parallel_size(model_config);
   FSDP_CHECK(ep >= 1 && world->size() % ep == 0, "--ep (", ep,
              ") must divide the number of data-parallel ranks (", world->size(), ")");
   model_config.ep_rank = rank % ep;
   model_config.moe_group_tokens = config.tokens;
   std::unique_ptr<Comm> ep_comm;
   if (ep > 1) ep_comm = world->split(rank / ep, rank, "ep");
-  nn::Model model(model_config);
+  std::unique_ptr<nn::Model> built = models::build_model(model_config);
+  nn::Model& model = *built;
   model.set_expert_comm(ep_comm.get());
   result.param_count = model.active_param_count();
   // HSDP (docs/hsdp.md): every mesh is replicate x shard, the same ranks in each role.
@@ -193,35 +192,17 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     return std::make_unique<Mesh>(make_hsdp_mesh(name, device, *world, replicas, world->size() / replicas));
   };
   std::unique_ptr<Mesh> dp_mesh = make_mesh("dp", world);
-  Mesh& mesh = *dp_mesh;
-  std::unique_ptr<Mesh> expert_mesh;
   FullyShardOptions options;
   options.reshard_after_forward = config.reshard_after_forward;
   if (config.reshard_after_forward_size > 0) options.reshard_after_forward = config.reshard_after_forward_size;
   options.mp_policy = {config.param_dtype, config.reduce_dtype};
-  if (config.model.kind == "moe" && config.experts_on_own_mesh) {
-    expert_mesh = make_mesh("experts", replicas ? nullptr : world->split(0, rank, "experts"));
-    Mesh* em = expert_mesh.get();
-    options.shard_placement_fn = [em](const Module& owner, const Param&) -> Mesh* {
-      return nn::MoeBlock::is_expert_param(owner) ? em : nullptr;
-    };
-  }
-  if (moe_transformer) {
-    expert_mesh = make_mesh("efsdp", replicas ? nullptr : world->split(rank % ep, rank, "efsdp"));
-    Mesh* em = expert_mesh.get();
-    options.shard_placement_fn = [em](const Module& owner, const Param&) -> Mesh* {
-      return dynamic_cast<const nn::GroupedExperts*>(&owner) ? em : nullptr;
-    };
-  }
-  for (Module* block : model.blocks()) fully_shard(*block, mesh, options);
-  FullyShardOptions root_options = options;
-  root_options.reshard_after_forward.reset();  // FSDP2's default: the root stays unsharded
-  FsdpModule& root = fully_shard(model, mesh, root_options);
+  models::ParallelizeContext placement{device, *world, *dp_mesh, make_mesh, replicas != 0, options,
+                                       config.experts_on_own_mesh, nullptr};
+  FsdpModule& root = family.parallelize(model, placement);
+  std::unique_ptr<Mesh> expert_mesh = std::move(placement.expert_mesh);
   root.set_reduce_scatter_max_input_buffers(config.rs_max_input_buffers);
   root.set_separate_reduce_scatter_group(config.separate_rs_group);
   root.set_rs_reclaim_policy_for_testing(config.rs_policy);
-  // Note [Gradient divide factor]: every group's grad is of the mean loss over all dp ranks.
-  if (moe_transformer) root.set_gradient_divide_factor(world->size());
   if (rank == 0 && config.event_log) root.set_event_log(config.event_log);
   if (config.customize) config.customize(model, root);
 
@@ -263,9 +244,11 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     checkpoint::RunDescription run{config.model,   config.param_dtype,    config.reduce_dtype,
                                    config.optimizer.kind, world->size(),  config.tokens,
                                    config.seed,    config.micro_batches,  config.schedule,
-                                   config.optimizer.base_lr(), config.data_name};
+                                   config.optimizer.base_lr(), config.data_name,
+                                   family.shape_fields(config.model)};
+    const checkpoint::ExpertLayout experts{ep, family.expert_modules()};
     ckpt = std::make_unique<checkpoint::TrainerCheckpoint>(config.checkpoint, run, device,
-                                                           compute, root, optimizer);
+                                                           compute, root, optimizer, experts);
     state.next_step = ckpt->start(config.steps);
   }
   if (config.on_start) config.on_start(state);
@@ -531,7 +514,8 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
   nn::ModelConfig model_config = config.model;
   model_config.ep = 1;  // every expert here
   model_config.moe_group_tokens = config.tokens;  // route each rank's tokens as its own group
-  nn::Model model(model_config);
+  std::unique_ptr<nn::Model> built = models::build_model(model_config);
+  nn::Model& model = *built;
   std::vector<optim::ParamSpan> spans;
   std::vector<Tensor> grads;
   std::vector<std::string> names;  // fqns, in all_params() order

@@ -16,12 +16,15 @@ constexpr float kNormEps = 1e-5f;
 // Deterministic init: the same values whatever the world size, so sharded runs can be
 // compared with an unsharded reference. Uniform(-bound, bound).
 std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound);
+// The same values, made when the param first needs them (Note [Lazy initial values]).
+ParamInit uniform_init_fn(uint64_t seed, int64_t n, float bound);
 
 class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias, uint64_t seed);
   // No bias; the weight ([out, in], row-major) starts at `weight_init`.
   Linear(int64_t in, int64_t out, std::vector<float> weight_init);
+  Linear(int64_t in, int64_t out, ParamInit weight_init);
   Param& weight() const { return *params()[0]; }
   Param* bias() const { return params().size() > 1 ? params()[1].get() : nullptr; }
   // Zero-bubble style: compute the weight grad later, in flush_deferred_grads().

@@ -14,9 +14,7 @@
 namespace fsdp::nn {
 
 struct ModelConfig {
-  // mlp: L x (Linear(D,D) + ReLU); resmlp: L x ResidualMlp(GELU) + head; moe: L x MoeBlock + head;
-  // spin: L x SpinBlock (forced durations, for schedule studies); transformer: a Llama-style
-  // decoder (fsdp/nn/transformer.h) on token ids, with an LM head and cross-entropy
+  // The model family (src/models, one file each; `fsdp train --help` lists them).
   std::string kind = "mlp";
   int layers = 4;
   int64_t dim = 64;
@@ -48,32 +46,35 @@ struct ModelConfig {
   MoeGradOrder expert_grad_order = MoeGradOrder::ExpertsFirst;  // tests: every firing order
 };
 
-// Each FSDP unit's param count, without building the model (for the memory estimate made
-// before any allocation): the blocks in order, then the root's own params (head, embedding).
-std::vector<int64_t> unit_param_counts(const ModelConfig& config);
-// Training FLOPs per token for MFU: 6 x the GEMM params (every token visits every expert of
-// the dense MoE); the transformer adds attention (transformer_flops_per_token).
-double flops_per_token(const ModelConfig& config);
 // The MoE layer's settings from a ModelConfig (kind "moe-transformer"), validated.
 MoeConfig moe_config(const ModelConfig& config);
 
 // The transformer's sizes from a ModelConfig, defaults resolved and validated.
 TransformerConfig transformer_config(const ModelConfig& config);
 
-// The root module: blocks "layers.i", then an optional "head". The transformer's root is
-// "tok_embeddings", "layers.i", "norm", "output" (its head).
+// The root module, built by a model family (src/models, one file each): an optional
+// embedding, the blocks "layers.i" (each an FSDP unit), an optional final norm and an optional
+// head, run in that order. The mlp-like families' root is "layers.i" and "head"; the
+// transformer's is "tok_embeddings", "layers.i", "norm", "output".
 class Model : public Module {
  public:
+  // An empty root; a family's build() adds its parts (models::build_model does both).
   explicit Model(const ModelConfig& config);
   const ModelConfig& config() const { return config_; }
   const std::vector<Module*>& blocks() const { return blocks_; }
-  bool is_transformer() const {
-    return config_.kind == "transformer" || config_.kind == "moe-transformer";
-  }
-  bool uses_cross_entropy() const { return config_.classes > 0 || is_transformer(); }
-  int64_t output_dim() const {
-    return is_transformer() ? config_.vocab : config_.classes > 0 ? config_.classes : config_.dim;
-  }
+
+  // Building, in forward order: each part is a child of the root named as given.
+  void set_embedding(std::string name, std::unique_ptr<Module> embedding);
+  Module& add_block(std::unique_ptr<Module> block);  // "layers.<i>"
+  void set_final_norm(std::string name, std::unique_ptr<Module> norm);
+  void set_head(std::string name, std::unique_ptr<Module> head);
+  // What the model's output is: `dim` logits for a cross-entropy loss, or features for a
+  // mean-square loss.
+  void set_output(int64_t dim, bool cross_entropy);
+
+  Module* embedding() const { return embedding_; }
+  bool uses_cross_entropy() const { return cross_entropy_; }
+  int64_t output_dim() const { return output_dim_; }
   int64_t param_count();
   // The params one token's forward uses (for FLOPs): an MoE layer counts K of its experts; the
   // others all of their params. Equals param_count() for models without MoE layers.
@@ -97,14 +98,13 @@ class Model : public Module {
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
 
  private:
-  void build_transformer();  // transformer_model.cpp
-  void build_moe_transformer();  // moe_transformer_model.cpp
-
   ModelConfig config_;
-  Module* embedding_ = nullptr;   // transformer: token ids -> [tokens, dim]
+  Module* embedding_ = nullptr;   // token ids -> [tokens, dim]
   std::vector<Module*> blocks_;
-  Module* final_norm_ = nullptr;  // transformer
+  Module* final_norm_ = nullptr;
   Module* head_ = nullptr;
+  int64_t output_dim_ = 0;
+  bool cross_entropy_ = false;
 };
 
 // Training data: row r of the global batch of a step is Uniform(-sqrt 3, sqrt 3) (unit

@@ -48,6 +48,8 @@ double transformer_flops_per_token(const TransformerConfig& c);
 // Normal(0, std), element j a pure function of (seed, j): the same values whatever the world
 // size (see uniform_init in fsdp/nn/layers.h).
 std::vector<float> normal_init(uint64_t seed, int64_t n, float std);
+// The same values, made when the param first needs them (Note [Lazy initial values]).
+ParamInit normal_init_fn(uint64_t seed, int64_t n, float std);
 // Init: Normal(0, 0.02) for the embedding and every linear except the two that write into the
 // residual stream, wo and w2, whose std shrinks with depth as torchtitan's depth init does
 // (layer i, 0-based): 0.02 / sqrt(2 * (i + 1)). Norm weights start at 1.

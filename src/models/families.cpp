@@ -1,0 +1,98 @@
+// The registry of model families, and what is read from a built model (Note [Model
+// families]).
+#include <cmath>
+
+#include "fsdp/error.h"
+#include "models/model_family.h"
+
+namespace fsdp::models {
+
+// Each family's file defines one of these.
+const ModelFamily& mlp_family();
+const ModelFamily& spin_family();
+const ModelFamily& resmlp_family();
+const ModelFamily& moe_family();
+const ModelFamily& llama_family();
+const ModelFamily& moe_llama_family();
+
+namespace {
+
+const std::vector<const ModelFamily*>& registry() {
+  static const std::vector<const ModelFamily*> families{
+      &mlp_family(), &resmlp_family(), &moe_family(), &spin_family(), &llama_family(),
+      &moe_llama_family()};
+  return families;
+}
+
+}  // namespace
+
+const ModelFamily& family(const std::string& name) {
+  for (const ModelFamily* f : registry())
+    if (f->name() == name) return *f;
+  std::string known;
+  for (const ModelFamily* f : registry()) known += (known.empty() ? "" : ", ") + std::string(f->name());
+  throw UserError(detail::concat("unknown model '", name, "' (expected one of: ", known, ")"));
+}
+
+std::vector<std::string> family_names() {
+  std::vector<std::string> out;
+  for (const ModelFamily* f : registry()) out.emplace_back(f->name());
+  return out;
+}
+
+FsdpModule& ModelFamily::parallelize(nn::Model& model, ParallelizeContext& ctx) const {
+  for (Module* block : model.blocks()) fully_shard(*block, ctx.mesh, ctx.options);
+  FullyShardOptions root = ctx.options;
+  root.reshard_after_forward.reset();  // FSDP2's default for the root
+  return fully_shard(model, ctx.mesh, root);
+}
+
+nlohmann::json ModelFamily::shape_fields(const nn::ModelConfig& m) const {
+  return {{"kind", m.kind},       {"layers", m.layers},   {"dim", m.dim},
+          {"hidden", m.hidden},   {"experts", m.experts}, {"classes", m.classes},
+          {"norm", m.norm}};
+}
+
+nn::ModelConfig resolved(nn::ModelConfig config) {
+  FSDP_USER_CHECK(config.layers >= 1, "layers must be >= 1, got ", config.layers);
+  FSDP_USER_CHECK(config.dim >= 1, "dim must be >= 1, got ", config.dim);
+  family(config.kind).resolve(config);
+  return config;
+}
+
+std::unique_ptr<nn::Model> build_model(const nn::ModelConfig& config) {
+  auto model = std::make_unique<nn::Model>(resolved(config));
+  family(config.kind).build(*model);
+  return model;
+}
+
+std::vector<int64_t> unit_param_counts(nn::Model& model) {
+  std::vector<int64_t> units;
+  int64_t in_blocks = 0;
+  for (Module* block : model.blocks()) {
+    int64_t n = 0;
+    for (Param* p : block->all_params()) n += p->numel();
+    units.push_back(n);
+    in_blocks += n;
+  }
+  units.push_back(model.param_count() - in_blocks);
+  return units;
+}
+
+double flops_per_token(nn::Model& model) {
+  int64_t embedding = 0;
+  if (Module* e = model.embedding())
+    for (Param* p : e->all_params()) embedding += p->numel();
+  const double gemm_params = static_cast<double>(model.active_param_count() - embedding);
+  return 6.0 * gemm_params + family(model.config().kind).attention_flops_per_token(model.config());
+}
+
+std::vector<int64_t> unit_param_counts(const nn::ModelConfig& config) {
+  return unit_param_counts(*build_model(config));
+}
+
+double flops_per_token(const nn::ModelConfig& config) {
+  return flops_per_token(*build_model(config));
+}
+
+}  // namespace fsdp::models

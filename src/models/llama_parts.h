@@ -1,0 +1,20 @@
+// The parts the decoder families share (llama.cpp defines them): the embedding, the final
+// norm and head, the attention's FLOPs and saved bytes, the shape fields.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/nn/model.h"
+#include "fsdp/nn/transformer.h"
+#include "models/model_family.h"
+
+namespace fsdp::models {
+
+void resolve_decoder(nn::ModelConfig& c);
+void add_decoder_embedding(nn::Model& root, const nn::TransformerConfig& c);
+void add_decoder_head(nn::Model& root, const nn::TransformerConfig& c);
+double decoder_attention_flops_per_token(const nn::TransformerConfig& c);
+double attention_saved_bytes_per_token(const nn::TransformerConfig& c, DType act);
+nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig& m);
+
+}  // namespace fsdp::models

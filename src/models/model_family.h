@@ -1,0 +1,108 @@
+// Model families: one file each in src/models, registered once in families.cpp; nothing
+// outside src/models names a family.
+//
+// Note [Model families]
+// A family is everything the engine needs to know about one kind of model, in one place:
+//   - its name and a line for `--help`;
+//   - resolve(): its defaults and one-line refusals of bad sizes, in the options' own terms;
+//   - build(): the module tree under a root nn::Model;
+//   - parallelize(): which modules become FSDP units, their placements (an expert mesh), the
+//     gradient divide factor;
+//   - its batches (features or token sequences), whether a CUDA graph can capture it, and
+//     the fields that decide its params' shapes (a checkpoint compares them on resume);
+//   - what its blocks keep for backward per token (the memory estimate).
+// Param counts and FLOPs per token are not written per family: they are read from a built
+// model (Note [Lazy initial values] makes building one cost no memory), so they cannot drift
+// from what trains.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "fsdp/error.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/nn/model.h"
+
+namespace fsdp::models {
+
+// What a family's batches are: synthetic features (rows of --dim) or token sequences.
+enum class BatchKind { Features, Tokens };
+
+// The meshes and options parallelize() starts from.
+struct ParallelizeContext {
+  Device& device;
+  Comm& world;
+  Mesh& mesh;  // the data-parallel mesh (2-D under HSDP)
+  // A mesh named `name` over the ranks of `one_d`, or under HSDP the 2-D mesh of the world
+  // (one_d is then unused and may be null).
+  std::function<std::unique_ptr<Mesh>(const std::string& name, std::shared_ptr<Comm> one_d)>
+      make_mesh;
+  bool hsdp = false;
+  FullyShardOptions options;  // every unit's; the root's reshard_after_forward is FSDP2's default
+  bool experts_on_own_mesh = true;  // families with experts: shard them over a mesh of their own
+  // Set by parallelize: the experts' mesh, where the family has one.
+  std::unique_ptr<Mesh> expert_mesh;
+};
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+  virtual std::string_view name() const = 0;
+  virtual std::string_view summary() const = 0;  // one line, for --help
+  // Resolves the defaults a config leaves at 0 and refuses bad sizes in one line.
+  virtual void resolve(nn::ModelConfig& config) const = 0;
+  // Adds the module tree to an empty root (root.config(), resolved).
+  virtual void build(nn::Model& root) const = 0;
+  virtual BatchKind batch_kind() const { return BatchKind::Features; }
+  // Whether the command's default AdamW lr shrinks with the width (optim::default_adamw_lr);
+  // false: AdamW's own default (Note [Command defaults]).
+  virtual bool width_scaled_lr() const { return true; }
+  // Ranks that split each MoE layer's experts (expert parallelism); 1: none.
+  virtual int expert_parallel_size(const nn::ModelConfig&) const { return 1; }
+  // Makes the FSDP units: by default every block, then the root. Returns the root's module.
+  virtual FsdpModule& parallelize(nn::Model& model, ParallelizeContext& ctx) const;
+  // Why a CUDA graph cannot capture a step of this config; empty: it can.
+  virtual std::string capture_refusal(const nn::ModelConfig&) const { return {}; }
+  // FLOPs per token beyond 6 x the GEMM params (attention's scores and values).
+  virtual double attention_flops_per_token(const nn::ModelConfig&) const { return 0; }
+  // Bytes that one block's forward keeps for its backward, per token of a micro-batch, with
+  // activations of `act` (the memory estimate, docs/memory.md).
+  virtual double saved_bytes_per_token(const nn::ModelConfig& config, DType act) const = 0;
+  // The config fields that decide a param's shape (a checkpoint compares them on resume).
+  virtual nlohmann::json shape_fields(const nn::ModelConfig& config) const;
+  // Which modules hold a rank's E / ep experts (Note [Expert params in checkpoints]); the
+  // predicate is empty for families without experts.
+  virtual std::function<bool(const Module&)> expert_modules() const { return {}; }
+};
+
+// The mlp-like families' head: Linear(D, classes) with a cross-entropy loss when
+// config.classes > 0, else the blocks' features with a mean-square loss (mlp.cpp).
+void add_classification_head(nn::Model& root);
+
+// The family named `name`; a UserError naming the known ones otherwise.
+const ModelFamily& family(const std::string& name);
+// Every family's name, in registration order.
+std::vector<std::string> family_names();
+
+// Resolves `config` with its family (defaults, one-line checks) and returns it.
+nn::ModelConfig resolved(nn::ModelConfig config);
+// A model of `config` (resolved here), its params' values not made yet (Note [Lazy initial
+// values]).
+std::unique_ptr<nn::Model> build_model(const nn::ModelConfig& config);
+
+// Read from a built model (Note [Model families]):
+// each FSDP unit's param count, the blocks in order, then the root's own params;
+std::vector<int64_t> unit_param_counts(nn::Model& model);
+// training FLOPs per token: 6 x the active params that a GEMM uses (all but the embedding's)
+// plus the family's attention term.
+double flops_per_token(nn::Model& model);
+// The same, building the model of `config` (cheap: no values are made).
+std::vector<int64_t> unit_param_counts(const nn::ModelConfig& config);
+double flops_per_token(const nn::ModelConfig& config);
+
+}  // namespace fsdp::models

@@ -1,0 +1,72 @@
+#include "runtime/memory_estimate.h"
+
+#include <algorithm>
+
+#include "models/model_family.h"
+
+namespace fsdp::runtime {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+MemoryEstimate estimate_rank_memory(const TrainConfig& c, int shard_ranks) {
+  const int world = std::max(shard_ranks, 1);
+  nn::ModelConfig model_config = models::resolved(c.model);
+  const models::ModelFamily& family = models::family(model_config.kind);
+  const int ep = family.expert_parallel_size(model_config);
+  std::unique_ptr<nn::Model> model = models::build_model(model_config);  // no values made
+  const std::vector<int64_t> units = models::unit_param_counts(*model);
+
+  // The experts of a rank (E / ep of them) shard over world / ep ranks, the rest over world.
+  int64_t expert_params = 0;
+  if (const auto is_expert = family.expert_modules())
+    model->visit([&](Module& m) {
+      if (is_expert(m))
+        for (const auto& p : m.params()) expert_params += p->numel();
+    });
+  const int expert_world = std::max(world / std::max(ep, 1), 1);
+
+  const int64_t p = dtype_size(c.param_dtype), r = dtype_size(c.reduce_dtype);
+  // docs/memory.md: the sharded fp32 param and grad, and the optimizer's states per element.
+  const int64_t states = c.optimizer.kind == "adamw" ? 2 : 1;
+  // The largest unit and the next (the one prefetched beside it), as their all-gather outputs.
+  int64_t largest = 0, second = 0, total = 0;
+  for (int64_t n : units) {
+    const int64_t gathered = ceil_div(n, world) * world;
+    if (gathered > largest) {
+      second = largest;
+      largest = gathered;
+    } else {
+      second = std::max(second, gathered);
+    }
+    total += n;
+  }
+  const int64_t dense_params = total - expert_params;
+  const int64_t sharded = (ceil_div(dense_params, world) + ceil_div(expert_params, expert_world)) *
+                          (2 + states) * 4;
+  // Two units gathered (the one computing, the one prefetched), one unit's unsharded grads,
+  // the ring's k RS inputs; without reshard after forward every unit stays gathered.
+  const int64_t gathered = c.reshard_after_forward ? largest + second : total;
+  const int64_t rs_inputs = world > 1 ? c.rs_max_input_buffers * largest * r : 0;
+  const double tokens = static_cast<double>(c.tokens);
+  const double act = static_cast<double>(p);
+  const double block = tokens * family.saved_bytes_per_token(model_config, c.param_dtype);
+  // The root's output and its gradient, and the loss's fp32 work per output; the first
+  // block's input, and the gradient that backward passes from block to block with the one it
+  // makes.
+  const double d = static_cast<double>(model_config.dim);
+  const double head = tokens * static_cast<double>(model->output_dim()) * (2 * act + 4);
+  const double passed = tokens * 3 * d * act;
+  // The peak comes in the last block's backward: every block's saved activations, of which
+  // that block has freed about half by the time its grads are all made.
+  const double activations = (static_cast<double>(model_config.layers) - 0.5) * block + head + passed;
+  MemoryEstimate e;
+  e.device_bytes = sharded + (gathered + largest) * p + rs_inputs + static_cast<int64_t>(activations);
+  e.host_bytes = total * 4;  // each param's fp32 initial values, made while sharding
+  return e;
+}
+
+}  // namespace fsdp::runtime

@@ -1,0 +1,85 @@
+// The memory estimate made before any rank starts (runtime::estimate_rank_memory) against the
+// CPU allocator's measured peak, for every model family: it is read from the built model, so
+// a family's real shape (its FFN width, its experts) reaches it.
+#include <gtest/gtest.h>
+
+#include "models/model_family.h"
+#include "runtime/memory_estimate.h"
+#include "test_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+struct EstimateCase {
+  const char* name;
+  runtime::TrainConfig config;
+};
+
+runtime::TrainConfig base(const char* kind, int layers, int64_t dim, int64_t tokens) {
+  runtime::TrainConfig c;
+  c.model.kind = kind;
+  c.model.layers = layers;
+  c.model.dim = dim;
+  c.model.classes = 16;
+  c.tokens = tokens;
+  c.steps = 2;
+  return c;
+}
+
+std::vector<EstimateCase> cases() {
+  std::vector<EstimateCase> out;
+  out.push_back({"mlp", base("mlp", 4, 96, 256)});
+  runtime::TrainConfig resmlp = base("resmlp", 3, 64, 256);
+  resmlp.model.norm = true;
+  out.push_back({"resmlp", resmlp});
+  runtime::TrainConfig moe = base("moe", 3, 48, 128);
+  moe.model.experts = 4;
+  moe.model.hidden = 64;
+  out.push_back({"moe", moe});
+  // An FFN much wider than 4 x dim: the estimate must follow ffn_dim, not 4 x dim.
+  runtime::TrainConfig llama = tiny_transformer_config(2);
+  llama.model.dim = 64;
+  llama.model.ffn_dim = 512;
+  llama.model.vocab = 128;
+  llama.model.seq_len = 32;
+  llama.tokens = 128;
+  llama.collect_params = false;
+  out.push_back({"transformer", llama});
+  // Experts hold most of the params: an estimate without them is far off.
+  runtime::TrainConfig moe_llama = tiny_moe_transformer_config(/*ep=*/1, /*experts=*/8, 2);
+  moe_llama.model.dim = 64;
+  moe_llama.model.heads = 4;
+  moe_llama.model.ffn_dim = 128;
+  moe_llama.model.expert_ffn_dim = 256;
+  moe_llama.model.vocab = 128;
+  moe_llama.model.seq_len = 32;
+  moe_llama.tokens = 128;
+  moe_llama.collect_params = false;
+  out.push_back({"moe-transformer", moe_llama});
+  return out;
+}
+
+TEST(MemoryEstimate, EveryFamilyIsCovered) {
+  std::vector<std::string> covered;
+  for (const EstimateCase& c : cases()) covered.push_back(c.config.model.kind);
+  for (const std::string& name : models::family_names()) {
+    if (name == "spin") continue;  // forced durations, no activations: nothing to estimate
+    EXPECT_NE(std::find(covered.begin(), covered.end(), name), covered.end())
+        << "family '" << name << "' has no memory-estimate case";
+  }
+}
+
+TEST(MemoryEstimate, IsWithinTenPercentOfTheMeasuredPeakForEveryFamily) {
+  for (const EstimateCase& c : cases()) {
+    const int world = 2;
+    const auto results = run_fsdp(world, c.config);
+    const double measured = static_cast<double>(results[0].memory.peak_bytes);
+    const double estimate =
+        static_cast<double>(runtime::estimate_rank_memory(c.config, world).device_bytes);
+    EXPECT_NEAR(estimate / measured, 1.0, 0.10)
+        << c.name << ": estimate " << estimate << " bytes, measured peak " << measured;
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::testing
