@@ -239,7 +239,8 @@ TEST(HsdpBadInput, OneLineErrors) {
   runtime::TrainConfig c = blocks(2);
   c.hsdp_replicas = 3;
   e = error_of([&] { run_fsdp(4, c); });
-  EXPECT_NE(e.find("--hsdp 3 must divide the world size 4"), std::string::npos) << e;
+  // The library names its own option (Note [Options checked once]); the command, its flag.
+  EXPECT_NE(e.find("hsdp_replicas 3 must divide the world size 4"), std::string::npos) << e;
 }
 
 TEST(HsdpCommand, FlagRunsAndLandsInTheSummary) {
@@ -261,7 +262,7 @@ TEST(HsdpCommand, FlagRunsAndLandsInTheSummary) {
       "--layers 2 --dim 16 --steps 1");
   EXPECT_NE(bad_size.code, 0);
   EXPECT_NE(bad_size.output.find("--reshard-after-forward 4 must divide the shard size 2 "
-                                 "(world / --hsdp)"),
+                                 "(the world size / the replicas)"),
             std::string::npos)
       << bad_size.output;
 }

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "backend/cuda/cuda_backend.h"
@@ -32,8 +33,6 @@ namespace fsdp::tools {
 namespace {
 
 constexpr int kThreadsPerCpuRank = 6;  // the rank's own thread and its streams' workers
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::string gib(double bytes) {
   char buf[32];
@@ -68,17 +67,11 @@ void check_ranges(const TrainOptions& o) {
   const nn::ModelConfig& m = c.model;
   FSDP_USER_CHECK(o.world_size >= 1, "--world-size must be >= 1, got ", o.world_size);
   FSDP_USER_CHECK(o.nproc >= 0, "--nproc must be >= 0 (0: every GPU), got ", o.nproc);
-  FSDP_USER_CHECK(m.layers >= 1, "--layers must be >= 1, got ", m.layers);
-  FSDP_USER_CHECK(m.dim >= 1, "--dim must be >= 1, got ", m.dim);
   FSDP_USER_CHECK(m.hidden >= 0, "--hidden must be >= 1 (or 0 for the default), got ", m.hidden);
   FSDP_USER_CHECK(m.experts >= 1, "--experts must be >= 1, got ", m.experts);
   FSDP_USER_CHECK(m.classes >= 1, "--classes must be >= 1, got ", m.classes);
-  FSDP_USER_CHECK(c.tokens >= 1, "--tokens must be >= 1, got ", c.tokens);
-  FSDP_USER_CHECK(c.steps >= 1, "--steps must be >= 1, got ", c.steps);
   FSDP_USER_CHECK(c.warmup >= 0 && c.warmup < c.steps, "--warmup must be in [0, --steps), got ",
                   c.warmup);
-  FSDP_USER_CHECK(c.rs_max_input_buffers >= 1, "--rs-max-input-buffers must be >= 1, got ",
-                  c.rs_max_input_buffers);
   FSDP_USER_CHECK(!o.lr || (std::isfinite(*o.lr) && *o.lr > 0),
                   "--lr must be a positive number, got ", o.lr.value_or(0));
   FSDP_USER_CHECK(!o.min_lr || (std::isfinite(*o.min_lr) && *o.min_lr >= 0),
@@ -140,15 +133,11 @@ void resolve_defaults(TrainOptions& o) {
                   "(with --clip-grad-norm 0 the optimizer is in backward unless "
                   "--optimizer-in-backward 0)");
   const models::ModelFamily& family = models::family(c.model.kind);
-  models::resolved(c.model);  // the family's one-line errors for bad sizes, before any rank
-  const int ep = family.expert_parallel_size(c.model);
+  const int ep = family.expert_parallel_size(models::resolved(c.model));
   FSDP_USER_CHECK(c.model.ep == 1 || ep > 1, "--ep applies to models with experts split over "
                   "ranks (--model moe-transformer), not --model ", c.model.kind);
   FSDP_USER_CHECK(o.backend != "cpu" || o.world_size % ep == 0, "--world-size (", o.world_size,
                   ") must be divisible by --ep (", ep, ")");
-  if (family.batch_kind() == models::BatchKind::Tokens)
-    FSDP_USER_CHECK(c.tokens % c.model.seq_len == 0, "--tokens (", c.tokens,
-                    ") must be a multiple of --seq-len (", c.model.seq_len, ")");
   c.timeline = !o.trace_path.empty();
 }
 
@@ -282,20 +271,23 @@ void check_writable(const std::string& flag, const std::string& path) {
                   "': ", std::strerror(errno));
 }
 
-// --hsdp R and --reshard-after-forward N against the world size (docs/hsdp.md).
-void check_hsdp(const TrainOptions& o) {
-  const runtime::TrainConfig& c = o.config;
-  const int world = o.effective_world, replicas = c.hsdp_replicas;
-  FSDP_USER_CHECK(replicas >= 0, "--hsdp must be >= 1 (replicas), got ", replicas);
-  FSDP_USER_CHECK(world % std::max(replicas, 1) == 0, "--hsdp ", replicas,
-                  " must divide the world size ", world);
-  FSDP_USER_CHECK(replicas <= 1 || c.model.ep == 1, "--hsdp with --ep ", c.model.ep,
-                  " is not supported yet: use one of the two");
-  const int shard = world / std::max(replicas, 1);
-  const int n = c.reshard_after_forward_size;
-  FSDP_USER_CHECK(n == 0 || shard % n == 0, "--reshard-after-forward ", n,
-                  " must divide the shard size ", shard,
-                  replicas > 1 ? " (world / --hsdp)" : " (the world size)");
+// The option names of the API (runtime::check_train_config, fully_shard's settings) that the
+// command line spells otherwise; any other name is its flag with '_' as '-'.
+std::string flag_of(const std::string& option) {
+  static const std::map<std::string, std::string> flags{
+      {"hsdp_replicas", "--hsdp"},
+      {"reduce_scatter_max_input_buffers", "--rs-max-input-buffers"},
+      {"reshard_after_forward_size", "--reshard-after-forward"},
+  };
+  if (auto it = flags.find(option); it != flags.end()) return it->second;
+  std::string flag = "--" + option;
+  std::replace(flag.begin(), flag.end(), '_', '-');
+  return flag;
+}
+
+// The config against the world size, with the API's rules (Note [Options checked once]).
+void check_config(const TrainOptions& o) {
+  runtime::check_train_config(o.config, o.effective_world);
 }
 
 // --micro-batches N splits each rank's --tokens into N micro-batches of tokens / N (idempotent:
@@ -323,18 +315,30 @@ void check_cuda_graph(TrainOptions& o, const std::string& backend) {
   o.config.prefetch_next_step = false;  // a prefetch crosses the step boundary
 }
 
-std::string check_train_options(TrainOptions& o, std::string& why) {
+namespace {
+
+std::string check_train_options_in_api_terms(TrainOptions& o, std::string& why) {
   check_ranges(o);
   split_micro_batches(o);
   resolve_defaults(o);
   const std::string backend = choose_backend(o, why);
-  check_hsdp(o);
   check_cuda_graph(o, backend);
+  check_config(o);
   attach_token_data(o);
   check_capacity(o, backend);
   check_writable("--json", o.json_path);
   check_writable("--trace", o.trace_path);
   return backend;
+}
+
+}  // namespace
+
+std::string check_train_options(TrainOptions& o, std::string& why) {
+  try {
+    return check_train_options_in_api_terms(o, why);
+  } catch (const OptionError& e) {  // Note [Options checked once]: the flag's name instead
+    throw UserError(flag_of(e.option()) + e.rest());
+  }
 }
 
 }  // namespace fsdp::tools

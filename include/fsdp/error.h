@@ -31,6 +31,24 @@ class UserError : public Error {
   explicit UserError(const std::string& what) : Error(what) {}
 };
 
+// Note [Options checked once]
+// A bad option is refused where the API takes it, in the API's own terms: the message starts
+// with the option's name as the API spells it ("hsdp_replicas 3 must divide the world size
+// 4"), and option() names it. A front end that spells options otherwise (the command line's
+// "--hsdp") maps the name and puts its own in front, in one place (tools/train_checks.cpp);
+// the rule itself is never written again.
+class OptionError : public UserError {
+ public:
+  // `rest` follows the name: OptionError("steps", " must be >= 1, got 0").
+  OptionError(std::string option, const std::string& rest)
+      : UserError(option + rest), option_(std::move(option)), rest_(rest) {}
+  const std::string& option() const { return option_; }
+  const std::string& rest() const { return rest_; }  // the message after the name
+
+ private:
+  std::string option_, rest_;
+};
+
 // The rank and device that the current thread works for; set by the launcher so that
 // errors raised anywhere name them. -1 means "not a rank thread".
 struct ThreadIdentity {

@@ -141,6 +141,10 @@ struct ScheduleEvent {
 };
 std::string to_string(const ScheduleEvent& e);
 
+// The rule for FsdpModule::set_reduce_scatter_max_input_buffers's k (k >= 1): an OptionError
+// naming reduce_scatter_max_input_buffers otherwise (Note [Options checked once]).
+void check_reduce_scatter_max_input_buffers(int k);
+
 // The handle fully_shard returns (FSDP2's FSDPModule).
 class FsdpModule {
  public:

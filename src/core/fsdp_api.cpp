@@ -6,6 +6,12 @@
 
 namespace fsdp {
 
+void check_reduce_scatter_max_input_buffers(int k) {
+  if (k < 1)
+    throw OptionError("reduce_scatter_max_input_buffers",
+                      detail::concat(" must be a positive integer, got ", k));
+}
+
 using core::FsdpState;
 
 Mesh::Mesh(std::string name, Device& device, std::shared_ptr<Comm> comm)
@@ -88,7 +94,7 @@ void FsdpModule::set_requires_all_reduce(bool all_reduce, bool recurse) {
 void FsdpModule::set_is_last_backward(bool last) { state_->is_last_backward = last; }
 
 void FsdpModule::set_reduce_scatter_max_input_buffers(int k, bool recurse) {
-  FSDP_CHECK(k >= 1, "set_reduce_scatter_max_input_buffers: k must be a positive integer, got ", k);
+  check_reduce_scatter_max_input_buffers(k);
   for_each_state(*state_, recurse, [&](FsdpState& s) { s.reduce_scatter_max_input_buffers = k; });
   // After lazy init (on the root or any unit of its tree) the root's resolved k changes at
   // once: the next reduce-scatter reserves against it, as in FSDP2.

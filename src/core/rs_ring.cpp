@@ -4,10 +4,8 @@
 
 namespace fsdp::core {
 
-void RsRing::set_capacity(int k) {
-  FSDP_CHECK(k >= 1, "reduce_scatter_max_input_buffers must be >= 1, got ", k);
-  k_ = k;
-}
+// k was checked where the API takes it (check_reduce_scatter_max_input_buffers).
+void RsRing::set_capacity(int k) { k_ = k; }
 
 void RsRing::reclaim_oldest(Device& device, Stream compute, EventPool& events) {
   Entry oldest = live_.front();

@@ -40,6 +40,13 @@ std::vector<std::string> family_names() {
   return out;
 }
 
+void add_blocks(nn::Model& root,
+                const std::function<std::unique_ptr<Module>(int layer, uint64_t seed)>& make) {
+  const nn::ModelConfig& c = root.config();
+  for (int i = 0; i < c.layers; ++i)
+    root.add_block(make(i, c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull));
+}
+
 FsdpModule& ModelFamily::parallelize(nn::Model& model, ParallelizeContext& ctx) const {
   for (Module* block : model.blocks()) fully_shard(*block, ctx.mesh, ctx.options);
   FullyShardOptions root = ctx.options;
@@ -54,8 +61,8 @@ nlohmann::json ModelFamily::shape_fields(const nn::ModelConfig& m) const {
 }
 
 nn::ModelConfig resolved(nn::ModelConfig config) {
-  FSDP_USER_CHECK(config.layers >= 1, "layers must be >= 1, got ", config.layers);
-  FSDP_USER_CHECK(config.dim >= 1, "dim must be >= 1, got ", config.dim);
+  if (config.layers < 1) throw OptionError("layers", detail::concat(" must be >= 1, got ", config.layers));
+  if (config.dim < 1) throw OptionError("dim", detail::concat(" must be >= 1, got ", config.dim));
   family(config.kind).resolve(config);
   return config;
 }

@@ -56,14 +56,8 @@ nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig&
   return j;
 }
 
-namespace {
-
-class LlamaFamily final : public ModelFamily {
- public:
-  std::string_view name() const override { return "transformer"; }
-  std::string_view summary() const override {
-    return "a Llama-style decoder (RMSNorm, GQA attention with RoPE, SwiGLU) on token ids";
-  }
+struct LlamaFamily final : ModelFamily {
+  LlamaFamily() : ModelFamily("transformer", "a Llama-style decoder (RMSNorm, GQA attention with RoPE, SwiGLU) on token ids") {}
   void resolve(nn::ModelConfig& c) const override { resolve_decoder(c); }
   void build(nn::Model& root) const override {
     const nn::TransformerConfig c = nn::transformer_config(root.config());
@@ -88,8 +82,6 @@ class LlamaFamily final : public ModelFamily {
     return decoder_shape_fields(*this, m);
   }
 };
-
-}  // namespace
 
 const ModelFamily& llama_family() {
   static const LlamaFamily family;

@@ -8,27 +8,18 @@
 
 namespace fsdp::models {
 
-namespace {
-
-class MlpFamily final : public ModelFamily {
- public:
-  std::string_view name() const override { return "mlp"; }
-  std::string_view summary() const override {
-    return "L x (Linear(D, D) + ReLU), an optional classification head";
-  }
-  void resolve(nn::ModelConfig&) const override {}
+struct MlpFamily final : ModelFamily {
+  MlpFamily() : ModelFamily("mlp", "L x (Linear(D, D) + ReLU), an optional classification head") {}
   void build(nn::Model& root) const override {
-    const nn::ModelConfig& c = root.config();
+    const int64_t d = root.config().dim;
     // He init (variance 2 / D): a ReLU halves the second moment, so the signal keeps its
     // scale at any depth (with 1 / sqrt(D) it shrank 6x a layer and underflowed by 64).
-    const float bound = std::sqrt(6.0f / static_cast<float>(c.dim));
-    for (int i = 0; i < c.layers; ++i) {
-      const uint64_t seed = c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull;
-      auto linear = std::make_unique<nn::Linear>(c.dim, c.dim,
-                                                 nn::uniform_init_fn(seed, c.dim * c.dim, bound));
+    const float bound = std::sqrt(6.0f / static_cast<float>(d));
+    add_blocks(root, [&](int, uint64_t seed) {
+      auto linear = std::make_unique<nn::Linear>(d, d, nn::uniform_init_fn(seed, d * d, bound));
       linear->fused_relu = true;
-      root.add_block(std::move(linear));
-    }
+      return linear;
+    });
     add_classification_head(root);
   }
   double saved_bytes_per_token(const nn::ModelConfig& c, DType act) const override {
@@ -37,8 +28,6 @@ class MlpFamily final : public ModelFamily {
     return static_cast<double>(c.dim) * static_cast<double>(dtype_size(act));
   }
 };
-
-}  // namespace
 
 void add_classification_head(nn::Model& root) {
   const nn::ModelConfig& c = root.config();

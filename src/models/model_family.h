@@ -51,11 +51,13 @@ struct ParallelizeContext {
 
 class ModelFamily {
  public:
+  // `summary`: one line, for --help.
+  ModelFamily(std::string_view name, std::string_view summary) : name_(name), summary_(summary) {}
   virtual ~ModelFamily() = default;
-  virtual std::string_view name() const = 0;
-  virtual std::string_view summary() const = 0;  // one line, for --help
-  // Resolves the defaults a config leaves at 0 and refuses bad sizes in one line.
-  virtual void resolve(nn::ModelConfig& config) const = 0;
+  std::string_view name() const { return name_; }
+  std::string_view summary() const { return summary_; }
+  // Refuses bad sizes in one line (defaults a config leaves at 0 are read where used).
+  virtual void resolve(nn::ModelConfig&) const {}
   // Adds the module tree to an empty root (root.config(), resolved).
   virtual void build(nn::Model& root) const = 0;
   virtual BatchKind batch_kind() const { return BatchKind::Features; }
@@ -78,7 +80,15 @@ class ModelFamily {
   // Which modules hold a rank's E / ep experts (Note [Expert params in checkpoints]); the
   // predicate is empty for families without experts.
   virtual std::function<bool(const Module&)> expert_modules() const { return {}; }
+
+ private:
+  std::string_view name_, summary_;
 };
+
+// Adds config.layers blocks "layers.i", made by make(layer, seed); the seed is the block's
+// own, from the model's (the mlp-like families' rule).
+void add_blocks(nn::Model& root,
+                const std::function<std::unique_ptr<Module>(int layer, uint64_t seed)>& make);
 
 // The mlp-like families' head: Linear(D, classes) with a cross-entropy loss when
 // config.classes > 0, else the blocks' features with a mean-square loss (mlp.cpp).

@@ -7,14 +7,8 @@
 
 namespace fsdp::models {
 
-namespace {
-
-class MoeFamily final : public ModelFamily {
- public:
-  std::string_view name() const override { return "moe"; }
-  std::string_view summary() const override {
-    return "L x dense mixture-of-experts blocks (router + E GELU experts), an optional head";
-  }
+struct MoeFamily final : ModelFamily {
+  MoeFamily() : ModelFamily("moe", "L x dense mixture-of-experts blocks (router + E GELU experts), an optional head") {}
   void resolve(nn::ModelConfig& c) const override {
     FSDP_USER_CHECK(c.experts >= 1, "experts must be >= 1, got ", c.experts);
     FSDP_USER_CHECK(c.hidden >= 0, "hidden must be >= 0 (0: dim), got ", c.hidden);
@@ -22,11 +16,9 @@ class MoeFamily final : public ModelFamily {
   static int64_t hidden(const nn::ModelConfig& c) { return c.hidden ? c.hidden : c.dim; }
   void build(nn::Model& root) const override {
     const nn::ModelConfig& c = root.config();
-    for (int i = 0; i < c.layers; ++i) {
-      const uint64_t seed = c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull;
-      root.add_block(std::make_unique<nn::MoeBlock>(c.dim, hidden(c), c.experts, c.grad_order,
-                                                    seed, c.norm));
-    }
+    add_blocks(root, [&](int, uint64_t seed) {
+      return std::make_unique<nn::MoeBlock>(c.dim, hidden(c), c.experts, c.grad_order, seed, c.norm);
+    });
     add_classification_head(root);
   }
   FsdpModule& parallelize(nn::Model& model, ParallelizeContext& ctx) const override {
@@ -48,8 +40,6 @@ class MoeFamily final : public ModelFamily {
     return (e * (2 * h + d) + e + d + (c.norm ? d : 0)) * a + e * 4;
   }
 };
-
-}  // namespace
 
 const ModelFamily& moe_family() {
   static const MoeFamily family;

@@ -9,18 +9,12 @@
 
 namespace fsdp::models {
 
-namespace {
-
-bool is_experts(const Module& owner) {
+static bool is_experts(const Module& owner) {
   return dynamic_cast<const nn::GroupedExperts*>(&owner) != nullptr;
 }
 
-class MoeLlamaFamily final : public ModelFamily {
- public:
-  std::string_view name() const override { return "moe-transformer"; }
-  std::string_view summary() const override {
-    return "the transformer with a top-k mixture-of-experts FFN in every other block, --ep ranks";
-  }
+struct MoeLlamaFamily final : ModelFamily {
+  MoeLlamaFamily() : ModelFamily("moe-transformer", "the transformer with a top-k mixture-of-experts FFN in every other block, --ep ranks") {}
   void resolve(nn::ModelConfig& c) const override {
     resolve_decoder(c);
     FSDP_USER_CHECK(c.ep >= 1, "ep must be >= 1, got ", c.ep);
@@ -100,8 +94,6 @@ class MoeLlamaFamily final : public ModelFamily {
   }
   std::function<bool(const Module&)> expert_modules() const override { return is_experts; }
 };
-
-}  // namespace
 
 const ModelFamily& moe_llama_family() {
   static const MoeLlamaFamily family;

@@ -6,25 +6,17 @@
 
 namespace fsdp::models {
 
-namespace {
-
-class ResMlpFamily final : public ModelFamily {
- public:
-  std::string_view name() const override { return "resmlp"; }
-  std::string_view summary() const override {
-    return "L x residual MLP blocks (fc1, GELU, fc2; hidden 4 x D), an optional head";
-  }
+struct ResMlpFamily final : ModelFamily {
+  ResMlpFamily() : ModelFamily("resmlp", "L x residual MLP blocks (fc1, GELU, fc2; hidden 4 x D), an optional head") {}
   void resolve(nn::ModelConfig& c) const override {
     FSDP_USER_CHECK(c.hidden >= 0, "hidden must be >= 0 (0: 4 x dim), got ", c.hidden);
   }
   static int64_t hidden(const nn::ModelConfig& c) { return c.hidden ? c.hidden : 4 * c.dim; }
   void build(nn::Model& root) const override {
     const nn::ModelConfig& c = root.config();
-    for (int i = 0; i < c.layers; ++i) {
-      const uint64_t seed = c.seed * 1000003ull + static_cast<uint64_t>(i) * 7919ull;
-      root.add_block(std::make_unique<nn::ResidualMlp>(c.dim, hidden(c), Activation::GELU,
-                                                       seed, c.norm));
-    }
+    add_blocks(root, [&](int, uint64_t seed) {
+      return std::make_unique<nn::ResidualMlp>(c.dim, hidden(c), Activation::GELU, seed, c.norm);
+    });
     add_classification_head(root);
   }
   double saved_bytes_per_token(const nn::ModelConfig& c, DType act) const override {
@@ -34,8 +26,6 @@ class ResMlpFamily final : public ModelFamily {
     return (2 * h + d + (c.norm ? d : 0)) * static_cast<double>(dtype_size(act));
   }
 };
-
-}  // namespace
 
 const ModelFamily& resmlp_family() {
   static const ResMlpFamily family;

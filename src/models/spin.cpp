@@ -6,28 +6,21 @@
 
 namespace fsdp::models {
 
-namespace {
-
-class SpinFamily final : public ModelFamily {
- public:
-  std::string_view name() const override { return "spin"; }
-  std::string_view summary() const override {
-    return "L x a block of forced forward and backward durations (schedule studies)";
-  }
+struct SpinFamily final : ModelFamily {
+  SpinFamily() : ModelFamily("spin", "L x a block of forced forward and backward durations (schedule studies)") {}
   void resolve(nn::ModelConfig& c) const override {
     FSDP_USER_CHECK(c.spin_forward_us >= 0 && c.spin_backward_us >= 0,
                     "spin durations must be >= 0");
   }
   void build(nn::Model& root) const override {
     const nn::ModelConfig& c = root.config();
-    for (int i = 0; i < c.layers; ++i)
-      root.add_block(std::make_unique<nn::SpinBlock>(c.dim, c.spin_forward_us, c.spin_backward_us));
+    add_blocks(root, [&](int, uint64_t) {
+      return std::make_unique<nn::SpinBlock>(c.dim, c.spin_forward_us, c.spin_backward_us);
+    });
     add_classification_head(root);
   }
   double saved_bytes_per_token(const nn::ModelConfig&, DType) const override { return 0; }
 };
-
-}  // namespace
 
 const ModelFamily& spin_family() {
   static const SpinFamily family;

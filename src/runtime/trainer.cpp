@@ -1,3 +1,4 @@
+// One rank's training loop (Note [Trainer observers]).
 #include "runtime/trainer.h"
 
 #include <algorithm>
@@ -8,9 +9,12 @@
 #include "checkpoint/trainer_checkpoint.h"
 #include "core/fsdp_state.h"
 #include "fsdp/collective_check.h"
+#include "fsdp/error.h"
 #include "models/model_family.h"
 #include "runtime/captured_step.h"
-#include "fsdp/error.h"
+#include "runtime/evaluation.h"
+#include "runtime/parallel_model.h"
+#include "runtime/step_parts.h"
 #include "runtime/step_reader.h"
 #include "runtime/trace_metrics.h"
 
@@ -23,48 +27,10 @@ double now_ms() {
   return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
-// Loss of y and its gradient; the loss lands in `loss` (device fp32).
-Tensor loss_and_grad(Device& d, Stream s, const nn::Model& model, const Tensor& y,
-                     const DeviceBatch& batch, float* loss) {
-  Tensor dy = empty_tensor(d, s, y.dtype, y.rows, y.cols, MemTag::Activation);
-  d.set_label("loss");
-  if (model.uses_cross_entropy())
-    d.cross_entropy_loss(s, y.data, y.dtype, batch.labels.as<int32_t>(), y.rows, y.cols, loss,
-                         dy.data);
-  else
-    d.mean_square_loss(s, y.data, y.dtype, y.numel(), loss, dy.data);
-  return dy;
-}
-
-// Note [Captured steps]: what cannot be recorded into a graph fails here, in one line.
-void check_capturable(const TrainConfig& c) {
-  const std::string why = models::family(c.model.kind).capture_refusal(c.model);
-  FSDP_USER_CHECK(why.empty(), why);
-}
-
-// Scales the loss gradient of one of `n` micro-batches by 1/n (TrainConfig::micro_batches);
-// `scale` holds 1/n per row, made on first use.
-void scale_for_micro_batches(Device& d, Stream s, Tensor& dy, int n, Tensor& scale) {
-  if (n <= 1) return;
-  if (!scale.defined() || scale.rows != dy.rows) {
-    scale = empty_tensor(d, s, DType::F32, dy.rows, 1, MemTag::Other);
-    d.fill(s, scale.data, DType::F32, dy.rows, 1.0f / static_cast<float>(n));
-  }
-  d.set_label("micro-batch loss scale");
-  d.scale_rows(s, dy.data, dy.data, dy.dtype, scale.as<float>(), 1, dy.rows, dy.cols, false);
-}
-
 int64_t count_units(nn::Model& model) {
   int64_t n = 0;
   model.visit([&](Module& m) { n += core::state_of(m) != nullptr; });
   return n;
-}
-
-std::unique_ptr<BatchSource> make_source(const TrainConfig& c, int rank, int world) {
-  if (c.batch_source) return c.batch_source(rank, world);
-  return models::family(c.model.kind).batch_kind() == models::BatchKind::Tokens
-             ? make_synthetic_tokens(c.model, c.seed)
-             : make_synthetic_features(c.model, c.seed);
 }
 
 // Note [Non-finite steps]
@@ -83,39 +49,6 @@ std::string nonfinite_message(const StepValues& v, const std::vector<std::string
                             names[i].empty() ? "the root" : names[i], " is not finite (norm ",
                             std::sqrt(v.grad_squares[i]), "); training stopped (try a lower --lr)");
   return {};
-}
-
-// Note [Evaluation]
-// The validation loss is a forward pass per fixed batch, with no backward: FSDP gathers each
-// unit and reshards it after forward as in training, and the next training step's root
-// pre-forward starts a new step as usual. Each batch's loss is averaged over the ranks, then
-// over the batches, on the device; the host waits once, for the mean.
-float evaluate(Device& device, Comm& world, RunContext& ctx, nn::Model& model,
-               BatchSource& source, int64_t batches, int64_t first_row, int64_t rows,
-               float* scratch) {
-  float* loss = scratch;
-  float* loss_avg = scratch + 1;
-  float* mean = scratch + 2;
-  device.fill(ctx.compute, mean, DType::F32, 1, 0.0f);
-  for (int64_t k = 0; k < batches; ++k) {
-    DeviceBatch batch = source.make(device, ctx.compute, k, first_row, rows, ctx.act_dtype);
-    Tensor y = model.forward(ctx, batch.x);
-    loss_and_grad(device, ctx.compute, model, y, batch, loss);
-    device.set_label("eval loss all-reduce");
-    world.all_reduce(loss, loss_avg, 1, DType::F32, ReduceOp::Avg, ctx.compute);
-    device.accumulate(ctx.compute, mean, loss_avg, DType::F32, 1, 1.0f / static_cast<float>(batches));
-  }
-  float value = 0;
-  device.copy_to_host(ctx.compute, &value, mean, sizeof(float));
-  device.synchronize_stream(ctx.compute);
-  return value;
-}
-
-float global_norm(const std::vector<float>& squares) {
-  if (squares.empty()) return -1;
-  double sum = 0;
-  for (float s : squares) sum += s;
-  return static_cast<float>(std::sqrt(sum));
 }
 
 // gather_full_params gives an expert param's E / ep local experts; this appends the other ep
@@ -142,441 +75,461 @@ void gather_every_expert(Device& d, Comm& ep, Stream s, nn::Model& model,
   });
 }
 
+using CommCounts = std::map<std::string, std::vector<int64_t>>;
+
+CommCounts counts_by_comm(const ParallelModel& pm) {
+  CommCounts out;
+  for (const Comm* c : pm.comms()) {
+    std::vector<int64_t>& v = out[c->name()];
+    v.resize(kCollectiveKindCount);
+    for (int k = 0; k < kCollectiveKindCount; ++k) v[k] += c->issued(static_cast<CollectiveKind>(k));
+  }
+  return out;
+}
+
+CommCounts minus(CommCounts a, const CommCounts& b) {
+  for (auto& [name, v] : a)
+    if (auto it = b.find(name); it != b.end())
+      for (size_t k = 0; k < v.size(); ++k) v[k] -= it->second[k];
+  return a;
+}
+
+int64_t total_of(const CommCounts& counts, CollectiveKind kind) {
+  int64_t n = 0;
+  for (const auto& [name, v] : counts) n += v[static_cast<int>(kind)];
+  return n;
+}
+
 }  // namespace
 
-RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
-                      const std::function<void(const StepReport&)>& on_step) {
-  FSDP_USER_CHECK(config.steps >= 1, "--steps must be >= 1, got ", config.steps);
-  FSDP_USER_CHECK(config.tokens >= 1, "--tokens must be >= 1, got ", config.tokens);
-  FSDP_USER_CHECK(config.micro_batches >= 1, "--micro-batches must be >= 1, got ",
-                  config.micro_batches);
-  if (config.cuda_graph) check_capturable(config);
-  FSDP_USER_CHECK(!(config.optimizer_in_backward && config.optimizer.max_grad_norm > 0),
-                  "the optimizer in backward cannot clip gradients (clipping needs every "
-                  "gradient before any step): turn clipping off or the optimizer in backward off");
-  FSDP_USER_CHECK(!(config.optimizer_in_backward && config.optimizer_in_forward),
-                  "the optimizer runs in backward or in forward, not both");
+// Note [Trainer observers]
+// Trainer::step() runs one step: the lr, the batches, every micro-batch's forward and
+// backward, the grad norm and the optimizer, eager or replayed from a CUDA graph; and reads
+// the step before it (Note [Asynchronous step read]). What a run does besides training
+// watches the steps from outside, as an observer, in the order they were added: the first
+// step's collective counts, the timeline, evaluation and checkpoints. Each sees the state it
+// needs (TrainState) at fixed points, so the step itself stays the same whichever are on.
+class TrainObserver {
+ public:
+  virtual ~TrainObserver() = default;
+  virtual void on_start(TrainState&) {}
+  // Around the first step's first micro-batch.
+  virtual void before_first_forward() {}
+  virtual void after_first_forward() {}
+  virtual void after_first_backward() {}
+  // After step `step`'s work is issued, before it is read; `report` is the step's line.
+  virtual void after_issue(TrainState&, int /*step*/, StepReport& /*report*/) {}
+  // Once step `step`'s values were read (finite).
+  virtual void after_read(int /*step*/) {}
+  // After step `step` was issued and the steps before it read.
+  virtual void after_step(TrainState&, int /*step*/) {}
+  virtual void on_finish(TrainState&) {}
+};
+
+namespace {
+
+// The first micro-batch's collectives, by communicator and phase (RankResult's *_first_step).
+class FirstStepCounts final : public TrainObserver {
+ public:
+  FirstStepCounts(const ParallelModel& pm, RankResult& result) : pm_(pm), result_(result) {}
+  void before_first_forward() override { c0_ = counts_by_comm(pm_); }
+  void after_first_forward() override { c1_ = counts_by_comm(pm_); }
+  void after_first_backward() override {
+    const CommCounts c2 = counts_by_comm(pm_);
+    result_.forward_by_comm_first_step = minus(c1_, c0_);  // the forward made new comms
+    result_.backward_by_comm_first_step = minus(c2, c1_);
+    result_.all_gathers_forward_first_step =
+        total_of(result_.forward_by_comm_first_step, CollectiveKind::AllGather);
+    result_.all_gathers_backward_first_step =
+        total_of(result_.backward_by_comm_first_step, CollectiveKind::AllGather);
+    result_.reduce_scatters_first_step =
+        total_of(result_.backward_by_comm_first_step, CollectiveKind::ReduceScatter);
+  }
+
+ private:
+  const ParallelModel& pm_;
+  RankResult& result_;
+  CommCounts c0_, c1_;
+};
+
+// The timeline of every step after the warm-up, and each step's exposed communication.
+class TimelineRecorder final : public TrainObserver {
+ public:
+  TimelineRecorder(const TrainConfig& c, Stream compute, RankResult& result)
+      : config_(c), compute_(compute), result_(result) {}
+  void after_issue(TrainState& s, int step, StepReport& report) override {
+    if (step < config_.warmup) return;
+    // Taken every step: the step's own metrics for the per-step line, and the CUDA
+    // recorder's event pool stays small.
+    Timeline part = s.device.take_timeline();
+    const TimelineMetrics m = compute_metrics(part, compute_.id, 1, 0);
+    report.exposed_comm_ms = m.exposed_comm_ms;
+    report.rs_recycle_stall_ms = m.rs_recycle_stall_ms;
+    Timeline& t = result_.timeline;
+    if (t.stream_names.empty()) t.stream_names = part.stream_names;
+    for (auto& op : part.ops) t.ops.push_back(std::move(op));
+    for (auto& sample : part.memory) t.memory.push_back(sample);
+  }
+  void on_finish(TrainState& s) override { s.device.enable_timeline(false); }
+
+ private:
+  const TrainConfig& config_;
+  Stream compute_;
+  RankResult& result_;
+};
+
+// The validation loss after every eval_every-th step and the last (Note [Evaluation]).
+class Evaluator final : public TrainObserver {
+ public:
+  Evaluator(const TrainConfig& c, Comm& world, RunContext& ctx, std::map<int, float>& val_by_step,
+            double& excluded_ms)
+      : config_(c), world_(world), ctx_(ctx), val_by_step_(val_by_step), excluded_ms_(excluded_ms),
+        source_(c.eval_source(world.rank(), world.size())) {}
+  void after_issue(TrainState& s, int step, StepReport&) override {
+    if ((step + 1) % config_.eval_every != 0 && step + 1 != config_.steps) return;
+    const double start_ms = now_ms();
+    val_by_step_[step] = evaluate(s.device, world_, ctx_, s.model, *source_, config_.eval_batches,
+                                  world_.rank() * config_.tokens, config_.tokens);
+    excluded_ms_ += now_ms() - start_ms;  // the evaluation's time is nobody's step time
+  }
+
+ private:
+  const TrainConfig& config_;
+  Comm& world_;
+  RunContext& ctx_;
+  std::map<int, float>& val_by_step_;
+  double& excluded_ms_;
+  std::unique_ptr<BatchSource> source_;
+};
+
+// Checkpoints (Note [Checkpoint hooks]): --resume or --init-from loads at the start (a resume
+// moves the first step), saves when due, and the last save is on disk at the end.
+class Checkpointer final : public TrainObserver {
+ public:
+  // read_all reads every issued step; false when one was not finite (the run stops).
+  Checkpointer(std::unique_ptr<checkpoint::TrainerCheckpoint> ckpt, const TrainConfig& c,
+               std::function<bool()> read_all)
+      : ckpt_(std::move(ckpt)), config_(c), read_all_(std::move(read_all)) {}
+  void on_start(TrainState& s) override { s.next_step = ckpt_->start(config_.steps); }
+  void after_read(int) override { ckpt_->state_changes(); }  // after the first: all have loaded
+  void after_step(TrainState&, int step) override {
+    // A save reads every step first (the copy to host waits for the step anyway), so that a
+    // checkpoint never holds the state of a step that was not finite.
+    if (!ckpt_->due(step + 1, config_.steps)) return;
+    if (read_all_()) ckpt_->after_step(step + 1, config_.steps, nlohmann::json::object());
+  }
+  void on_finish(TrainState&) override { ckpt_->finish(); }
+
+ private:
+  std::unique_ptr<checkpoint::TrainerCheckpoint> ckpt_;
+  const TrainConfig& config_;
+  std::function<bool()> read_all_;
+};
+
+}  // namespace
+
+// One rank's run: built and placed once, then step() per step, then finish().
+class Trainer {
+ public:
+  Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
+          std::function<void(const StepReport&)> on_step);
+  ~Trainer();
+  bool running() const { return next_step_ < config_.steps && !stopped_; }
+  void step();
+  RankResult finish();
+
+ private:
+  void issue_step(int step, float* step_loss, double& host_us,
+                  const std::function<const DeviceBatch&(int)>& batch_of);
+  bool read_one();  // the oldest unread step; false if it was not finite (the run stops)
+  bool read_all();  // every issued step; false if the run stopped
+
+  Device& device_;
+  const TrainConfig& config_;
+  std::function<void(const StepReport&)> on_step_;
+  RankResult result_;
+  Stream compute_;
+  RunContext ctx_;
+  ParallelModel pm_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<BatchSource> source_, eval_source_;
+  std::unique_ptr<StepReader> reader_;
+  std::unique_ptr<TrainState> state_;
+  std::unique_ptr<CapturedStep> graph_;
+  std::vector<std::unique_ptr<TrainObserver>> observers_;
+  float* loss_ = nullptr;
+  float* loss_avg_ = nullptr;
+  Tensor micro_scale_;  // 1/micro_batches per row
+  std::map<int, StepReport> issued_steps_;  // issued, not yet read
+  std::map<int, float> val_by_step_;
+  int next_step_ = 0;
+  int first_step_ = 0;
+  int capture_at_ = 0;
+  int moe_layers_ = 0;
+  int deferred_groups_ = 0;  // updates an eager step leaves pending (Note [Optimizer in forward])
+  bool stopped_ = false;
+  bool prefetch_ = false;
+  int64_t units_ = 0;
+  double last_done_ms_ = 0;
+  double host_us_total_ = 0, host_step_us_total_ = 0;
+  int host_steps_ = 0, host_step_count_ = 0;
+};
+
+Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
+                 std::function<void(const StepReport&)> on_step)
+    : device_(device), config_(config), on_step_(std::move(on_step)) {
+  check_train_config(config, world->size());
   // Note [Collective fingerprints]: every collective below, on `world` and on the
   // communicators split from it, is compared across ranks before it runs.
   if (config.check_collectives) world = with_collective_checks(std::move(world), device);
   const int rank = world->rank();
-  RankResult result;
-  result.rank = rank;
-  const Stream compute = device.create_stream("compute", StreamPriority::Normal);
-  RunContext ctx{&device, compute, config.param_dtype};
-
-  // Expert parallelism (docs/moe.md): ep groups of consecutive ranks; the experts shard over
-  // the efsdp mesh, the ranks with the same ep rank.
-  nn::ModelConfig model_config = models::resolved(config.model);
-  const models::ModelFamily& family = models::family(model_config.kind);
-  const int ep = family.expert_parallel_size(model_config);
-  FSDP_CHECK(ep >= 1 && world->size() % ep == 0, "--ep (", ep,
-             ") must divide the number of data-parallel ranks (", world->size(), ")");
-  model_config.ep_rank = rank % ep;
-  model_config.moe_group_tokens = config.tokens;
-  std::unique_ptr<Comm> ep_comm;
-  if (ep > 1) ep_comm = world->split(rank / ep, rank, "ep");
-  std::unique_ptr<nn::Model> built = models::build_model(model_config);
-  nn::Model& model = *built;
-  model.set_expert_comm(ep_comm.get());
-  result.param_count = model.active_param_count();
-  // HSDP (docs/hsdp.md): every mesh is replicate x shard, the same ranks in each role.
-  const int replicas = config.hsdp_replicas;
-  FSDP_USER_CHECK(replicas >= 0, "--hsdp must be >= 1, got ", replicas);
-  FSDP_USER_CHECK(replicas == 0 || world->size() % replicas == 0, "--hsdp ", replicas,
-                  " must divide the world size ", world->size());
-  FSDP_USER_CHECK(replicas <= 1 || ep == 1, "--hsdp with --ep ", ep,
-                  " is not supported yet: use one of the two");
-  auto make_mesh = [&](const std::string& name, std::shared_ptr<Comm> one_d) {
-    if (replicas == 0) return std::make_unique<Mesh>(name, device, std::move(one_d));
-    return std::make_unique<Mesh>(make_hsdp_mesh(name, device, *world, replicas, world->size() / replicas));
-  };
-  std::unique_ptr<Mesh> dp_mesh = make_mesh("dp", world);
-  FullyShardOptions options;
-  options.reshard_after_forward = config.reshard_after_forward;
-  if (config.reshard_after_forward_size > 0) options.reshard_after_forward = config.reshard_after_forward_size;
-  options.mp_policy = {config.param_dtype, config.reduce_dtype};
-  models::ParallelizeContext placement{device, *world, *dp_mesh, make_mesh, replicas != 0, options,
-                                       config.experts_on_own_mesh, nullptr};
-  FsdpModule& root = family.parallelize(model, placement);
-  std::unique_ptr<Mesh> expert_mesh = std::move(placement.expert_mesh);
-  root.set_reduce_scatter_max_input_buffers(config.rs_max_input_buffers);
-  root.set_separate_reduce_scatter_group(config.separate_rs_group);
-  root.set_rs_reclaim_policy_for_testing(config.rs_policy);
-  if (rank == 0 && config.event_log) root.set_event_log(config.event_log);
-  if (config.customize) config.customize(model, root);
-
-  std::vector<optim::ParamSpan> spans;
-  for (const ShardedGroupView& g : sharded_groups(root, !config.optimizer_in_backward))
-    spans.push_back({g.param, g.grad, g.numel, g.mesh ? &g.mesh->comm() : nullptr, g.name});
-  optim::Optimizer optimizer(device, compute, spans, config.optimizer);
-  if (config.optimizer_in_backward)
-    root.set_optimizer_in_backward(
-        [&optimizer](Stream s, int ordinal, float*, const void* grad, DType t, int64_t) {
-          optimizer.step_one(s, ordinal, grad, t);
-        });
-  if (config.optimizer_in_forward)
-    root.set_optimizer_in_forward([&optimizer](Stream s, int ordinal, void* copy, DType t) {
-      optimizer.step_deferred(s, ordinal, copy, t);  // Note [Optimizer in forward]
-    });
-  // Note [Early grad norm]; an after_backward hook may change grads the early sums have read.
-  if (!config.optimizer_in_backward && !config.after_backward)
-    root.set_on_grad_shard_ready([&optimizer](Stream s, int ordinal, const float* grad, int64_t) {
-      optimizer.add_grad_square(s, ordinal, grad);  // Note [Early grad norm]
-    });
-  result.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
-  std::unique_ptr<BatchSource> source = make_source(config, rank, world->size());
-  std::unique_ptr<BatchSource> eval_source;
-  if (config.eval_source && config.eval_every > 0 && config.eval_batches > 0)
-    eval_source = config.eval_source(rank, world->size());
-  std::map<int, float> val_by_step;
-  const std::vector<std::string>& grad_names = optimizer.grad_square_names();
+  result_.rank = rank;
+  compute_ = device.create_stream("compute", StreamPriority::Normal);
+  ctx_ = RunContext{&device, compute_, config.param_dtype};
+  pm_ = parallelize_model(device, world, config);
+  nn::Model& model = *pm_.model;
+  FsdpModule& root = *pm_.root;
+  result_.param_count = model.active_param_count();
+  optimizer_ = place_optimizer(device, compute_, root, config);
+  result_.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
+  source_ = make_source(config, rank, world->size());
   // The MoE layers' max loads are read with the step's loss (Model::copy_expert_loads).
-  const int moe_layers = model.moe_layer_count();
-  StepReader reader(device, compute, static_cast<int>(grad_names.size()), moe_layers);
-  float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
-  float* loss_avg = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
-  TrainState state{device, model, root, optimizer, compute, 0};
-  // Checkpoints (Note [Checkpoint hooks]): --resume or --init-from loads here and a resume
-  // moves the first step; the user's on_start sees the loaded state.
-  std::unique_ptr<checkpoint::TrainerCheckpoint> ckpt;
+  moe_layers_ = model.moe_layer_count();
+  reader_ = std::make_unique<StepReader>(
+      device, compute_, static_cast<int>(optimizer_->grad_square_names().size()), moe_layers_);
+  loss_ = static_cast<float*>(device.alloc(sizeof(float), compute_, MemTag::Other));
+  loss_avg_ = static_cast<float*>(device.alloc(sizeof(float), compute_, MemTag::Other));
+  state_ = std::make_unique<TrainState>(TrainState{device, model, root, *optimizer_, compute_, 0});
+
+  observers_.push_back(std::make_unique<FirstStepCounts>(pm_, result_));
+  if (config.eval_source && config.eval_every > 0 && config.eval_batches > 0)
+    observers_.push_back(
+        std::make_unique<Evaluator>(config, *pm_.world, ctx_, val_by_step_, last_done_ms_));
+  if (config.timeline) observers_.push_back(std::make_unique<TimelineRecorder>(config, compute_, result_));
   if (config.checkpoint.enabled()) {
+    const models::ModelFamily& family = models::family(config.model.kind);
     checkpoint::RunDescription run{config.model,   config.param_dtype,    config.reduce_dtype,
-                                   config.optimizer.kind, world->size(),  config.tokens,
+                                   config.optimizer.kind, pm_.world->size(), config.tokens,
                                    config.seed,    config.micro_batches,  config.schedule,
                                    config.optimizer.base_lr(), config.data_name,
                                    family.shape_fields(config.model)};
-    const checkpoint::ExpertLayout experts{ep, family.expert_modules()};
-    ckpt = std::make_unique<checkpoint::TrainerCheckpoint>(config.checkpoint, run, device,
-                                                           compute, root, optimizer, experts);
-    state.next_step = ckpt->start(config.steps);
+    const checkpoint::ExpertLayout experts{pm_.ep, family.expert_modules()};
+    observers_.push_back(std::make_unique<Checkpointer>(
+        std::make_unique<checkpoint::TrainerCheckpoint>(config.checkpoint, run, device, compute_,
+                                                        root, *optimizer_, experts),
+        config, [this] { return read_all(); }));
   }
-  if (config.on_start) config.on_start(state);
+  for (auto& o : observers_) o->on_start(*state_);
+  if (config.on_start) config.on_start(*state_);  // sees the loaded state
   device.synchronize();
   device.reset_peak_memory();
-  const int64_t units = count_units(model);
-
-  // Every communicator the run uses, for the first step's counts.
-  auto comms = [&] {
-    std::vector<const Comm*> out{world.get()};
-    for (Mesh* m : {dp_mesh.get(), expert_mesh.get()}) {
-      if (!m) continue;
-      if (&m->comm() != world.get()) out.push_back(&m->comm());
-      if (m->replicate_comm()) out.push_back(m->replicate_comm());
-    }
-    if (ep_comm) out.push_back(ep_comm.get());
-    if (core::state_of(model)->ctx)
-      for (const Comm* c : core::state_of(model)->ctx->own_comms()) out.push_back(c);
-    return out;
-  };
-  auto issued = [&](CollectiveKind k) {
-    int64_t n = 0;
-    for (const Comm* c : comms()) n += c->issued(k);
-    return n;
-  };
-  auto by_comm = [&] {
-    std::map<std::string, std::vector<int64_t>> out;
-    for (const Comm* c : comms()) {
-      std::vector<int64_t>& v = out[c->name()];
-      v.resize(kCollectiveKindCount);
-      for (int k = 0; k < kCollectiveKindCount; ++k) v[k] += c->issued(static_cast<CollectiveKind>(k));
-    }
-    return out;
-  };
-  auto minus = [](std::map<std::string, std::vector<int64_t>> a,
-                  const std::map<std::string, std::vector<int64_t>>& b) {
-    for (auto& [name, v] : a)
-      if (auto it = b.find(name); it != b.end())
-        for (size_t k = 0; k < v.size(); ++k) v[k] -= it->second[k];
-    return a;
-  };
-
-  double host_us_total = 0;
-  int host_steps = 0;
-  std::map<int, StepReport> issued_steps;  // issued, not yet read
-  double last_done_ms = now_ms();
-  // Reads the oldest unread step: reports it, or stops the run if it was not finite.
-  auto read_one = [&]() -> bool {
-    const StepValues v = reader.pop();
-    StepReport report = issued_steps.at(v.step);
-    issued_steps.erase(v.step);
-    const std::string bad = nonfinite_message(v, grad_names);
-    if (!bad.empty()) {
-      result.error = bad;
-      result.failed_step = v.step;
-      return false;
-    }
-    report.loss = v.loss;
-    if (auto it = val_by_step.find(v.step); it != val_by_step.end()) {
-      report.val_loss = it->second;
-      result.val_losses.push_back({v.step, it->second});
-    }
-    report.grad_norm = global_norm(v.grad_squares);
-    if (!v.extras.empty()) report.max_expert_load = *std::max_element(v.extras.begin(), v.extras.end());
-    report.step_ms = v.done_ms - last_done_ms;
-    last_done_ms = v.done_ms;
-    result.losses.push_back(report.loss);
-    result.lrs.push_back(report.lr);
-    result.grad_norms.push_back(report.grad_norm);
-    result.max_expert_loads.push_back(report.max_expert_load);
-    result.step_ms.push_back(report.step_ms);
-    result.peak_bytes_by_step.push_back(device.memory_stats().peak_bytes);
-    if (ckpt) ckpt->state_changes();  // after the first step: every rank has loaded
-    if (on_step) on_step(report);
-    return true;
-  };
-
-  bool stopped = false;
-  const float inv_micro = 1.0f / static_cast<float>(config.micro_batches);
-  Tensor micro_scale;  // 1/micro_batches per row
+  units_ = count_units(model);
+  next_step_ = first_step_ = state_->next_step;
+  last_done_ms_ = now_ms();
   // Note [Captured steps]: a prefetch crosses the step boundary, which a graph cannot.
-  const bool prefetch = config.prefetch_next_step && !config.cuda_graph;
-  std::unique_ptr<CapturedStep> graph;
-  if (config.cuda_graph) graph = std::make_unique<CapturedStep>(device, compute, config.micro_batches);
-  const int capture_at = state.next_step + std::max(1, config.warmup);
-  int deferred_groups = 0;  // updates an eager step leaves pending (Note [Optimizer in forward])
-  double host_step_us_total = 0;
-  int host_step_count = 0;
-  // One whole step's device work: every micro-batch, the grad norm and the optimizer. Under a
-  // graph it is recorded once, reading the fixed batches and adding the loss up in place.
-  auto issue_step = [&](int step, float* step_loss, double& host_us,
-                        const std::function<const DeviceBatch&(int)>& batch_of) {
-    for (int mb = 0; mb < config.micro_batches; ++mb) {
-      root.set_requires_gradient_sync(mb == config.micro_batches - 1);
-      const DeviceBatch& batch = batch_of(mb);
-      const bool first = step == state.next_step && mb == 0;
-      const int64_t ag0 = issued(CollectiveKind::AllGather);
-      std::map<std::string, std::vector<int64_t>> c0, c1;
-      if (first) c0 = by_comm();
-      const double h0 = device.now_us();
-      Tensor y = model.forward(ctx, batch.x);
-      host_us += device.now_us() - h0;
-      const int64_t ag1 = issued(CollectiveKind::AllGather);
-      const int64_t rs1 = issued(CollectiveKind::ReduceScatter);
-      if (first) c1 = by_comm();
-      Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
-      model.add_aux_loss(device, compute, loss);  // Note [MoE routing]
-      scale_for_micro_batches(device, compute, dy, config.micro_batches, micro_scale);
-      y = Tensor{};
-      const double h1 = device.now_us();
-      model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient
-      host_us += device.now_us() - h1;
-      if (first) {
-        result.forward_by_comm_first_step = minus(c1, c0);  // the forward made new comms
-        result.backward_by_comm_first_step = minus(by_comm(), c1);
-        result.all_gathers_forward_first_step = ag1 - ag0;
-        result.all_gathers_backward_first_step = issued(CollectiveKind::AllGather) - ag1;
-        result.reduce_scatters_first_step = issued(CollectiveKind::ReduceScatter) - rs1;
-      }
-      device.set_label("loss all-reduce");
-      world->all_reduce(loss, loss_avg, 1, DType::F32, ReduceOp::Avg, compute);
-      device.accumulate(compute, step_loss, loss_avg, DType::F32, 1, inv_micro);
-    }
-    if (config.after_backward) config.after_backward(state);
-    if (!config.optimizer_in_backward) {
-      optimizer.compute_grad_squares(compute);
-      if (config.optimizer_in_forward) {  // Note [Optimizer in forward]
-        optimizer.defer_step(compute);
-        root.defer_shard_updates(compute);
-      } else {
-        optimizer.step(compute);
-      }
-      zero_sharded_grads(root);
-    }
-    // Clears the loss for the next step; on a timeline it marks where this step ends.
-    device.set_label(kStepEndLabel);
-    device.fill(compute, loss, DType::F32, 1, 0.0f);
-  };
-  for (int step = state.next_step; step < config.steps && !stopped; ++step) {
-    if (config.timeline && step == config.warmup) device.enable_timeline(true);
-    double host_us = 0;
-    const double host_step_start = device.now_us();
-    const double waited_before = device.host_wait_us();
-    StepReport report{};
-    report.step = step;
-    report.lr = config.schedule.at(step, config.optimizer.base_lr());
-    optimizer.begin_step(compute, report.lr);
-    float* step_loss = reader.begin(step);
-    auto make_batch = [&](int mb) {
-      const int64_t index = static_cast<int64_t>(step) * config.micro_batches + mb;
-      DeviceBatch batch = source->make(device, compute, index, rank * config.tokens,
-                                       config.tokens, config.param_dtype);
-      report.tokens += batch.tokens;
-      return batch;
-    };
-    // Note [Optimizer in forward]: a captured step starts with every group's update pending,
-    // as the step before its capture left them; after anything ran them early (evaluation, a
-    // checkpoint, the after_step hook) one eager step restores that.
-    const bool graph_ready = !config.optimizer_in_forward || root.pending_shard_updates() == deferred_groups;
-    if (graph && step >= capture_at && graph_ready) {
-      for (int mb = 0; mb < config.micro_batches; ++mb) graph->stage(mb, make_batch(mb));
-      if (!graph->captured()) {
-        graph->capture([&] {
-          device.fill(compute, graph->step_loss(), DType::F32, 1, 0.0f);
-          issue_step(step, graph->step_loss(), host_us,
-                     [&](int mb) -> const DeviceBatch& { return graph->batch(mb); });
-        });
-        result.captured_step = step;
-        result.graph_streams = graph->streams();
-        result.graph_op_times = graph->op_times();
-      }
-      graph->replay();
-      device.set_label(kStepEndLabel);
-      device.copy(compute, step_loss, graph->step_loss(), sizeof(float));
-    } else {
-      DeviceBatch current;
-      issue_step(step, step_loss, host_us, [&](int mb) -> const DeviceBatch& {
-        current = make_batch(mb);
-        return current;
-      });
-      deferred_groups = root.pending_shard_updates();
-    }
-    if (prefetch && step + 1 < config.steps)
-      fsdp_module_of(*model.blocks().front())->unshard(/*async_op=*/true);
-    if (moe_layers > 0) model.copy_expert_loads(device, compute, reader.extras());
-    reader.end(config.optimizer_in_backward ? nullptr : optimizer.grad_squares());
-    if (step >= config.warmup && step != result.captured_step) {
-      // The host's own work: waits for the device (a staging slot, say) are left out.
-      host_step_us_total +=
-          device.now_us() - host_step_start - (device.host_wait_us() - waited_before);
-      ++host_step_count;
-    }
-    state.next_step = step + 1;
-    if (config.after_step) {
-      root.apply_pending_shard_updates(compute);  // the hook may read the shards
-      config.after_step(state);
-    }
-    if (eval_source && ((step + 1) % config.eval_every == 0 || step + 1 == config.steps)) {
-      float* scratch = static_cast<float*>(device.alloc(3 * sizeof(float), compute, MemTag::Other));
-      const double eval_start_ms = now_ms();
-      val_by_step[step] = evaluate(device, *world, ctx, model, *eval_source, config.eval_batches,
-                                   rank * config.tokens, config.tokens, scratch);
-      device.free(scratch, compute);
-      // The evaluation's time is nobody's step time.
-      last_done_ms += now_ms() - eval_start_ms;
-    }
-    if (step >= config.warmup) {
-      host_us_total += host_us;
-      ++host_steps;
-    }
-    if (config.timeline && step >= config.warmup) {
-      // Taken every step: the step's own metrics for the per-step line, and the CUDA
-      // recorder's event pool stays small.
-      Timeline part = device.take_timeline();
-      const TimelineMetrics m = compute_metrics(part, compute.id, 1, 0);
-      report.exposed_comm_ms = m.exposed_comm_ms;
-      report.rs_recycle_stall_ms = m.rs_recycle_stall_ms;
-      if (result.timeline.stream_names.empty()) result.timeline.stream_names = part.stream_names;
-      for (auto& op : part.ops) result.timeline.ops.push_back(std::move(op));
-      for (auto& sample : part.memory) result.timeline.memory.push_back(sample);
-    }
-    issued_steps[step] = report;
-    // Note [Asynchronous step read]: the previous step is read once this one is issued (a
-    // traced step was synchronized already, so it is read at once).
-    const int keep = config.timeline ? 0 : 1;
-    while (reader.pending() > keep && !stopped) stopped = !read_one();
-    // A save due after this step reads every step first (the copy to host waits for the step
-    // anyway), so that a checkpoint never holds the state of a step that was not finite.
-    if (ckpt && !stopped && ckpt->due(step + 1, config.steps)) {
-      while (reader.pending() > 0 && !stopped) stopped = !read_one();
-      if (!stopped) ckpt->after_step(step + 1, config.steps, nlohmann::json::object());
-    }
-  }
-  root.apply_pending_shard_updates(compute);  // the last step's (Note [Optimizer in forward])
-  while (reader.pending() > 0 && !stopped) stopped = !read_one();
-  while (reader.pending() > 0) reader.pop();  // drain what ran after a stop
-  if (ckpt) ckpt->finish();  // the last save is on disk
-  device.synchronize();
-  result.host_us_per_step = host_step_count ? host_step_us_total / host_step_count : 0;
-  result.backend_peak_bytes = device.backend_peak_bytes();
-  result.backend_reserved_peak_bytes = device.backend_reserved_peak_bytes();
-  graph.reset();
-  micro_scale = Tensor{};
-  result.host_schedule_us_per_unit = host_steps ? host_us_total / host_steps / std::max<int64_t>(units, 1) : 0;
-  if (config.timeline) device.enable_timeline(false);
-  result.memory = device.memory_stats();
-  if (config.collect_params) {
-    result.params = gather_full_params(root, compute);
-    if (ep_comm) gather_every_expert(device, *ep_comm, compute, model, result.params);
-  }
-  device.free(loss, compute);
-  device.free(loss_avg, compute);
-  device.synchronize();
-  if (!result.error.empty() && !config.return_on_nonfinite) throw UserError(result.error);
-  return result;
+  prefetch_ = config.prefetch_next_step && !config.cuda_graph;
+  if (config.cuda_graph) graph_ = std::make_unique<CapturedStep>(device, compute_, config.micro_batches);
+  capture_at_ = first_step_ + std::max(1, config.warmup);
 }
 
-RankResult train_local_reference(Device& device, const TrainConfig& config, int world_size) {
-  FSDP_CHECK(config.param_dtype == DType::F32, "the local reference runs in fp32 only");
-  RankResult result;
-  const Stream compute = device.create_stream("compute", StreamPriority::Normal);
-  RunContext ctx{&device, compute, DType::F32};
-  nn::ModelConfig model_config = config.model;
-  model_config.ep = 1;  // every expert here
-  model_config.moe_group_tokens = config.tokens;  // route each rank's tokens as its own group
-  std::unique_ptr<nn::Model> built = models::build_model(model_config);
-  nn::Model& model = *built;
-  std::vector<optim::ParamSpan> spans;
-  std::vector<Tensor> grads;
-  std::vector<std::string> names;  // fqns, in all_params() order
-  model.visit([&](Module& m) {
-    for (const auto& p : m.params()) names.push_back(m.fqn().empty() ? p->name() : m.fqn() + "." + p->name());
-  });
-  for (Param* p : model.all_params()) {
-    p->value = empty_tensor(device, compute, DType::F32, p->rows(), p->cols(), MemTag::ShardedState);
-    device.copy_from_host(compute, p->value.data, p->init_values().data(), p->numel() * sizeof(float));
-    grads.push_back(empty_tensor(device, compute, DType::F32, p->rows(), p->cols(), MemTag::ShardedState));
-    device.fill(compute, grads.back().data, DType::F32, p->numel(), 0.0f);
-    float* g = grads.back().as<float>();
-    p->grad_sink = [g](RunContext& c, Param& param, Tensor t) {
-      c.device->accumulate(c.compute, g, t.data, t.dtype, param.numel(), 1.0f);
-    };
-    spans.push_back({p->value.as<float>(), g, p->numel(), nullptr, names[spans.size()]});
+Trainer::~Trainer() {
+  graph_.reset();
+  micro_scale_ = Tensor{};
+  if (loss_) device_.free(loss_, compute_);
+  if (loss_avg_) device_.free(loss_avg_, compute_);
+}
+
+// One whole step's device work: every micro-batch, the grad norm and the optimizer. Under a
+// graph it is recorded once, reading the fixed batches and adding the loss up in place.
+void Trainer::issue_step(int step, float* step_loss, double& host_us,
+                         const std::function<const DeviceBatch&(int)>& batch_of) {
+  nn::Model& model = *pm_.model;
+  FsdpModule& root = *pm_.root;
+  const float inv_micro = 1.0f / static_cast<float>(config_.micro_batches);
+  for (int mb = 0; mb < config_.micro_batches; ++mb) {
+    root.set_requires_gradient_sync(mb == config_.micro_batches - 1);
+    const DeviceBatch& batch = batch_of(mb);
+    const bool first = step == first_step_ && mb == 0;
+    if (first)
+      for (auto& o : observers_) o->before_first_forward();
+    const double h0 = device_.now_us();
+    Tensor y = model.forward(ctx_, batch.x);
+    host_us += device_.now_us() - h0;
+    if (first)
+      for (auto& o : observers_) o->after_first_forward();
+    Tensor dy = loss_and_grad(device_, compute_, model, y, batch, loss_);
+    model.add_aux_loss(device_, compute_, loss_);  // Note [MoE routing]
+    scale_for_micro_batches(device_, compute_, dy, config_.micro_batches, micro_scale_);
+    y = Tensor{};
+    const double h1 = device_.now_us();
+    model.backward(ctx_, dy, /*input_grad=*/false);  // the data needs no gradient
+    host_us += device_.now_us() - h1;
+    if (first)
+      for (auto& o : observers_) o->after_first_backward();
+    device_.set_label("loss all-reduce");
+    pm_.world->all_reduce(loss_, loss_avg_, 1, DType::F32, ReduceOp::Avg, compute_);
+    device_.accumulate(compute_, step_loss, loss_avg_, DType::F32, 1, inv_micro);
   }
-  optim::Optimizer optimizer(device, compute, spans, config.optimizer);
-  std::unique_ptr<BatchSource> source = make_source(config, 0, 1);
-  float* loss = static_cast<float*>(device.alloc(sizeof(float), compute, MemTag::Other));
-  const int64_t rows = config.tokens * world_size;
-  Tensor micro_scale;
-  for (int step = 0; step < config.steps; ++step) {
-    optimizer.begin_step(compute, config.schedule.at(step, config.optimizer.base_lr()));
-    float loss_sum = 0;
-    for (int mb = 0; mb < config.micro_batches; ++mb) {
-      DeviceBatch batch = source->make(device, compute,
-                                       static_cast<int64_t>(step) * config.micro_batches + mb, 0,
-                                       rows, DType::F32);
-      Tensor y = model.forward(ctx, batch.x);
-      Tensor dy = loss_and_grad(device, compute, model, y, batch, loss);
-      model.add_aux_loss(device, compute, loss);  // Note [MoE routing]
-      scale_for_micro_batches(device, compute, dy, config.micro_batches, micro_scale);
-      // Each rank's loss is a mean over its own rows, and FSDP averages the ranks: the same
-      // as the mean over all rows.
-      model.backward(ctx, dy, /*input_grad=*/false);  // the data needs no gradient
-      float value = 0;
-      device.copy_to_host(compute, &value, loss, sizeof(float));
-      device.synchronize_stream(compute);
-      loss_sum += value;
+  if (config_.after_backward) config_.after_backward(*state_);
+  if (!config_.optimizer_in_backward) {
+    optimizer_->compute_grad_squares(compute_);
+    if (config_.optimizer_in_forward) {  // Note [Optimizer in forward]
+      optimizer_->defer_step(compute_);
+      root.defer_shard_updates(compute_);
+    } else {
+      optimizer_->step(compute_);
     }
-    optimizer.compute_grad_squares(compute);
-    optimizer.step(compute);
-    optimizer.zero_grad(compute);
-    std::vector<float> squares(optimizer.grad_square_names().size());
-    device.copy_to_host(compute, squares.data(), optimizer.grad_squares(), squares.size() * sizeof(float));
-    device.synchronize();
-    result.losses.push_back(loss_sum / config.micro_batches);
-    result.grad_norms.push_back(global_norm(squares));
+    zero_sharded_grads(root);
   }
-  for (Param* p : model.all_params()) {
-    std::vector<float> v(static_cast<size_t>(p->numel()));
-    device.copy_to_host(compute, v.data(), p->value.data, v.size() * sizeof(float));
-    result.params.push_back(std::move(v));
+  // Clears the loss for the next step; on a timeline it marks where this step ends.
+  device_.set_label(kStepEndLabel);
+  device_.fill(compute_, loss_, DType::F32, 1, 0.0f);
+}
+
+bool Trainer::read_one() {
+  const StepValues v = reader_->pop();
+  StepReport report = issued_steps_.at(v.step);
+  issued_steps_.erase(v.step);
+  const std::string bad = nonfinite_message(v, optimizer_->grad_square_names());
+  if (!bad.empty()) {
+    result_.error = bad;
+    result_.failed_step = v.step;
+    return false;
   }
-  device.synchronize();
-  for (Param* p : model.all_params()) p->value = Tensor{};
-  grads.clear();
-  device.free(loss, compute);
-  result.memory = device.memory_stats();
-  return result;
+  report.loss = v.loss;
+  if (auto it = val_by_step_.find(v.step); it != val_by_step_.end()) {
+    report.val_loss = it->second;
+    result_.val_losses.push_back({v.step, it->second});
+  }
+  report.grad_norm = global_norm(v.grad_squares);
+  if (!v.extras.empty()) report.max_expert_load = *std::max_element(v.extras.begin(), v.extras.end());
+  report.step_ms = v.done_ms - last_done_ms_;
+  last_done_ms_ = v.done_ms;
+  result_.losses.push_back(report.loss);
+  result_.lrs.push_back(report.lr);
+  result_.grad_norms.push_back(report.grad_norm);
+  result_.max_expert_loads.push_back(report.max_expert_load);
+  result_.step_ms.push_back(report.step_ms);
+  result_.peak_bytes_by_step.push_back(device_.memory_stats().peak_bytes);
+  for (auto& o : observers_) o->after_read(v.step);
+  if (on_step_) on_step_(report);
+  return true;
+}
+
+bool Trainer::read_all() {
+  while (reader_->pending() > 0 && !stopped_) stopped_ = !read_one();
+  return !stopped_;
+}
+
+void Trainer::step() {
+  const int step = next_step_;
+  FsdpModule& root = *pm_.root;
+  const int rank = pm_.world->rank();
+  if (config_.timeline && step == config_.warmup) device_.enable_timeline(true);
+  double host_us = 0;
+  const double host_step_start = device_.now_us();
+  const double waited_before = device_.host_wait_us();
+  StepReport report{};
+  report.step = step;
+  report.lr = config_.schedule.at(step, config_.optimizer.base_lr());
+  optimizer_->begin_step(compute_, report.lr);
+  float* step_loss = reader_->begin(step);
+  auto make_batch = [&](int mb) {
+    const int64_t index = static_cast<int64_t>(step) * config_.micro_batches + mb;
+    DeviceBatch batch = source_->make(device_, compute_, index, rank * config_.tokens,
+                                      config_.tokens, config_.param_dtype);
+    report.tokens += batch.tokens;
+    return batch;
+  };
+  // Note [Optimizer in forward]: a captured step starts with every group's update pending,
+  // as the step before its capture left them; after anything ran them early (evaluation, a
+  // checkpoint, the after_step hook) one eager step restores that.
+  const bool graph_ready =
+      !config_.optimizer_in_forward || root.pending_shard_updates() == deferred_groups_;
+  if (graph_ && step >= capture_at_ && graph_ready) {
+    for (int mb = 0; mb < config_.micro_batches; ++mb) graph_->stage(mb, make_batch(mb));
+    if (!graph_->captured()) {
+      graph_->capture([&] {
+        device_.fill(compute_, graph_->step_loss(), DType::F32, 1, 0.0f);
+        issue_step(step, graph_->step_loss(), host_us,
+                   [&](int mb) -> const DeviceBatch& { return graph_->batch(mb); });
+      });
+      result_.captured_step = step;
+      result_.graph_streams = graph_->streams();
+      result_.graph_op_times = graph_->op_times();
+    }
+    graph_->replay();
+    device_.set_label(kStepEndLabel);
+    device_.copy(compute_, step_loss, graph_->step_loss(), sizeof(float));
+  } else {
+    DeviceBatch current;
+    issue_step(step, step_loss, host_us, [&](int mb) -> const DeviceBatch& {
+      current = make_batch(mb);
+      return current;
+    });
+    deferred_groups_ = root.pending_shard_updates();
+  }
+  if (prefetch_ && step + 1 < config_.steps)
+    fsdp_module_of(*pm_.model->blocks().front())->unshard(/*async_op=*/true);
+  if (moe_layers_ > 0) pm_.model->copy_expert_loads(device_, compute_, reader_->extras());
+  reader_->end(config_.optimizer_in_backward ? nullptr : optimizer_->grad_squares());
+  if (step >= config_.warmup && step != result_.captured_step) {
+    // The host's own work: waits for the device (a staging slot, say) are left out.
+    host_step_us_total_ +=
+        device_.now_us() - host_step_start - (device_.host_wait_us() - waited_before);
+    ++host_step_count_;
+  }
+  state_->next_step = next_step_ = step + 1;
+  if (config_.after_step) {
+    root.apply_pending_shard_updates(compute_);  // the hook may read the shards
+    config_.after_step(*state_);
+  }
+  if (step >= config_.warmup) {
+    host_us_total_ += host_us;
+    ++host_steps_;
+  }
+  for (auto& o : observers_) o->after_issue(*state_, step, report);
+  issued_steps_[step] = report;
+  // Note [Asynchronous step read]: the previous step is read once this one is issued (a
+  // traced step was synchronized already, so it is read at once).
+  const int keep = config_.timeline ? 0 : 1;
+  while (reader_->pending() > keep && !stopped_) stopped_ = !read_one();
+  if (!stopped_)
+    for (auto& o : observers_) o->after_step(*state_, step);
+}
+
+RankResult Trainer::finish() {
+  FsdpModule& root = *pm_.root;
+  root.apply_pending_shard_updates(compute_);  // the last step's (Note [Optimizer in forward])
+  read_all();
+  while (reader_->pending() > 0) reader_->pop();  // drain what ran after a stop
+  for (auto& o : observers_) o->on_finish(*state_);  // the last save is on disk
+  device_.synchronize();
+  result_.host_us_per_step = host_step_count_ ? host_step_us_total_ / host_step_count_ : 0;
+  result_.backend_peak_bytes = device_.backend_peak_bytes();
+  result_.backend_reserved_peak_bytes = device_.backend_reserved_peak_bytes();
+  graph_.reset();
+  micro_scale_ = Tensor{};
+  result_.host_schedule_us_per_unit =
+      host_steps_ ? host_us_total_ / host_steps_ / std::max<int64_t>(units_, 1) : 0;
+  result_.memory = device_.memory_stats();
+  if (config_.collect_params) {
+    result_.params = gather_full_params(root, compute_);
+    if (pm_.ep_comm) gather_every_expert(device_, *pm_.ep_comm, compute_, *pm_.model, result_.params);
+  }
+  device_.free(loss_, compute_);
+  device_.free(loss_avg_, compute_);
+  loss_ = loss_avg_ = nullptr;
+  device_.synchronize();
+  if (!result_.error.empty() && !config_.return_on_nonfinite) throw UserError(result_.error);
+  return std::move(result_);
+}
+
+RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
+                      const std::function<void(const StepReport&)>& on_step) {
+  Trainer trainer(device, std::move(world), config, on_step);
+  while (trainer.running()) trainer.step();
+  return trainer.finish();
 }
 
 }  // namespace fsdp::runtime

@@ -148,6 +148,10 @@ struct RankResult {
   Timeline timeline;
 };
 
+// Refuses a config that cannot train on `world_size` ranks, in one line naming the option
+// (an OptionError, Note [Options checked once]). train_rank calls it first.
+void check_train_config(const TrainConfig& config, int world_size);
+
 // FSDP training on one rank. `world` spans all ranks; `on_step` (may be empty) runs on
 // every rank after each step.
 RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
