@@ -315,11 +315,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     if (!v.extras.empty()) report.max_expert_load = *std::max_element(v.extras.begin(), v.extras.end());
     report.step_ms = v.done_ms - last_done_ms;
     last_done_ms = v.done_ms;
-    result.losses.push_back(report.loss);
-    result.lrs.push_back(report.lr);
-    result.grad_norms.push_back(report.grad_norm);
-    result.max_expert_loads.push_back(report.max_expert_load);
-    result.step_ms.push_back(report.step_ms);
+    append_step(result, report);  // the per-step lists (Note [Result fields])
     result.peak_bytes_by_step.push_back(device.memory_stats().peak_bytes);
     if (ckpt) ckpt->state_changes();  // after the first step: every rank has loaded
     if (on_step) on_step(report);
