@@ -35,6 +35,17 @@ print(f"{'PASS' if ok else 'FAIL'} {sys.argv[4]}: max relative loss difference {
 sys.exit(0 if ok else 1)
 PY
 }
+same_counts() {  # the first micro-batch's collectives per communicator, in two summaries: A B what
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+keys = ("forward_by_comm_first_step", "backward_by_comm_first_step")
+a, b = ([json.load(open(p)).get(k) for k in keys] for p in sys.argv[1:3])
+ok = all(a) and a == b
+print(f"{'PASS' if ok else 'FAIL'} {sys.argv[3]}: first-step collectives per communicator"
+      + ("" if ok else f": {a} vs {b}"))
+sys.exit(0 if ok else 1)
+PY
+}
 for dt in fp32 bf16; do
   tol=1e-4; [ $dt = bf16 ] && tol=3e-2
   "$build"/fsdp train --backend cpu --world-size 1 $common --param-dtype $dt --json "$out/cpu1_$dt.json" >"$out/cpu1_$dt.log" 2>&1 || failed=1
@@ -56,10 +67,12 @@ moe="--model moe-transformer --layers 2 --dim 64 --heads 4 --ffn-dim 96 --expert
 "$build/fsdp" train --backend cpu --world-size 1 $moe --json "$out/moe_cpu1.json" >"$out/moe_cpu1.log" 2>&1 || failed=1
 "$build/fsdp" train --backend cuda --nproc 1 $moe --json "$out/moe_cuda1.json" >"$out/moe_cuda1.log" 2>&1 || { failed=1; tail -5 "$out/moe_cuda1.log"; }
 compare "$out/moe_cuda1.json" "$out/moe_cpu1.json" 1e-3 "MoE transformer, CUDA vs CPU, 1 rank" || failed=1
+same_counts "$out/moe_cuda1.json" "$out/moe_cpu1.json" "MoE transformer, CUDA vs CPU, 1 rank" || failed=1
 if [ "$gpus" -ge 2 ]; then
   "$build/fsdp" train --backend cpu --world-size 2 --ep 2 $moe --json "$out/moe_cpu2.json" >"$out/moe_cpu2.log" 2>&1 || failed=1
   "$build/fsdp" train --backend cuda --nproc 2 --ep 2 $moe --json "$out/moe_cuda2.json" >"$out/moe_cuda2.log" 2>&1 || { failed=1; tail -5 "$out/moe_cuda2.log"; }
   compare "$out/moe_cuda2.json" "$out/moe_cpu2.json" 1e-3 "MoE transformer, CUDA vs CPU, 2 ranks as ep 2" || failed=1
+  same_counts "$out/moe_cuda2.json" "$out/moe_cpu2.json" "MoE transformer, CUDA vs CPU, 2 ranks as ep 2" || failed=1
 fi
 # --check-collectives on NCCL trains like without it; a rank killed mid-training ends the job
 # within the bound, naming the lost rank (tests/gpu/kill_rank.sh prints the exit times).

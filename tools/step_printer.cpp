@@ -47,18 +47,23 @@ void StepPrinter::operator()(const runtime::StepReport& r) {
   window_ms_ = 0;
   window_steps_ = 0;
   window_tokens_ = 0;
-  std::fprintf(out_, "step %d/%d  loss %.6g  lr %.3g", done, o_.steps, r.loss, r.lr);
-  if (r.grad_norm >= 0) std::fprintf(out_, "  grad_norm %.4g", r.grad_norm);
-  std::fprintf(out_, "  step_ms %.2f  tokens/s %.0f", step_ms, tokens_per_s);
-  if (o_.flops_per_token > 0 && step_ms > 0) {
-    const double tflops = o_.flops_per_token * rank_tokens / (step_ms * 1e-3) / 1e12;
-    std::fprintf(out_, "  mfu %.1f%%", 100.0 * tflops / o_.peak_tflops);
-  }
-  if (r.max_expert_load >= 0) std::fprintf(out_, "  max_expert_load %.3f", r.max_expert_load);
+  // The step's fields in the order of FSDP_STEP_FIELDS (Note [Result fields]), then the ETA.
+  std::fprintf(out_, "step %d/%d", done, o_.steps);
+  runtime::for_each_step_field<runtime::StepReport>([&](const auto& field) {
+    const runtime::LineRule& line = field.line;
+    if (line.how == runtime::OnLine::No) return;
+    if (line.how == runtime::OnLine::WhenSet && field.of(r) == field.absent) return;
+    const double value = line.how == runtime::OnLine::Window ? step_ms : field.of(r);
+    std::fprintf(out_, "  %s ", line.label);
+    std::fprintf(out_, line.format, value);
+    if (line.how != runtime::OnLine::Window) return;
+    std::fprintf(out_, "  tokens/s %.0f", tokens_per_s);
+    if (o_.flops_per_token > 0 && step_ms > 0) {
+      const double tflops = o_.flops_per_token * rank_tokens / (step_ms * 1e-3) / 1e12;
+      std::fprintf(out_, "  mfu %.1f%%", 100.0 * tflops / o_.peak_tflops);
+    }
+  });
   std::fprintf(out_, "  eta %s", eta);
-  if (r.exposed_comm_ms >= 0)
-    std::fprintf(out_, "  exposed_comm_ms %.3f  rs_recycle_stall_ms %.3f", r.exposed_comm_ms,
-                 r.rs_recycle_stall_ms);
   std::fputc('\n', out_);
   std::fflush(out_);
 }

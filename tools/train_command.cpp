@@ -13,6 +13,7 @@
 #include "models/model_family.h"
 #include "runtime/launch.h"
 #include "runtime/launch_cuda.h"
+#include "runtime/rank_result_json.h"
 #include "tools/step_printer.h"
 #include "tools/trace_writer.h"
 
@@ -162,19 +163,9 @@ nlohmann::json number_or_null(bool has, double v) {
   return has ? nlohmann::json(v) : nlohmann::json();
 }
 
-// [{"step": N, "loss": L}]: the validation loss after step N (1-based, as the step line counts;
-// bench/torch_llama.py writes the same).
-nlohmann::json val_losses_json(const std::vector<std::pair<int, float>>& v) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& [step, loss] : v) out.push_back({{"step", step + 1}, {"loss", loss}});
-  return out;
-}
-
-nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
-                            double unigram_entropy_nats) {
-  nlohmann::json j = {
-      {"backend", s.backend},
-      {"world_size", s.world_size},
+// The run's settings: the summary's keys besides its results' (summarize_results).
+nlohmann::json settings_json(const runtime::TrainConfig& c) {
+  return {
       {"model", c.model.kind},
       {"layers", c.model.layers},
       {"dim", c.model.dim},
@@ -183,12 +174,7 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"tokens_per_rank", c.tokens * c.micro_batches},
       {"micro_batches", c.micro_batches},
       {"cuda_graph", c.cuda_graph},
-      {"graph_streams", s.graph_streams},
-      {"host_us_per_step", s.host_us_per_step},
-      {"backend_peak_bytes", s.backend_peak_bytes},
-      {"backend_reserved_peak_bytes", s.backend_reserved_peak_bytes},
       {"steps", c.steps},
-      {"steps_done", s.losses.size()},
       {"warmup", c.warmup},
       {"param_dtype", dtype_name(c.param_dtype)},
       {"reduce_dtype", dtype_name(c.reduce_dtype)},
@@ -205,38 +191,43 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
       {"optimizer_in_backward", c.optimizer_in_backward},
       {"optimizer_in_forward", c.optimizer_in_forward},
       {"prefetch_next_step", c.prefetch_next_step},
-      {"step_ms_median", s.step_ms_median},
-      {"tokens_per_s", s.tokens_per_s},
-      {"peak_mem_bytes", s.peak_mem_bytes},
-      {"peak_mem_bytes_by_step", s.peak_mem_bytes_by_step},
-      {"rs_inputs_in_flight_max", s.rs_inputs_in_flight_max},
       {"rs_max_input_buffers", c.rs_max_input_buffers},
       {"separate_rs_group", c.separate_rs_group},
-      {"host_schedule_us_per_unit", s.host_schedule_us_per_unit},
-      {"loss_first", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.front())},
-      {"loss_last", number_or_null(!s.losses.empty(), s.losses.empty() ? 0 : s.losses.back())},
-      {"losses", s.losses},
-      {"val_losses", val_losses_json(s.val_losses)},
-      {"ep", c.model.ep},
-      {"max_expert_load", number_or_null(s.max_expert_load >= 0, s.max_expert_load)},
-      {"lrs", s.lrs},
-      {"grad_norms", s.grad_norms},
-      {"exposed_comm_ms", number_or_null(s.traced, s.exposed_comm_ms)},
-      {"rs_recycle_stall_ms", number_or_null(s.traced, s.rs_recycle_stall_ms)},
-      {"rs_drain_ms", number_or_null(s.traced, s.rs_drain_ms)},
-      {"ag_rs_overlap_ms", number_or_null(s.traced, s.ag_rs_overlap_ms)},
-      {"streams_used", number_or_null(s.traced || !s.graph_streams.empty(), s.streams_used)}};
-  // Throughput against a GPU's peak means nothing on the CPU backend: reported on GPUs only.
-  if (s.tflops_per_gpu >= 0) {
-    j["tflops_per_gpu"] = s.tflops_per_gpu;
-    j["mfu"] = s.mfu;
-  }
-  if (c.eval_every > 0) j["unigram_entropy_nats"] = unigram_entropy_nats;
-  if (!s.error.empty()) {
-    j["error"] = s.error;
-    j["failed_step"] = s.failed_step + 1;  // 1-based, as the step line counts
-  }
-  return j;
+      {"ep", c.model.ep}};
+}
+
+// The fields whose rule is rank0, max_over_ranks, max_each_step or rank0_last
+// (Note [Result fields]).
+void add_ruled_fields(const std::vector<runtime::RankResult>& ranks, nlohmann::json& j) {
+  using runtime::Summarized;
+  const runtime::RankResult& r0 = ranks.at(0);
+  runtime::for_each_result_field<runtime::RankResult>([&](const auto& field) {
+    using T = std::remove_cvref_t<decltype(field.of(r0))>;
+    const runtime::SummaryRule rule = field.summary;
+    if (rule.how == Summarized::Rank0) j[rule.keys] = runtime::field_to_json(field.of(r0));
+    if constexpr (std::is_arithmetic_v<T>) {
+      if (rule.how == Summarized::MaxOverRanks) {
+        T most = field.of(r0);
+        for (const runtime::RankResult& r : ranks) most = std::max(most, field.of(r));
+        j[rule.keys] = most;
+      }
+    }
+    if constexpr (runtime::is_number_list<T>::value) {
+      if (rule.how == Summarized::MaxEachStep) {
+        T most;
+        for (const runtime::RankResult& r : ranks) {
+          const T& v = field.of(r);
+          if (most.size() < v.size()) most.resize(v.size(), 0);
+          for (size_t i = 0; i < v.size(); ++i) most[i] = std::max(most[i], v[i]);
+        }
+        j[rule.keys] = most;
+      }
+      if (rule.how == Summarized::Rank0Last) {
+        const T& v = field.of(r0);
+        j[rule.keys] = number_or_null(!v.empty() && v.back() >= 0, v.empty() ? 0 : v.back());
+      }
+    }
+  });
 }
 
 // Writes `text` to `path`; a failed write (a full disk, /dev/full) is an error.
@@ -254,58 +245,75 @@ void write_text(const std::string& flag, const std::string& path, const std::str
 
 }  // namespace
 
-Summary summarize(const std::string& backend, int world, const runtime::TrainConfig& c,
-                  const std::vector<runtime::RankResult>& ranks, double peak_tflops) {
-  Summary s;
-  s.backend = backend;
-  s.world_size = world;
+nlohmann::json summarize_results(const std::string& backend, int world,
+                                 const runtime::TrainConfig& c,
+                                 const std::vector<runtime::RankResult>& ranks,
+                                 double peak_tflops) {
+  nlohmann::json j = {{"backend", backend}, {"world_size", world}};
+  add_ruled_fields(ranks, j);
+  // ---- the derived keys, field by field (each field's rule names them)
   const runtime::RankResult& r0 = ranks.at(0);
+  // losses
+  j["losses"] = r0.losses;
+  j["loss_first"] = number_or_null(!r0.losses.empty(), r0.losses.empty() ? 0 : r0.losses.front());
+  j["loss_last"] = number_or_null(!r0.losses.empty(), r0.losses.empty() ? 0 : r0.losses.back());
+  j["steps_done"] = r0.losses.size();
+  // step_ms: rank 0's median after the warm-up
   const size_t skip = std::min<size_t>(static_cast<size_t>(c.warmup), r0.step_ms.size());
-  std::vector<double> timed(r0.step_ms.begin() + skip, r0.step_ms.end());
-  s.step_ms_median = median(timed);
+  const double step_ms_median = median(
+      std::vector<double>(r0.step_ms.begin() + static_cast<std::ptrdiff_t>(skip), r0.step_ms.end()));
   const int64_t step_tokens = c.tokens * c.micro_batches;  // per rank
-  s.tokens_per_s = s.step_ms_median > 0 ? step_tokens * world * 1000.0 / s.step_ms_median : 0;
-  if (backend != "cpu" && s.step_ms_median > 0) {
-    s.tflops_per_gpu =
-        models::flops_per_token(c.model) * step_tokens / (s.step_ms_median * 1e-3) / 1e12;
-    s.mfu = s.tflops_per_gpu / peak_tflops;
+  j["step_ms_median"] = step_ms_median;
+  j["tokens_per_s"] = step_ms_median > 0 ? step_tokens * world * 1000.0 / step_ms_median : 0;
+  // Throughput against a GPU's peak means nothing on the CPU backend: reported on GPUs only.
+  if (backend != "cpu" && step_ms_median > 0) {
+    const double tflops =
+        models::flops_per_token(c.model) * step_tokens / (step_ms_median * 1e-3) / 1e12;
+    j["tflops_per_gpu"] = tflops;
+    j["mfu"] = tflops / peak_tflops;
   }
-  s.graph_streams = r0.graph_streams;
-  for (const auto& r : ranks) {
-    s.peak_mem_bytes = std::max(s.peak_mem_bytes, r.memory.peak_bytes);
-    if (s.peak_mem_bytes_by_step.size() < r.peak_bytes_by_step.size())
-      s.peak_mem_bytes_by_step.resize(r.peak_bytes_by_step.size(), 0);
-    for (size_t i = 0; i < r.peak_bytes_by_step.size(); ++i)
-      s.peak_mem_bytes_by_step[i] = std::max(s.peak_mem_bytes_by_step[i], r.peak_bytes_by_step[i]);
-    s.host_us_per_step = std::max(s.host_us_per_step, r.host_us_per_step);
-    s.backend_peak_bytes = std::max(s.backend_peak_bytes, r.backend_peak_bytes);
-    s.backend_reserved_peak_bytes =
-        std::max(s.backend_reserved_peak_bytes, r.backend_reserved_peak_bytes);
-    s.rs_inputs_in_flight_max = std::max(
-        s.rs_inputs_in_flight_max, r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)]);
-    s.host_schedule_us_per_unit = std::max(s.host_schedule_us_per_unit, r.host_schedule_us_per_unit);
-    if (c.timeline && runtime::find_stream(r.timeline, "compute") >= 0) {
-      // The slowest rank paces the step: report the worst.
-      const runtime::TimelineMetrics m = metrics_of_timeline(r.timeline, r.host_schedule_us_per_unit, 0);
-      s.traced = true;
-      s.exposed_comm_ms = std::max(s.exposed_comm_ms, m.exposed_comm_ms);
-      s.rs_recycle_stall_ms = std::max(s.rs_recycle_stall_ms, m.rs_recycle_stall_ms);
-      s.rs_drain_ms = std::max(s.rs_drain_ms, m.rs_drain_ms);
-      s.ag_rs_overlap_ms = std::max(s.ag_rs_overlap_ms, m.ag_rs_overlap_ms);
-      s.streams_used = std::max(s.streams_used, m.streams_used);
-    }
+  // val_losses: [{"step": N, "loss": L}], the validation loss after step N (1-based, as the
+  // step line counts; bench/torch_llama.py writes the same)
+  nlohmann::json val = nlohmann::json::array();
+  for (const auto& [step, loss] : r0.val_losses)
+    val.push_back({{"step", step + 1}, {"loss", loss}});
+  j["val_losses"] = val;
+  // error, failed_step: only when a step was not finite
+  if (!r0.error.empty()) {
+    j["error"] = r0.error;
+    j["failed_step"] = r0.failed_step + 1;  // 1-based, as the step line counts
+  }
+  // memory: the largest peak over ranks, and the most RS inputs live at once
+  int64_t peak = 0, rs_inputs = 0;
+  for (const runtime::RankResult& r : ranks) {
+    peak = std::max(peak, r.memory.peak_bytes);
+    rs_inputs = std::max(rs_inputs, r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)]);
+  }
+  j["peak_mem_bytes"] = peak;
+  j["rs_inputs_in_flight_max"] = rs_inputs;
+  // timeline (--trace): the slowest rank paces the step, so the worst rank's metrics
+  bool traced = false;
+  runtime::TimelineMetrics worst;
+  for (const runtime::RankResult& r : ranks) {
+    if (!c.timeline || runtime::find_stream(r.timeline, "compute") < 0) continue;
+    const runtime::TimelineMetrics m =
+        metrics_of_timeline(r.timeline, r.host_schedule_us_per_unit, 0);
+    traced = true;
+    worst.exposed_comm_ms = std::max(worst.exposed_comm_ms, m.exposed_comm_ms);
+    worst.rs_recycle_stall_ms = std::max(worst.rs_recycle_stall_ms, m.rs_recycle_stall_ms);
+    worst.rs_drain_ms = std::max(worst.rs_drain_ms, m.rs_drain_ms);
+    worst.ag_rs_overlap_ms = std::max(worst.ag_rs_overlap_ms, m.ag_rs_overlap_ms);
+    worst.streams_used = std::max(worst.streams_used, m.streams_used);
   }
   // Under a graph the streams are known without a trace (which sees one op per replayed step):
   // those the graph's work runs on.
-  if (!s.graph_streams.empty()) s.streams_used = static_cast<int>(s.graph_streams.size());
-  s.losses = r0.losses;
-  s.lrs = r0.lrs;
-  s.grad_norms = r0.grad_norms;
-  s.val_losses = r0.val_losses;
-  s.error = r0.error;
-  s.failed_step = r0.failed_step;
-  s.max_expert_load = r0.max_expert_loads.empty() ? -1 : r0.max_expert_loads.back();
-  return s;
+  if (!r0.graph_streams.empty()) worst.streams_used = static_cast<int>(r0.graph_streams.size());
+  j["exposed_comm_ms"] = number_or_null(traced, worst.exposed_comm_ms);
+  j["rs_recycle_stall_ms"] = number_or_null(traced, worst.rs_recycle_stall_ms);
+  j["rs_drain_ms"] = number_or_null(traced, worst.rs_drain_ms);
+  j["ag_rs_overlap_ms"] = number_or_null(traced, worst.ag_rs_overlap_ms);
+  j["streams_used"] = number_or_null(traced || !r0.graph_streams.empty(), worst.streams_used);
+  return j;
 }
 
 int run_train(TrainOptions& o) {
@@ -358,16 +366,25 @@ int run_train(TrainOptions& o) {
   } else {
     results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
   }
-  const Summary s = summarize(backend, o.effective_world, o.config, results, o.peak_tflops);
-  if (s.error.empty()) {
+  nlohmann::json summary =
+      summarize_results(backend, o.effective_world, o.config, results, o.peak_tflops);
+  const std::string error = summary.value("error", std::string());
+  if (error.empty()) {
     std::printf("done: %s, %d ranks, step_ms median %.2f, tokens/s %.0f, peak mem %.1f MiB, "
                 "rs inputs in flight max %lld (k=%d), loss %.6g -> %.6g\n",
-                backend.c_str(), o.effective_world, s.step_ms_median, s.tokens_per_s,
-                s.peak_mem_bytes / 1048576.0, static_cast<long long>(s.rs_inputs_in_flight_max),
-                o.config.rs_max_input_buffers, s.losses.front(), s.losses.back());
+                backend.c_str(), o.effective_world, summary["step_ms_median"].get<double>(),
+                summary["tokens_per_s"].get<double>(),
+                summary["peak_mem_bytes"].get<int64_t>() / 1048576.0,
+                static_cast<long long>(summary["rs_inputs_in_flight_max"].get<int64_t>()),
+                o.config.rs_max_input_buffers, summary["loss_first"].get<double>(),
+                summary["loss_last"].get<double>());
     std::fflush(stdout);
   }
-  if (!o.json_path.empty()) write_text("--json", o.json_path, summary_json(s, o.config, o.unigram_entropy_nats).dump(2) + "\n");
+  if (!o.json_path.empty()) {
+    summary.update(settings_json(o.config));
+    if (o.config.eval_every > 0) summary["unigram_entropy_nats"] = o.unigram_entropy_nats;
+    write_text("--json", o.json_path, summary.dump(2) + "\n");
+  }
   if (!o.trace_path.empty()) {
     try {
       write_trace_file(o.trace_path, results);
@@ -375,7 +392,7 @@ int run_train(TrainOptions& o) {
       FSDP_USER_FAIL("writing --trace file '", o.trace_path, "' failed: ", std::strerror(errno));
     }
   }
-  if (!s.error.empty()) throw UserError(s.error);
+  if (!error.empty()) throw UserError(error);
   return 0;
 }
 

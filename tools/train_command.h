@@ -6,6 +6,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "fsdp/launch.h"
 #include "runtime/trainer.h"
@@ -60,39 +61,18 @@ struct TrainOptions {
   CpuProcessOptions cpu_place;
 };
 
-struct Summary {
-  std::string backend;
-  int world_size = 1;
-  double step_ms_median = 0, tokens_per_s = 0;
-  double tflops_per_gpu = -1, mfu = -1;  // -1: not reported (the CPU backend)
-  int64_t peak_mem_bytes = 0;
-  int64_t rs_inputs_in_flight_max = 0;
-  double host_schedule_us_per_unit = 0;
-  // From the timeline (--trace), max over ranks; `traced` false without one.
-  bool traced = false;
-  double exposed_comm_ms = 0, rs_recycle_stall_ms = 0, rs_drain_ms = 0, ag_rs_overlap_ms = 0;
-  int streams_used = 0;
-  // Under --cuda-graph: the streams the graph runs on (rank 0), and host time per step.
-  std::vector<std::string> graph_streams;
-  double host_us_per_step = 0;
-  int64_t backend_peak_bytes = 0;  // max over ranks of Device::backend_peak_bytes()
-  int64_t backend_reserved_peak_bytes = 0;  // max over ranks, Device::backend_reserved_peak_bytes()
-  std::vector<float> losses, lrs, grad_norms;  // rank 0's, every finished step
-  std::vector<std::pair<int, float>> val_losses;  // (step, 0-based; validation loss)
-  std::string error;                           // a non-finite step stopped the run
-  int failed_step = -1;
-  double max_expert_load = -1;  // moe-transformer: rank 0's, last step
-  std::vector<int64_t> peak_mem_bytes_by_step;  // max over ranks (RankResult::peak_bytes_by_step)
-};
-
 void add_train_options(CLI::App& app, TrainOptions& options);
 // The launch flags as the launcher takes them (include/fsdp/launch.h).
 LaunchOptions launch_options_of(const TrainOptions& options);
 // The model the parsed flags describe, defaults filled in (for `fsdp export --init`).
 nn::ModelConfig model_config_of(TrainOptions& options);
 int run_train(TrainOptions& options);
-Summary summarize(const std::string& backend, int world, const runtime::TrainConfig& c,
-                  const std::vector<runtime::RankResult>& ranks, double peak_tflops);
+// The results part of the run's JSON summary (Note [Result fields]): "backend", "world_size",
+// and the keys the result fields' summary rules name; `fsdp train --json` adds the settings.
+nlohmann::json summarize_results(const std::string& backend, int world,
+                                 const runtime::TrainConfig& c,
+                                 const std::vector<runtime::RankResult>& ranks,
+                                 double peak_tflops);
 void write_trace_file(const std::string& path, const std::vector<runtime::RankResult>& ranks);
 
 // train_checks.cpp: every check of the options that can run before training, each failing

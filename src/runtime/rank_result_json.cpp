@@ -2,100 +2,115 @@
 // digits to read back the same float.
 #include "runtime/rank_result_json.h"
 
-#include <nlohmann/json.hpp>
+#include "fsdp/error.h"
 
 namespace fsdp::runtime {
 
 namespace {
 
-nlohmann::json timeline_to_json(const Timeline& t) {
-  nlohmann::json ops = nlohmann::json::array(), memory = nlohmann::json::array();
-  for (const TimelineOp& op : t.ops)
-    ops.push_back({op.label, op.stream, static_cast<int>(op.kind), op.start_us, op.end_us, op.waited_for});
-  for (const MemSample& m : t.memory) memory.push_back({m.time_us, m.bytes});
-  return {{"streams", t.stream_names}, {"ops", ops}, {"memory", memory}};
+template <size_t N>
+void counts_from_json(const nlohmann::json& j, const char* what, int64_t (&out)[N]) {
+  const auto v = j.at(what).get<std::vector<int64_t>>();
+  FSDP_CHECK(v.size() == N, "'", what, "' holds ", v.size(), " counts, not ", N);
+  std::copy(v.begin(), v.end(), out);
 }
 
-Timeline timeline_from_json(const nlohmann::json& j) {
-  Timeline t;
-  t.stream_names = j["streams"].get<std::vector<std::string>>();
-  for (const auto& o : j["ops"])
-    t.ops.push_back({o[0], o[1], static_cast<OpKind>(o[2].get<int>()), o[3], o[4], o[5]});
-  for (const auto& m : j["memory"]) t.memory.push_back({m[0], m[1]});
-  return t;
+template <class T>
+void field_from_json(const nlohmann::json& j, T& value) {
+  j.get_to(value);
 }
 
-nlohmann::json to_json(const RankResult& r) {
-  nlohmann::json collectives = nlohmann::json::array();
-  for (int64_t n : r.collectives_first_step) collectives.push_back(n);
-  const MemStats& m = r.memory;
-  return {{"rank", r.rank},
-          {"timeline", timeline_to_json(r.timeline)},
-          {"losses", r.losses},
-          {"lrs", r.lrs},
-          {"grad_norms", r.grad_norms},
-          {"error", r.error},
-          {"failed_step", r.failed_step},
-          {"step_ms", r.step_ms},
-          {"host_us", r.host_schedule_us_per_unit},
-          {"peak", m.peak_bytes},
-          {"rs_live", m.tag_peak_live[static_cast<int>(MemTag::RsInput)]},
-          {"params", r.param_count},
-          {"max_expert_loads", r.max_expert_loads},
-          {"val_losses", r.val_losses},
-          {"peak_bytes_by_step", r.peak_bytes_by_step},
-          {"host_us_per_step", r.host_us_per_step},
-          {"backend_peak", r.backend_peak_bytes},
-          {"backend_reserved_peak", r.backend_reserved_peak_bytes},
-          {"captured_step", r.captured_step},
-          {"graph_streams", r.graph_streams},
-          {"graph_op_times", r.graph_op_times},
-          {"collectives", collectives},
-          {"ag_fwd", r.all_gathers_forward_first_step},
-          {"ag_bwd", r.all_gathers_backward_first_step},
-          {"rs", r.reduce_scatters_first_step},
-          {"sharded_bytes", r.sharded_state_bytes},
-          {"param_values", r.params}};
+void field_from_json(const nlohmann::json& j, MemStats& m) {
+  m.current_bytes = j.at("current").get<int64_t>();
+  m.peak_bytes = j.at("peak").get<int64_t>();
+  counts_from_json(j, "tag_bytes", m.tag_bytes);
+  counts_from_json(j, "tag_peak_bytes", m.tag_peak_bytes);
+  counts_from_json(j, "tag_live", m.tag_live);
+  counts_from_json(j, "tag_peak_live", m.tag_peak_live);
 }
 
-RankResult from_json(const nlohmann::json& j) {
-  RankResult r;
-  r.rank = j["rank"];
-  r.losses = j["losses"].get<std::vector<float>>();
-  r.lrs = j["lrs"].get<std::vector<float>>();
-  r.grad_norms = j["grad_norms"].get<std::vector<float>>();
-  r.error = j["error"].get<std::string>();
-  r.failed_step = j["failed_step"];
-  r.step_ms = j["step_ms"].get<std::vector<double>>();
-  r.host_schedule_us_per_unit = j["host_us"];
-  r.memory.peak_bytes = j["peak"];
-  r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)] = j["rs_live"];
-  r.param_count = j["params"];
-  r.max_expert_loads = j["max_expert_loads"].get<std::vector<double>>();
-  r.val_losses = j["val_losses"].get<std::vector<std::pair<int, float>>>();
-  r.peak_bytes_by_step = j["peak_bytes_by_step"].get<std::vector<int64_t>>();
-  r.host_us_per_step = j["host_us_per_step"];
-  r.backend_peak_bytes = j["backend_peak"];
-  r.backend_reserved_peak_bytes = j["backend_reserved_peak"];
-  r.captured_step = j["captured_step"];
-  r.graph_streams = j["graph_streams"].get<std::vector<std::string>>();
-  r.graph_op_times = j["graph_op_times"];
-  for (int k = 0; k < kCollectiveKindCount; ++k) r.collectives_first_step[k] = j["collectives"][k];
-  r.all_gathers_forward_first_step = j["ag_fwd"];
-  r.all_gathers_backward_first_step = j["ag_bwd"];
-  r.reduce_scatters_first_step = j["rs"];
-  r.sharded_state_bytes = j["sharded_bytes"];
-  r.params = j["param_values"].get<std::vector<std::vector<float>>>();
-  r.timeline = timeline_from_json(j["timeline"]);
-  return r;
+void field_from_json(const nlohmann::json& j, Timeline& t) {
+  t.stream_names = j.at("streams").get<std::vector<std::string>>();
+  for (const auto& o : j.at("ops")) {
+    const int kind = o.at(2).get<int>();
+    FSDP_CHECK(kind >= 0 && kind <= static_cast<int>(OpKind::Host), "an op of kind ", kind);
+    t.ops.push_back({o.at(0).get<std::string>(), o.at(1).get<int>(), static_cast<OpKind>(kind),
+                     o.at(3).get<double>(), o.at(4).get<double>(), o.at(5).get<std::string>()});
+  }
+  for (const auto& m : j.at("memory"))
+    t.memory.push_back({m.at(0).get<double>(), m.at(1).get<int64_t>()});
+}
+
+void field_from_json(const nlohmann::json& j, CountsByComm& counts) {
+  FSDP_CHECK(j.is_object(), "counts by communicator are not an object");
+  for (const auto& [comm, by_kind] : j.items()) {
+    FSDP_CHECK(by_kind.is_object() && by_kind.size() == kCollectiveKindCount, "the counts of '",
+               comm, "' are not one per collective kind");
+    std::vector<int64_t>& v = counts[comm];
+    v.resize(kCollectiveKindCount);
+    for (int k = 0; k < kCollectiveKindCount; ++k)
+      v[k] = by_kind.at(collective_name(static_cast<CollectiveKind>(k))).get<int64_t>();
+  }
 }
 
 }  // namespace
 
-std::string rank_result_to_json(const RankResult& r) { return to_json(r).dump(); }
+nlohmann::json field_to_json(const CountsByComm& counts) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [comm, v] : counts) {
+    FSDP_CHECK(v.size() == kCollectiveKindCount, "the counts of '", comm, "' are not one per kind");
+    nlohmann::json& by_kind = j[comm] = nlohmann::json::object();
+    for (int k = 0; k < kCollectiveKindCount; ++k)
+      by_kind[collective_name(static_cast<CollectiveKind>(k))] = v[k];
+  }
+  return j;
+}
+
+nlohmann::json field_to_json(const MemStats& m) {
+  return {{"current", m.current_bytes}, {"peak", m.peak_bytes},
+          {"tag_bytes", m.tag_bytes},   {"tag_peak_bytes", m.tag_peak_bytes},
+          {"tag_live", m.tag_live},     {"tag_peak_live", m.tag_peak_live}};
+}
+
+nlohmann::json field_to_json(const Timeline& t) {
+  nlohmann::json ops = nlohmann::json::array(), memory = nlohmann::json::array();
+  for (const TimelineOp& op : t.ops)
+    ops.push_back(
+        {op.label, op.stream, static_cast<int>(op.kind), op.start_us, op.end_us, op.waited_for});
+  for (const MemSample& m : t.memory) memory.push_back({m.time_us, m.bytes});
+  return {{"streams", t.stream_names}, {"ops", ops}, {"memory", memory}};
+}
+
+std::string rank_result_to_json(const RankResult& r) {
+  nlohmann::json j = nlohmann::json::object();
+  for_each_result_field<RankResult>(
+      [&](const auto& field) { j[field.name] = field_to_json(field.of(r)); });
+  return j.dump();
+}
 
 RankResult rank_result_from_json(const std::string& text) {
-  return from_json(nlohmann::json::parse(text));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  FSDP_CHECK(j.is_object(), "a rank's result is not a JSON object");
+  RankResult r;
+  size_t read = 0;
+  for_each_result_field<RankResult>([&](const auto& field) {
+    const auto it = j.find(field.name);
+    FSDP_CHECK(it != j.end(), "a rank's result has no '", field.name, "'");
+    try {
+      field_from_json(*it, field.of(r));
+    } catch (const nlohmann::json::exception& e) {
+      FSDP_FAIL("a rank's result: '", field.name, "': ", e.what());
+    }
+    ++read;
+  });
+  if (read != j.size())
+    for (const auto& [key, value] : j.items()) {
+      bool known = false;
+      for_each_result_field<RankResult>(
+          [&](const auto& field) { known = known || key == field.name; });
+      FSDP_CHECK(known, "a rank's result has a field this build does not know: '", key, "'");
+    }
+  return r;
 }
 
 }  // namespace fsdp::runtime

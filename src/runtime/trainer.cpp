@@ -405,11 +405,7 @@ bool Trainer::read_one() {
   if (!v.extras.empty()) report.max_expert_load = *std::max_element(v.extras.begin(), v.extras.end());
   report.step_ms = v.done_ms - last_done_ms_;
   last_done_ms_ = v.done_ms;
-  result_.losses.push_back(report.loss);
-  result_.lrs.push_back(report.lr);
-  result_.grad_norms.push_back(report.grad_norm);
-  result_.max_expert_loads.push_back(report.max_expert_load);
-  result_.step_ms.push_back(report.step_ms);
+  append_step(result_, report);  // the per-step lists (Note [Result fields])
   result_.peak_bytes_by_step.push_back(device_.memory_stats().peak_bytes);
   for (auto& o : observers_) o->after_read(v.step);
   if (on_step_) on_step_(report);

@@ -14,6 +14,7 @@
 #include "fsdp/optim.h"
 #include "optim/lr_schedule.h"
 #include "runtime/batch_source.h"
+#include "runtime/rank_result_fields.h"
 
 namespace fsdp::runtime {
 
@@ -91,61 +92,17 @@ struct TrainConfig {
   std::function<void(nn::Model&, FsdpModule& root)> customize;
 };
 
+// One step, as rank 0 reports it to on_step (Note [Result fields]: the members are
+// FSDP_STEP_FIELDS).
 struct StepReport {
-  int step = 0;
-  float loss = 0;
-  float lr = 0;
-  float grad_norm = -1;  // the global norm before clipping; -1: not computed (optimizer in backward)
-  int64_t tokens = 0;    // this rank's tokens in the step
-  float val_loss = -1;   // the validation loss after this step; -1: not evaluated
-  double step_ms = 0;
-  // From this step's timeline, when tracing (config.timeline); -1 otherwise.
-  double exposed_comm_ms = -1;
-  double rs_recycle_stall_ms = -1;
-  // MoE transformer: the busiest expert's share of this rank's routed tokens (max over MoE
-  // layers, last micro-batch); -1 for other models.
-  double max_expert_load = -1;
+  FSDP_STEP_FIELDS(FSDP_DECLARE_STEP_FIELD)
 };
 
+// What a rank's run gives back (Note [Result fields]: the members are FSDP_STEP_COLUMNS, one
+// entry per finished step, then FSDP_RANK_RESULT_FIELDS).
 struct RankResult {
-  int rank = 0;
-  std::vector<float> losses;      // one per finished step (finite)
-  std::vector<float> lrs;
-  std::vector<float> grad_norms;  // -1 where not computed
-  std::vector<double> step_ms;
-  std::vector<std::pair<int, float>> val_losses;  // (step, 0-based; validation loss)
-  // Set when a step's loss or grad norm was not finite (with return_on_nonfinite): the
-  // one-line message, and the 0-based step.
-  std::string error;
-  int failed_step = -1;
-  std::vector<double> max_expert_loads;  // per step (StepReport::max_expert_load)
-  // The device's peak memory since the first step, read when each step is read (a step is read
-  // while the next one runs, so entry i covers the start of step i + 1): flat memory means the
-  // entries stop growing after the first steps.
-  std::vector<int64_t> peak_bytes_by_step;
-  double host_schedule_us_per_unit = 0;  // host time in forward+backward calls per unit
-  MemStats memory;
-  int64_t collectives_first_step[kCollectiveKindCount] = {};  // on the main mesh + RS comms
-  int64_t all_gathers_forward_first_step = 0;
-  int64_t all_gathers_backward_first_step = 0;
-  int64_t reduce_scatters_first_step = 0;
-  // Per communicator (by name: "dp/shard", "dp/replicate", "dp/shard/post_forward2", ...):
-  // collectives of each kind issued by the first micro-batch's forward and its backward.
-  std::map<std::string, std::vector<int64_t>> forward_by_comm_first_step;
-  std::map<std::string, std::vector<int64_t>> backward_by_comm_first_step;
-  int64_t param_count = 0;  // active params (Model::active_param_count)
-  int64_t sharded_state_bytes = 0;
-  // Host time to issue a step (batch, scalars, and the step's work or its replay), mean over
-  // the timed steps after the warm-up (and after the capture, under a graph); the host's waits
-  // for the device are left out where the backend counts them (Device::host_wait_us).
-  double host_us_per_step = 0;
-  int64_t backend_peak_bytes = 0;  // Device::backend_peak_bytes() at the end
-  int64_t backend_reserved_peak_bytes = 0;  // Device::backend_reserved_peak_bytes() at the end
-  int captured_step = -1;          // the step recorded into the graph; -1: none
-  std::vector<std::string> graph_streams;  // the streams the graph's work runs on
-  bool graph_op_times = false;  // replayed steps are timed op by op on the timeline
-  std::vector<std::vector<float>> params;  // when collect_params
-  Timeline timeline;
+  FSDP_STEP_COLUMNS(FSDP_DECLARE_STEP_COLUMN)
+  FSDP_RANK_RESULT_FIELDS(FSDP_DECLARE_RESULT_FIELD)
 };
 
 // Refuses a config that cannot train on `world_size` ranks, in one line naming the option
