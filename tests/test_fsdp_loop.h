@@ -47,6 +47,7 @@ struct LoopOptions {
   int64_t tokens = 4;                   // rows per rank per micro-batch
   MixedPrecisionPolicy mp;
   std::optional<bool> reshard_after_forward;  // for the units; nullopt: FSDP2's default
+  std::optional<bool> root_reshard_after_forward;  // for the root; nullopt: FSDP2's default
   int hsdp_replicas = 0;  // > 0: an HSDP mesh of hsdp_replicas x (world / hsdp_replicas)
   int rs_max_input_buffers = 1;
   bool host_sync_every_step = false;
@@ -94,6 +95,7 @@ inline LoopResult run_sharded_loop(const ModelFactory& make, const LoopOptions& 
     for (Module* u : model->units()) fully_shard(*u, mesh, unit_options);
     FullyShardOptions root_options;
     root_options.mp_policy = o.mp;
+    root_options.reshard_after_forward = o.root_reshard_after_forward;
     FsdpModule& root = fully_shard(*model, mesh, root_options);
     root.set_reduce_scatter_max_input_buffers(o.rs_max_input_buffers);
     if (rank == 0 && o.event_log) root.set_event_log(o.event_log);

@@ -1,6 +1,7 @@
 // Peak memory against the formula in docs/memory.md.
 #include <gtest/gtest.h>
 
+#include "models/model_family.h"
 #include "test_util.h"
 
 namespace fsdp::testing {
@@ -70,6 +71,46 @@ TEST(PeakMemory, NoReshardAfterForwardHoldsEveryUnitGathered) {
                             tag_peak(r, MemTag::Activation) + tag_peak(r, MemTag::Other);
       EXPECT_LE(r.memory.peak_bytes, bound);
       EXPECT_GE(r.memory.peak_bytes, sharded + L * unit);
+    }
+  }
+}
+
+// The root stays gathered from its forward to its backward whatever reshard_after_forward the
+// blocks have (FSDP2's default for the root), so with false the end of forward holds every
+// unit at once, the root included: 5 units for 4 blocks. A unit whose params are views of its
+// all-gather output holds that output (AllGather tag); one that copies its params out (several
+// params, or padding) holds the copies (Unsharded tag), its output freed at the copy-out.
+TEST(PeakMemory, NoReshardAfterForwardHoldsEveryBlockAndTheRoot) {
+  const int world = 2;
+  // mlp with a head on the root: 4 blocks of views, the root's weight and bias copied out.
+  for (bool reshard : {false, true}) {
+    runtime::TrainConfig c = mlp_config();
+    c.model.layers = 4;
+    c.model.classes = 16;
+    c.reshard_after_forward = reshard;
+    const int64_t block = world * (64 / world) * 64 * 4;
+    const int64_t root = (16 * 64 + 16) * 4;
+    for (const auto& r : run_fsdp(world, c)) {
+      // false: the 4 blocks; true: the block computing and the one prefetched.
+      EXPECT_EQ(tag_peak(r, MemTag::AllGather), (reshard ? 2 : 4) * block) << reshard;
+      EXPECT_EQ(tag_peak(r, MemTag::Unsharded), root) << reshard;  // kept either way
+      EXPECT_EQ(r.all_gathers_backward_first_step, reshard ? 4 : 0);
+    }
+  }
+  // The transformer: every group copies out; the root is the embedding, final norm and head.
+  for (bool reshard : {false, true}) {
+    runtime::TrainConfig c = tiny_transformer_config(/*steps=*/2);
+    c.model.layers = 4;
+    c.reshard_after_forward = reshard;
+    const std::vector<int64_t> units = models::unit_param_counts(c.model);
+    const int64_t block = units[0] * 4, root = units.back() * 4;  // fp32 params
+    for (const auto& r : run_fsdp(world, c)) {
+      // false: every unit's copies; true: the root's and the computing block's.
+      EXPECT_EQ(tag_peak(r, MemTag::Unsharded), (reshard ? 1 : 4) * block + root) << reshard;
+      // One all-gather output in flight at a time (every row count is even: no padding);
+      // with true, the block prefetched while the one before it computes.
+      EXPECT_EQ(tag_peak(r, MemTag::AllGather), block) << reshard;
+      EXPECT_EQ(r.all_gathers_backward_first_step, reshard ? 4 : 0);
     }
   }
 }

@@ -184,19 +184,22 @@ class FsdpModule {
   // The all-gather follows all work issued so far on the compute stream. With async_op the
   // compute stream does not wait for it here (the module's pre-forward does): a training loop
   // prefetches the first unit of the next step this way, so its all-gather runs while the
-  // host is between steps.
+  // host is between steps. Before the first forward, unshard initializes FSDP lazily, as
+  // FSDP2 does; the all-gather then follows all work issued on the device (Note [Unshard
+  // before forward]).
   void unshard(bool async_op = false);
   void reshard();
 
   // ---- observability, mostly for tests
-  // Root only, before the first forward: see Note [Optimizer in backward]. The ordinal of a
-  // group is its index in sharded_groups(root).
+  // Root only, before the first forward (or unshard): Note [Optimizer in backward]. The
+  // ordinal of a group is its index in sharded_groups(root).
   void set_optimizer_in_backward(ShardStepFn step);
-  // Root only, before the first forward: Note [Early grad norm]. Group ordinals as above.
+  // Root only, before the first forward (or unshard): Note [Early grad norm]. Group
+  // ordinals as above.
   void set_on_grad_shard_ready(GradShardReadyFn on_ready);
-  // Root only, before the first forward: Note [Optimizer in forward]. update(s, ordinal,
-  // param_copy, dtype) runs group `ordinal`'s deferred step on s and writes its new param,
-  // rounded to dtype, to param_copy when that is not null.
+  // Root only, before the first forward (or unshard): Note [Optimizer in forward].
+  // update(s, ordinal, param_copy, dtype) runs group `ordinal`'s deferred step on s and writes
+  // its new param, rounded to dtype, to param_copy when that is not null.
   void set_optimizer_in_forward(ShardUpdateFn update);
   // Root only: every group's update is pending from now, after the work issued on s.
   void defer_shard_updates(Stream s);

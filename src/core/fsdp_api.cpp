@@ -107,7 +107,8 @@ void FsdpModule::set_reduce_scatter_max_input_buffers(int k, bool recurse) {
 
 void FsdpModule::set_separate_reduce_scatter_group(bool enable, bool recurse) {
   // Its communicators are made at lazy init, collectively, in the same order on every rank.
-  FSDP_CHECK(!state_->ctx, "set_separate_reduce_scatter_group must be called before the first forward");
+  FSDP_USER_CHECK(!state_->ctx, "set_separate_reduce_scatter_group must be called before "
+                  "FSDP's lazy init (the first forward, or an unshard() before it)");
   for_each_state(*state_, recurse, [&](FsdpState& s) { s.separate_reduce_scatter_group = enable; });
 }
 
@@ -136,33 +137,26 @@ void FsdpModule::set_modules_to_backward_prefetch(const std::vector<FsdpModule*>
   state_->backward_prefetch_set = true;
 }
 
-void FsdpModule::unshard(bool async_op) {
-  FsdpState& s = *state_;
-  core::CommContext& ctx = s.comm_context();  // raises a clear error before the first forward
-  // Like the root's pre-forward: the shards may have just been written by the optimizer.
-  const Event issued = ctx.events.acquire();
-  ctx.device.record_event(issued, s.compute);
-  ctx.device.wait_event(ctx.all_gather_stream, issued);
-  ctx.events.release(issued);
-  s.unshard("explicit");
-  if (!async_op) s.wait_for_unshard(s.compute);
-}
+void FsdpModule::unshard(bool async_op) { state_->explicit_unshard(async_op); }
 void FsdpModule::reshard() { state_->reshard(state_->compute, "explicit"); }
 
 void FsdpModule::set_on_grad_shard_ready(GradShardReadyFn on_ready) {
-  FSDP_CHECK(!state_->ctx, "set_on_grad_shard_ready must be called before the first forward");
+  FSDP_USER_CHECK(!state_->ctx, "set_on_grad_shard_ready must be called before FSDP's lazy init "
+                  "(the first forward, or an unshard() before it)");
   state_->grad_shard_ready = std::move(on_ready);
 }
 
 void FsdpModule::set_optimizer_in_backward(ShardStepFn step) {
-  FSDP_CHECK(!state_->ctx, "set_optimizer_in_backward must be called before the first forward");
+  FSDP_USER_CHECK(!state_->ctx, "set_optimizer_in_backward must be called before FSDP's lazy init "
+                  "(the first forward, or an unshard() before it)");
   FSDP_USER_CHECK(!state_->optimizer_in_forward,
                   "the optimizer runs in backward or in forward, not both");
   state_->optimizer_in_backward = std::move(step);
 }
 
 void FsdpModule::set_optimizer_in_forward(ShardUpdateFn update) {
-  FSDP_CHECK(!state_->ctx, "set_optimizer_in_forward must be called before the first forward");
+  FSDP_USER_CHECK(!state_->ctx, "set_optimizer_in_forward must be called before FSDP's lazy init "
+                  "(the first forward, or an unshard() before it)");
   FSDP_USER_CHECK(!state_->optimizer_in_backward,
                   "the optimizer runs in backward or in forward, not both");
   state_->optimizer_in_forward = std::move(update);

@@ -69,6 +69,10 @@ void check_post_forward_size(const std::optional<std::variant<bool, int>>& optio
              mesh.name(), "' (an int from 2 to ", mesh.size(), ")");
 }
 
+std::string module_name(const Module& m) {
+  return m.fqn().empty() ? "the root module" : "module '" + m.fqn() + "'";
+}
+
 }  // namespace
 
 FsdpState* state_of(Module& module) { return dynamic_cast<FsdpState*>(module.hooks); }
@@ -106,6 +110,11 @@ FsdpState::FsdpState(Module& m, Mesh& default_mesh, const FullyShardOptions& opt
       homes.push_back({members[g][i], groups.back().get(), static_cast<int>(i)});
   }
   default_mesh.device().synchronize_stream(init);
+  // The FSDP states below this one (fully_shard'ed before it) get their parent.
+  std::vector<FsdpState*> below;
+  for (const auto& c : m.children()) collect_states(*c, below);
+  for (FsdpState* s : below)
+    if (!s->parent) s->parent = this;
   for (ParamHome& h : homes) {
     h.param->release_init_values();
     ParamGroup* group = h.group;
@@ -127,27 +136,25 @@ FsdpState::~FsdpState() {
   groups.clear();
 }
 
-CommContext& FsdpState::comm_context() const {
-  FSDP_CHECK(ctx, "module '", module.fqn(), "' has not run forward yet (FSDP is initialized lazily at the first forward)");
-  return *ctx;
-}
-
-void FsdpState::lazy_init(RunContext& run) {
-  // The first state to run forward becomes the root of every state below it.
+void FsdpState::lazy_init(Stream stream) {
+  // The first state to run forward (or the top of the tree an explicit unshard is in)
+  // becomes the root of every state below it.
   is_root = true;
   root = this;
-  compute = run.compute;
+  compute = stream;
   shared_ctx_ = std::make_shared<CommContext>(mesh.device());
   ctx = shared_ctx_.get();
   collect_states(module, all_states);
   int k = 1;
   int ordinal = 0;
   for (FsdpState* s : all_states) {
-    FSDP_CHECK(s == this || !s->is_root, "module '", s->module.fqn(),
-               "' ran forward on its own before its root; run the root's forward first");
+    FSDP_USER_CHECK(s == this || !s->is_root, module_name(s->module),
+                    " was initialized on its own (by its forward or unshard()) before ",
+                    module_name(module), " that holds it: fully_shard every module, then run "
+                    "the root's forward (or unshard) first");
     s->root = this;
     s->ctx = ctx;
-    s->compute = run.compute;
+    s->compute = stream;
     s->unit_label = s->module.fqn().empty() ? "root" : s->module.fqn();
     k = std::max(k, s->reduce_scatter_max_input_buffers);
     ctx->separate_reduce_scatter_group |= s->separate_reduce_scatter_group;
@@ -177,8 +184,10 @@ void FsdpState::lazy_init(RunContext& run) {
 }
 
 void FsdpState::root_pre_forward(RunContext& run) {
-  if (!ctx) lazy_init(run);
-  compute = run.compute;
+  if (!ctx) lazy_init(run.compute);
+  // Explicit unshard/reshard of any module use the stream the last forward ran on.
+  for (FsdpState* s : all_states) s->compute = run.compute;
+  compute_known = true;
   Device& d = mesh.device();
   // The all-gathers read the shards the optimizer wrote on the compute stream.
   d.record_event(optimizer_done_, run.compute);
@@ -251,6 +260,39 @@ void FsdpState::unshard(const char* phase) {
     }
   }
   if (issued) ctx->log("unshard", unit_label, phase);
+}
+
+// Note [Unshard before forward]
+// FSDP2 allows unshard() before any forward and initializes lazily there; so does
+// FsdpModule::unshard. The top of the module's tree (the state that no fully_shard'ed
+// ancestor holds) becomes the root, as its first forward would have made it. Until that
+// forward FSDP does not know the compute stream, so the all-gather follows all the work
+// issued so far on the device (the host waits for it: nothing of a step is in flight yet),
+// and a synchronous unshard copies out on the mesh's init stream and waits for it on the
+// host, so the params are ready on every stream. The root's forward then gives every module
+// its compute stream.
+void FsdpState::explicit_unshard(bool async_op) {
+  if (!ctx) {
+    FsdpState* top = this;
+    while (top->parent) top = top->parent;
+    top->lazy_init(top->mesh.init_stream());
+    FSDP_CHECK(ctx, "module '", module.fqn(), "' is not below the state initialized for it");
+  }
+  Device& d = mesh.device();
+  const bool before_forward = !root->compute_known;
+  if (before_forward) {
+    d.synchronize();
+  } else {
+    // As in the root's pre-forward: the shards may have just been written by the optimizer.
+    const Event issued = ctx->events.acquire();
+    d.record_event(issued, compute);
+    d.wait_event(ctx->all_gather_stream, issued);
+    ctx->events.release(issued);
+  }
+  unshard("explicit");
+  if (async_op) return;
+  wait_for_unshard(compute);
+  if (before_forward) d.synchronize_stream(compute);
 }
 
 void FsdpState::note_all_gather_freed(Stream s) {

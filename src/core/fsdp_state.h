@@ -38,6 +38,9 @@ class FsdpState : public ModuleHooks {
   // issued on s; run every pending update on s.
   void defer_updates(Stream s);
   void apply_pending_updates(Stream s);
+  // FsdpModule::unshard; before the root's first forward it initializes the tree first
+  // (Note [Unshard before forward]).
+  void explicit_unshard(bool async_op);
 
   Module& module;
   Mesh& mesh;
@@ -62,8 +65,13 @@ class FsdpState : public ModuleHooks {
   GradShardReadyFn grad_shard_ready;  // root only
   ShardUpdateFn optimizer_in_forward;  // root only
 
+  // The state of the nearest fully_shard'ed ancestor, set by that ancestor's fully_shard
+  // (bottom-up, so it comes after this one); nullptr for the top of a tree.
+  FsdpState* parent = nullptr;
+
   // Set at lazy init.
   bool is_root = false;
+  bool compute_known = false;  // root: a forward has given the compute stream
   FsdpState* root = nullptr;
   CommContext* ctx = nullptr;
   std::vector<FsdpState*> all_states;  // root only: every state of its tree, pre-order
@@ -97,10 +105,9 @@ class FsdpState : public ModuleHooks {
     const int* n = std::get_if<int>(&*reshard_after_forward);
     return n && *n < m.size() ? *n : 0;
   }
-  CommContext& comm_context() const;
 
  private:
-  void lazy_init(RunContext& ctx);
+  void lazy_init(Stream compute);
   void root_pre_forward(RunContext& ctx);
   void finalize_backward(RunContext& ctx);
   // Note [Symmetric collectives]
