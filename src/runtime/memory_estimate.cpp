@@ -32,24 +32,28 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& c, int shard_ranks) {
   const int64_t p = dtype_size(c.param_dtype), r = dtype_size(c.reduce_dtype);
   // docs/memory.md: the sharded fp32 param and grad, and the optimizer's states per element.
   const int64_t states = c.optimizer.kind == "adamw" ? 2 : 1;
-  // The largest unit and the next (the one prefetched beside it), as their all-gather outputs.
+  // The root stays gathered from its forward to its backward (FSDP2's default for the root);
+  // of the blocks, the largest and the next (the one prefetched beside it) are gathered at
+  // once.
   int64_t largest = 0, second = 0, total = 0;
-  for (int64_t n : units) {
-    const int64_t gathered = ceil_div(n, world) * world;
+  const int64_t root = ceil_div(units.back(), world) * world;
+  for (size_t i = 0; i + 1 < units.size(); ++i) {
+    const int64_t gathered = ceil_div(units[i], world) * world;
     if (gathered > largest) {
       second = largest;
       largest = gathered;
     } else {
       second = std::max(second, gathered);
     }
-    total += n;
   }
+  for (int64_t n : units) total += n;
   const int64_t dense_params = total - expert_params;
   const int64_t sharded = (ceil_div(dense_params, world) + ceil_div(expert_params, expert_world)) *
                           (2 + states) * 4;
   // Two units gathered (the one computing, the one prefetched), one unit's unsharded grads,
   // the ring's k RS inputs; without reshard after forward every unit stays gathered.
-  const int64_t gathered = c.reshard_after_forward ? largest + second : total;
+  const int64_t gathered = c.reshard_after_forward ? root + largest + second : total;
+  largest = std::max(largest, root);  // the largest unit's grads and RS input
   const int64_t rs_inputs = world > 1 ? c.rs_max_input_buffers * largest * r : 0;
   const double tokens = static_cast<double>(c.tokens);
   const double act = static_cast<double>(p);

@@ -17,6 +17,7 @@
 #include "runtime/step_parts.h"
 #include "runtime/step_reader.h"
 #include "runtime/trace_metrics.h"
+#include "runtime/train_observers.h"
 
 namespace fsdp::runtime {
 
@@ -74,157 +75,6 @@ void gather_every_expert(Device& d, Comm& ep, Stream s, nn::Model& model,
     }
   });
 }
-
-using CommCounts = std::map<std::string, std::vector<int64_t>>;
-
-CommCounts counts_by_comm(const ParallelModel& pm) {
-  CommCounts out;
-  for (const Comm* c : pm.comms()) {
-    std::vector<int64_t>& v = out[c->name()];
-    v.resize(kCollectiveKindCount);
-    for (int k = 0; k < kCollectiveKindCount; ++k) v[k] += c->issued(static_cast<CollectiveKind>(k));
-  }
-  return out;
-}
-
-CommCounts minus(CommCounts a, const CommCounts& b) {
-  for (auto& [name, v] : a)
-    if (auto it = b.find(name); it != b.end())
-      for (size_t k = 0; k < v.size(); ++k) v[k] -= it->second[k];
-  return a;
-}
-
-int64_t total_of(const CommCounts& counts, CollectiveKind kind) {
-  int64_t n = 0;
-  for (const auto& [name, v] : counts) n += v[static_cast<int>(kind)];
-  return n;
-}
-
-}  // namespace
-
-// Note [Trainer observers]
-// Trainer::step() runs one step: the lr, the batches, every micro-batch's forward and
-// backward, the grad norm and the optimizer, eager or replayed from a CUDA graph; and reads
-// the step before it (Note [Asynchronous step read]). What a run does besides training
-// watches the steps from outside, as an observer, in the order they were added: the first
-// step's collective counts, the timeline, evaluation and checkpoints. Each sees the state it
-// needs (TrainState) at fixed points, so the step itself stays the same whichever are on.
-class TrainObserver {
- public:
-  virtual ~TrainObserver() = default;
-  virtual void on_start(TrainState&) {}
-  // Around the first step's first micro-batch.
-  virtual void before_first_forward() {}
-  virtual void after_first_forward() {}
-  virtual void after_first_backward() {}
-  // After step `step`'s work is issued, before it is read; `report` is the step's line.
-  virtual void after_issue(TrainState&, int /*step*/, StepReport& /*report*/) {}
-  // Once step `step`'s values were read (finite).
-  virtual void after_read(int /*step*/) {}
-  // After step `step` was issued and the steps before it read.
-  virtual void after_step(TrainState&, int /*step*/) {}
-  virtual void on_finish(TrainState&) {}
-};
-
-namespace {
-
-// The first micro-batch's collectives, by communicator and phase (RankResult's *_first_step).
-class FirstStepCounts final : public TrainObserver {
- public:
-  FirstStepCounts(const ParallelModel& pm, RankResult& result) : pm_(pm), result_(result) {}
-  void before_first_forward() override { c0_ = counts_by_comm(pm_); }
-  void after_first_forward() override { c1_ = counts_by_comm(pm_); }
-  void after_first_backward() override {
-    const CommCounts c2 = counts_by_comm(pm_);
-    result_.forward_by_comm_first_step = minus(c1_, c0_);  // the forward made new comms
-    result_.backward_by_comm_first_step = minus(c2, c1_);
-    result_.all_gathers_forward_first_step =
-        total_of(result_.forward_by_comm_first_step, CollectiveKind::AllGather);
-    result_.all_gathers_backward_first_step =
-        total_of(result_.backward_by_comm_first_step, CollectiveKind::AllGather);
-    result_.reduce_scatters_first_step =
-        total_of(result_.backward_by_comm_first_step, CollectiveKind::ReduceScatter);
-  }
-
- private:
-  const ParallelModel& pm_;
-  RankResult& result_;
-  CommCounts c0_, c1_;
-};
-
-// The timeline of every step after the warm-up, and each step's exposed communication.
-class TimelineRecorder final : public TrainObserver {
- public:
-  TimelineRecorder(const TrainConfig& c, Stream compute, RankResult& result)
-      : config_(c), compute_(compute), result_(result) {}
-  void after_issue(TrainState& s, int step, StepReport& report) override {
-    if (step < config_.warmup) return;
-    // Taken every step: the step's own metrics for the per-step line, and the CUDA
-    // recorder's event pool stays small.
-    Timeline part = s.device.take_timeline();
-    const TimelineMetrics m = compute_metrics(part, compute_.id, 1, 0);
-    report.exposed_comm_ms = m.exposed_comm_ms;
-    report.rs_recycle_stall_ms = m.rs_recycle_stall_ms;
-    Timeline& t = result_.timeline;
-    if (t.stream_names.empty()) t.stream_names = part.stream_names;
-    for (auto& op : part.ops) t.ops.push_back(std::move(op));
-    for (auto& sample : part.memory) t.memory.push_back(sample);
-  }
-  void on_finish(TrainState& s) override { s.device.enable_timeline(false); }
-
- private:
-  const TrainConfig& config_;
-  Stream compute_;
-  RankResult& result_;
-};
-
-// The validation loss after every eval_every-th step and the last (Note [Evaluation]).
-class Evaluator final : public TrainObserver {
- public:
-  Evaluator(const TrainConfig& c, Comm& world, RunContext& ctx, std::map<int, float>& val_by_step,
-            double& excluded_ms)
-      : config_(c), world_(world), ctx_(ctx), val_by_step_(val_by_step), excluded_ms_(excluded_ms),
-        source_(c.eval_source(world.rank(), world.size())) {}
-  void after_issue(TrainState& s, int step, StepReport&) override {
-    if ((step + 1) % config_.eval_every != 0 && step + 1 != config_.steps) return;
-    const double start_ms = now_ms();
-    val_by_step_[step] = evaluate(s.device, world_, ctx_, s.model, *source_, config_.eval_batches,
-                                  world_.rank() * config_.tokens, config_.tokens);
-    excluded_ms_ += now_ms() - start_ms;  // the evaluation's time is nobody's step time
-  }
-
- private:
-  const TrainConfig& config_;
-  Comm& world_;
-  RunContext& ctx_;
-  std::map<int, float>& val_by_step_;
-  double& excluded_ms_;
-  std::unique_ptr<BatchSource> source_;
-};
-
-// Checkpoints (Note [Checkpoint hooks]): --resume or --init-from loads at the start (a resume
-// moves the first step), saves when due, and the last save is on disk at the end.
-class Checkpointer final : public TrainObserver {
- public:
-  // read_all reads every issued step; false when one was not finite (the run stops).
-  Checkpointer(std::unique_ptr<checkpoint::TrainerCheckpoint> ckpt, const TrainConfig& c,
-               std::function<bool()> read_all)
-      : ckpt_(std::move(ckpt)), config_(c), read_all_(std::move(read_all)) {}
-  void on_start(TrainState& s) override { s.next_step = ckpt_->start(config_.steps); }
-  void after_read(int) override { ckpt_->state_changes(); }  // after the first: all have loaded
-  void after_step(TrainState&, int step) override {
-    // A save reads every step first (the copy to host waits for the step anyway), so that a
-    // checkpoint never holds the state of a step that was not finite.
-    if (!ckpt_->due(step + 1, config_.steps)) return;
-    if (read_all_()) ckpt_->after_step(step + 1, config_.steps, nlohmann::json::object());
-  }
-  void on_finish(TrainState&) override { ckpt_->finish(); }
-
- private:
-  std::unique_ptr<checkpoint::TrainerCheckpoint> ckpt_;
-  const TrainConfig& config_;
-  std::function<bool()> read_all_;
-};
 
 }  // namespace
 
@@ -301,11 +151,11 @@ Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig&
   loss_avg_ = static_cast<float*>(device.alloc(sizeof(float), compute_, MemTag::Other));
   state_ = std::make_unique<TrainState>(TrainState{device, model, root, *optimizer_, compute_, 0});
 
-  observers_.push_back(std::make_unique<FirstStepCounts>(pm_, result_));
+  observers_.push_back(first_step_counts(pm_, result_));
   if (config.eval_source && config.eval_every > 0 && config.eval_batches > 0)
     observers_.push_back(
-        std::make_unique<Evaluator>(config, *pm_.world, ctx_, val_by_step_, last_done_ms_));
-  if (config.timeline) observers_.push_back(std::make_unique<TimelineRecorder>(config, compute_, result_));
+        evaluator(config, *pm_.world, ctx_, val_by_step_, last_done_ms_));
+  if (config.timeline) observers_.push_back(timeline_recorder(config, compute_, result_));
   if (config.checkpoint.enabled()) {
     const models::ModelFamily& family = models::family(config.model.kind);
     checkpoint::RunDescription run{config.model,   config.param_dtype,    config.reduce_dtype,
@@ -314,7 +164,7 @@ Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig&
                                    config.optimizer.base_lr(), config.data_name,
                                    family.shape_fields(config.model)};
     const checkpoint::ExpertLayout experts{pm_.ep, family.expert_modules()};
-    observers_.push_back(std::make_unique<Checkpointer>(
+    observers_.push_back(checkpointer(
         std::make_unique<checkpoint::TrainerCheckpoint>(config.checkpoint, run, device, compute_,
                                                         root, *optimizer_, experts),
         config, [this] { return read_all(); }));
