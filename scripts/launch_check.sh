@@ -31,6 +31,10 @@ print(f"{'PASS' if ok else 'FAIL'} {sys.argv[3]}: max loss difference {err:.3g} 
 sys.exit(0 if ok else 1)
 PY
 }
+# The forms that span processes of their own meet at a store with the job's secret
+# (docs/launch.md); torchrun's agent store takes none and ignores it.
+FSDP_STORE_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+export FSDP_STORE_SECRET
 failed=0
 "$fsdp" train $common --nproc 2 --json "$out/nproc2.json" >"$out/nproc2.log" 2>&1 || { failed=1; tail -5 "$out/nproc2.log"; }
 

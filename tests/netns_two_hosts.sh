@@ -45,6 +45,9 @@ for ns in "$ns0" "$ns1"; do
     sed -n 's/^[0-9]*: \([^@:]*\).*/\1/p')" up || fail "links up in $ns"
 done
 
+# The two hosts' launchers meet at host 0's store with the job's secret (docs/launch.md).
+FSDP_STORE_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+export FSDP_STORE_SECRET
 model="--model transformer --layers 2 --dim 32 --heads 4 --kv-heads 2 --ffn-dim 40 --seq-len 8
        --vocab 61 --tokens 16"
 # "losses": [...] of a summary, on one line without spaces.

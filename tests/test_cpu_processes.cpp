@@ -215,6 +215,15 @@ TEST(CpuProcesses, ACollectiveThatAPeerNeverJoinsTimesOut) {
   EXPECT_TRUE(contains(error, "rank 1 has not reached it")) << error;
 }
 
+// Sets an environment variable for the scope of a test (and what it forks).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const std::string& n, const std::string& value) : name(n) {
+    ::setenv(n.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -236,6 +245,8 @@ TEST(CpuProcesses, RanksOnAnotherNodeNameTheLostRank) {
   CpuProcessOptions o = short_timeout();
   o.nnodes = 2;
   o.master_port = free_port();
+  // The launchers of two nodes share no memory: they share the job's secret this way.
+  const ScopedEnv secret("FSDP_STORE_SECRET", "the two nodes' secret");
   // Each rank writes its own error where the test can read it, then fails as it would.
   auto body = [dir](int rank, Device& d, std::shared_ptr<Comm> world) {
     try {
@@ -302,6 +313,7 @@ std::string srun_survivor_error(int victim) {
       ::setenv("SLURM_TASKS_PER_NODE", "2", 1);
       ::setenv("SLURM_STEP_NODELIST", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+      ::setenv("FSDP_STORE_SECRET", "the srun tests' secret", 1);
       CpuProcessOptions o;
       o.external = true;
       o.timeout_s = 30;  // far longer than the test takes: the notice, not a timeout, ends it
@@ -425,7 +437,8 @@ TEST_P(ExternalLauncherCli, TwoProcessesGiveTheLossesOfNproc) {
   const std::string args =
       " train --backend cpu --model transformer --layers 2 --dim 32 --heads 4 --kv-heads 2 "
       "--ffn-dim 40 --seq-len 8 --vocab 61 --tokens 16 --steps 5 --quiet --timeout 30";
-  const std::string shared = form.shared_vars(free_port());
+  const std::string shared =
+      form.shared_vars(free_port()) + " FSDP_STORE_SECRET=the_cli_forms_secret";
   auto rank_cmd = [&](int r) {
     // env -i: no variable of the launcher running this test (an sbatch job's SLURM_*) leaks in.
     return "env -i PATH=\"$PATH\" " + form.rank_vars(r) + " " + shared + " " + FSDP_BINARY +

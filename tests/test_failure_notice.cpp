@@ -27,6 +27,31 @@ TEST(FailureNotice, NoneWithoutAFailure) {
   EXPECT_FALSE(read_failure(*store, Millis(0)).has_value());
 }
 
+// Whoever wrote the notice into the store, what reaches the user is one line of bounded
+// length without control characters, attributed to the rank it names.
+TEST(FailureNotice, WhatReachesTheUserIsOneSafeLineOfTheRankItNames) {
+  auto store = make_memory_store();
+  const std::string forged = "1\nall is well\nfsdp: run `cleanup.sh` to go on\r\x1b[2J\x1b]0;t\x07"
+                             "\xe2\x80\xae" "desrever\xc2\x85" "caf\xc3\xa9 \xff" +
+                             std::string(5000, 'x');
+  store->add("fsdp/failure/count", 1);
+  store->set("fsdp/failure/notice", forged);
+  const auto notice = read_failure(*store, Millis(0));
+  ASSERT_TRUE(notice.has_value());
+  EXPECT_EQ(notice->rank, 1);
+  const std::string head =
+      "rank 1: all is well fsdp: run `cleanup.sh` to go on  [2J ]0;t  desrever caf\xc3\xa9 ?";
+  EXPECT_EQ(notice->message.substr(0, head.size()), head);
+  // Cut at the bound: "rank 1: ", kMaxNoticeBytes of the text, " [...]".
+  EXPECT_EQ(notice->message.size(), 8 + kMaxNoticeBytes + 6);
+  EXPECT_EQ(notice->message.substr(notice->message.size() - 7), "x [...]");
+  // A notice that names its rank keeps its words; one that is not a notice is none.
+  store->set("fsdp/failure/notice", "2\nrank 2 was killed by signal 9 (Killed)");
+  EXPECT_EQ(read_failure(*store, Millis(0))->message, "rank 2 was killed by signal 9 (Killed)");
+  store->set("fsdp/failure/notice", " 2x\nrank 2 was killed");
+  EXPECT_FALSE(read_failure(*store, Millis(0)).has_value());
+}
+
 TEST(FailureNotice, AReaderWaitsForALateNotice) {
   auto store = make_memory_store();
   std::thread launcher([&] {

@@ -24,8 +24,13 @@ using rendezvous::Millis;
 using rendezvous::Store;
 const Millis kLong(60000);  // waits that must succeed: far longer than they ever take
 
+// The job's secret, for forms whose ranks share no launcher's memory (Note [Store access]).
+const char* const kJobSecret = "the node-rank tests' secret";
+
 LaunchEnv node_of(const LaunchFlags& flags) {
-  return resolve_launch(flags, [](const char*) -> const char* { return nullptr; });
+  return resolve_launch(flags, [](const char* name) -> const char* {
+    return std::string(name) == "FSDP_STORE_SECRET" ? kJobSecret : nullptr;
+  });
 }
 
 // Every rank publishes its place, waits for all, and returns what it saw of the others.
@@ -148,7 +153,8 @@ LaunchEnv torchrun_rank(int rank, int port, bool agent_store, int world = 2) {
   const std::map<std::string, std::string> vars = {
       {"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)}, {"MASTER_ADDR", "127.0.0.1"},
       {"MASTER_PORT", std::to_string(port)},
-      {"TORCHELASTIC_USE_AGENT_STORE", agent_store ? "True" : "False"}};
+      {"TORCHELASTIC_USE_AGENT_STORE", agent_store ? "True" : "False"},
+      {"FSDP_STORE_SECRET", kJobSecret}};
   return resolve_launch({}, [&](const char* n) -> const char* {
     auto it = vars.find(n);
     return it == vars.end() ? nullptr : it->second.c_str();
@@ -219,7 +225,9 @@ TEST(RankStore, ARankThatSaysGoodbyePostsNothing) {
 }
 
 TEST(RankStore, WithTorchrunsAgentStoreEveryRankJoinsIt) {
-  rendezvous::TcpStoreServer agent(0);  // plays torchrun's agent
+  rendezvous::TcpStoreServerOptions open;  // plays torchrun's agent, which takes no secret
+  open.open = true;
+  rendezvous::TcpStoreServer agent(open);
   rendezvous::HostedStore r0 = open_rank_store(torchrun_rank(0, agent.port(), true), kLong);
   rendezvous::HostedStore r1 = open_rank_store(torchrun_rank(1, agent.port(), true), kLong);
   EXPECT_FALSE(r0.server);

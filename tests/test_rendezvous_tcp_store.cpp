@@ -16,11 +16,12 @@
 
 #include "fsdp/error.h"
 #include "rendezvous/tcp_store.h"
+#include "store_test_util.h"
 
 namespace fsdp::rendezvous {
 namespace {
 
-const Millis kLong(60000);  // waits that must succeed: far longer than they ever take
+using namespace store_test;
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -34,8 +35,6 @@ std::string error_of(const std::function<void()>& f) {
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
-
-TcpStoreOptions local(int port, Millis timeout = kLong) { return {"127.0.0.1", port, timeout}; }
 
 // Runs `body` in a forked child; the child's exit code is 0 when it returned, 1 when it threw.
 pid_t fork_child(const std::function<void()>& body) {
@@ -62,7 +61,7 @@ int exit_code(pid_t pid) {
 }
 
 TEST(TcpStore, SetGetAddAndCheck) {
-  TcpStoreServer server(0);
+  TcpStoreServer server(test_server());
   TcpStore store(local(server.port()));
   const std::string binary("a\0b\xff", 4);
   store.set("bytes", binary);
@@ -79,22 +78,22 @@ TEST(TcpStore, SetGetAddAndCheck) {
 }
 
 TEST(TcpStore, PortZeroPicksAFreePort) {
-  TcpStoreServer a(0), b(0);
+  TcpStoreServer a(test_server()), b(test_server());
   EXPECT_GT(a.port(), 0);
   EXPECT_GT(b.port(), 0);
   EXPECT_NE(a.port(), b.port());
 }
 
 TEST(TcpStore, ATakenPortIsRefusedNamingIt) {
-  TcpStoreServer a(0);
-  const std::string e = error_of([&] { TcpStoreServer b(a.port()); });
+  TcpStoreServer a(test_server());
+  const std::string e = error_of([&] { TcpStoreServer b(test_server(a.port())); });
   EXPECT_TRUE(contains(e, "cannot host the store on port " + std::to_string(a.port())) &&
               contains(e, "in use"))
       << e;
 }
 
 TEST(TcpStore, ClientsOfOneServerShareTheKeys) {
-  TcpStoreServer server(0);
+  TcpStoreServer server(test_server());
   TcpStore a(local(server.port())), b(local(server.port()));
   a.set("k", "from a");
   EXPECT_EQ(b.get("k", kLong), "from a");
@@ -108,7 +107,7 @@ TEST(TcpStore, ClientsOfOneServerShareTheKeys) {
 
 TEST(TcpStore, RankThreadsMeetAtABarrierAndExchangeValues) {
   constexpr int kWorld = 4;
-  TcpStoreServer server(0);
+  TcpStoreServer server(test_server());
   std::vector<std::string> seen(kWorld);
   std::vector<std::thread> ranks;
   for (int r = 0; r < kWorld; ++r)
@@ -125,7 +124,7 @@ TEST(TcpStore, RankThreadsMeetAtABarrierAndExchangeValues) {
 
 TEST(TcpStore, RankProcessesMeetAtABarrierAndExchangeValues) {
   constexpr int kWorld = 4;
-  TcpStoreServer server(0);
+  TcpStoreServer server(test_server());
   std::vector<pid_t> children;
   for (int r = 0; r < kWorld; ++r)
     children.push_back(fork_child([&, r] {
@@ -146,7 +145,7 @@ TEST(TcpStore, RankProcessesMeetAtABarrierAndExchangeValues) {
 }
 
 TEST(TcpStore, BarrierOfProcessesNamesTheRanksThatNeverArrived) {
-  TcpStoreServer server(0);
+  TcpStoreServer server(test_server());
   // Rank 1 arrives (and gives up at once); ranks 2 and 3 never start.
   const pid_t rank1 = fork_child([&] {
     TcpStore store(local(server.port()));
@@ -161,7 +160,7 @@ TEST(TcpStore, BarrierOfProcessesNamesTheRanksThatNeverArrived) {
 }
 
 TEST(TcpStore, GetTimesOutNamingTheKeyAndTheStore) {
-  TcpStoreServer server(0);
+  TcpStoreServer server(test_server());
   TcpStore store(local(server.port()));
   const std::string e = error_of([&] { store.get("nccl_id", Millis(20)); });
   EXPECT_TRUE(contains(e, "key 'nccl_id' was not set within 0.02 s") &&
@@ -189,7 +188,7 @@ TEST(TcpStore, ARefusedConnectionNamesTheAddressPortAndTimeTried) {
 
 TEST(TcpStore, AnUnknownHostIsNamed) {
   const std::string e =
-      error_of([&] { TcpStore store({"no-such-host.invalid", 29500, Millis(10)}); });
+      error_of([&] { TcpStore store({"no-such-host.invalid", 29500, Millis(10), kSecret}); });
   EXPECT_TRUE(contains(e, "no-such-host.invalid:29500") && contains(e, "cannot resolve"))
       << e;
 }
@@ -198,7 +197,7 @@ TEST(TcpStore, AWaitingGetFailsWhenTheServersProcessIsKilled) {
   int pipe_fds[2];
   ASSERT_EQ(::pipe(pipe_fds), 0);
   const pid_t host = fork_child([&] {
-    TcpStoreServer server(0);
+    TcpStoreServer server(test_server());
     const int port = server.port();
     FSDP_CHECK(::write(pipe_fds[1], &port, sizeof port) == sizeof port, "write");
     for (;;) ::pause();
@@ -222,7 +221,7 @@ TEST(TcpStore, AWaitingGetFailsWhenTheServersProcessIsKilled) {
 }
 
 TEST(TcpStore, AWaitingBarrierFailsWhenTheServerStops) {
-  TcpStoreServer server(0);
+  TcpStoreServer server(test_server());
   TcpStore store(local(server.port()));
   std::string e;
   std::thread waiter([&] { e = error_of([&] { store.barrier("b", 0, 2, kLong); }); });
@@ -233,6 +232,7 @@ TEST(TcpStore, AWaitingBarrierFailsWhenTheServerStops) {
 
 // The bytes on the wire are those of Note [TCP store protocol] (PyTorch's TCPStore subset, so
 // torchrun's agent store understands them): checked against a bare socket playing the server.
+// A client without a secret (one of torchrun's agent store) sends no AUTH.
 TEST(TcpStore, WireFormatIsTheNotesTcpStoreSubset) {
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -242,7 +242,7 @@ TEST(TcpStore, WireFormatIsTheNotesTcpStoreSubset) {
   ASSERT_EQ(::listen(listener, 1), 0);
   socklen_t len = sizeof a;
   ::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len);
-  TcpStore store(local(ntohs(a.sin_port)));
+  TcpStore store(local(ntohs(a.sin_port), kLong, /*secret=*/""));
   store.set("k", "vv");
   const int server = ::accept(listener, nullptr, nullptr);
   auto read_n = [&](size_t n) {
@@ -276,37 +276,15 @@ TEST(TcpStore, WireFormatIsTheNotesTcpStoreSubset) {
   ::close(listener);
 }
 
-// A bare TCP connection to 127.0.0.1:port (a client that speaks bytes of the test's choosing);
-// -1 if it fails.
-int connect_loopback(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // DISCONNECT_NOTICE (0x70) as the Note writes it, from a bare socket: armed, then the
 // connection closes with no goodbye, so the server counts it and sets the notice; a second
 // armed connection that closes finds the count taken and sets nothing.
 TEST(TcpStore, ADisconnectNoticeIsPostedWhenItsConnectionClosesArmed) {
-  TcpStoreServer server(0);
-  auto le64 = [](uint64_t v) {
-    std::string out;
-    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-    return out;
-  };
-  auto str = [&](const std::string& x) { return le64(x.size()) + x; };
+  TcpStoreServer server(test_server());
   auto arm_and_close = [&](const std::string& text) {
-    const int fd = connect_loopback(server.port());
+    const int fd = admitted_socket(server.port());
     ASSERT_GE(fd, 0);
-    const std::string bytes = std::string("\x00\xce\xf7\x85\x3c", 5) + "\x70" + str("count") +
-                              str("notice") + str(text);
+    const std::string bytes = std::string("\x70") + str("count") + str("notice") + str(text);
     ASSERT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
     ::close(fd);
   };
@@ -324,7 +302,7 @@ TEST(TcpStore, ADisconnectNoticeIsPostedWhenItsConnectionClosesArmed) {
 }
 
 TEST(TcpStore, AConnectionThatDoesNotValidateIsDropped) {
-  TcpStoreServer server(0);
+  TcpStoreServer server(test_server());
   const int fd = connect_loopback(server.port());
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::write(fd, "GET / HTTP/1.0\r\n\r\n", 18), 18);
@@ -337,9 +315,11 @@ TEST(TcpStore, AConnectionThatDoesNotValidateIsDropped) {
 }
 
 TEST(TcpStore, HostOrJoinGivesTheHostAServerOnAFreePort) {
-  HostedStore host = host_or_join_tcp_store(true, "", 0, kLong);
+  HostedStore host = host_or_join_tcp_store(true, "", 0, kLong, kSecret, "127.0.0.1");
   ASSERT_TRUE(host.server);
-  HostedStore peer = host_or_join_tcp_store(false, "localhost", host.server->port(), kLong);
+  EXPECT_EQ(host.server->listen_address(), "127.0.0.1");
+  HostedStore peer =
+      host_or_join_tcp_store(false, "localhost", host.server->port(), kLong, kSecret, "");
   EXPECT_FALSE(peer.server);
   host.store->set("id", "x");
   EXPECT_EQ(peer.store->get("id", kLong), "x");

@@ -38,6 +38,7 @@
 #include "launch/cpu_ranks.h"
 #include "launch/node_ranks.h"
 #include "launch/rank_processes.h"
+#include "launch/store_security.h"
 #include "rendezvous/tcp_store.h"
 #include "rendezvous/failure_notice.h"
 
@@ -132,6 +133,7 @@ std::string run_rank(int rank, int world_size, const cpu::CpuOptions& options,
                             rendezvous::TcpStoreServer* server,
                             const rendezvous::TcpStoreOptions& store_at,
                             const RankBodyWithResult& body) {
+  StopSignals::reset_in_child();
   if (server) server->close_in_child();  // only the launcher serves the store
   // A child must not outlive its launcher (a killed launcher would leave ranks behind).
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -229,10 +231,20 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
   launch.world_size = nproc * where.nnodes;
   launch.first_rank = where.node_rank * nproc;
   const rendezvous::Millis timeout(static_cast<int64_t>(options.collective_timeout_s * 1000));
+  // The placement as a LaunchEnv, for Note [Store access] (with FSDP_STORE_SECRET and
+  // FSDP_STORE_BIND from this process's environment).
+  LaunchFlags flags;
+  flags.nproc = nproc;
+  flags.nnodes = where.nnodes;
+  flags.node_rank = where.node_rank;
+  flags.master_addr = where.master_addr;
+  if (where.master_port > 0) flags.master_port = where.master_port;
+  const LaunchEnv node = resolve_launch(flags);
+  const std::string secret = job_store_secret(node);
 
-  char dir_template[] = "/tmp/fsdp-cpu-ranks-XXXXXX";
-  FSDP_CHECK(::mkdtemp(dir_template), "cannot make a temporary directory: ", std::strerror(errno));
-  const std::string dir = dir_template;
+  // SIGTERM or SIGINT from now on ends the ranks and removes their files (StopSignals).
+  StopSignals stop_signals;
+  const std::string dir = make_results_dir("fsdp-cpu-ranks-");
   struct RemoveOnExit {
     std::string path;
     ~RemoveOnExit() {
@@ -243,12 +255,19 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
   // Node 0's launcher hosts the store: bound now (so the port is known), served after the
   // forks (so the children inherit no serving thread).
   std::unique_ptr<rendezvous::TcpStoreServer> server;
-  if (where.node_rank == 0)
-    server = std::make_unique<rendezvous::TcpStoreServer>(where.master_port, /*start=*/false);
+  if (where.node_rank == 0) {
+    rendezvous::TcpStoreServerOptions o;
+    o.bind_address = store_bind_address(node);
+    o.port = where.master_port;
+    o.secret = secret;
+    o.start = false;
+    server = std::make_unique<rendezvous::TcpStoreServer>(o);
+  }
   rendezvous::TcpStoreOptions store_at;
-  store_at.host = where.node_rank == 0 ? "127.0.0.1" : where.master_addr;
+  store_at.host = server ? server->connect_host() : where.master_addr;
   store_at.port = server ? server->port() : where.master_port;
   store_at.timeout = timeout;
+  store_at.secret = secret;
 
   ChildPlan plan;
   plan.world = launch.world_size;
@@ -283,16 +302,22 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
   }
   const std::optional<std::string> local_failure = reap(pids, launch.first_rank, *store);
   std::optional<rendezvous::FailureNotice> notice;
-  if (local_failure) notice = rendezvous::read_failure(*store, Millis(0));
+  if (local_failure && !StopSignals::received())
+    notice = rendezvous::read_failure(*store, Millis(0));
   if (server) {
-    // Every rank of the job reaped, or the timeout: then the store may go.
+    // Every rank of the job reaped, or the timeout (or a stop signal): then the store may go.
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     try {
-      while (store->add(kReapedKey, 0) < launch.world_size &&
+      while (!StopSignals::received() && store->add(kReapedKey, 0) < launch.world_size &&
              std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     } catch (const std::exception&) {
     }
+  }
+  if (StopSignals::received()) {  // every rank is reaped: clean up, then go as told
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+    stop_signals.end_if_received();
   }
 
   for (int i = 0; i < nproc; ++i) {

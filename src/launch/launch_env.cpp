@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include "fsdp/error.h"
+#include "launch/store_security.h"
 
 namespace fsdp::launch {
 
@@ -244,13 +245,15 @@ LaunchEnv resolve_launch(const LaunchFlags& flags, const EnvLookup& env) {
                    r.text("WORLD_SIZE").value_or(""), ") already started this process as one "
                    "rank; drop --nproc, --nnodes and --node-rank (torchrun's --nproc-per-node "
                    "and --nnodes say how many)");
+  LaunchEnv e;
   switch (detect_launcher(flags, env)) {
-    case Launcher::Fsdp: return from_command_line(flags, r);
-    case Launcher::Torchrun: return from_torchrun(flags, r);
-    case Launcher::Slurm: return from_slurm(flags, r);
-    case Launcher::Mpi: return from_mpi(flags, r);
+    case Launcher::Fsdp: e = from_command_line(flags, r); break;
+    case Launcher::Torchrun: e = from_torchrun(flags, r); break;
+    case Launcher::Slurm: e = from_slurm(flags, r); break;
+    case Launcher::Mpi: e = from_mpi(flags, r); break;
   }
-  FSDP_FAIL("unknown launcher");
+  read_store_access(e, env);
+  return e;
 }
 
 LaunchEnv for_local_rank(const LaunchEnv& node, int local_rank) {

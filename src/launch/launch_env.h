@@ -44,6 +44,10 @@ struct LaunchEnv {
   bool agent_store = false;
   // Distinguishes this run's keys in a store that outlives it (torchrun's, across restarts).
   std::string run_id;
+  // FSDP_STORE_SECRET (or the contents of FSDP_STORE_SECRET_FILE), "" when neither is set,
+  // and FSDP_STORE_BIND: Note [Store access] in store_security.h. Never printed.
+  std::string store_secret;
+  std::string store_bind;
 
   // Whether this process hosts the store: the launching process of node 0 (Launcher::Fsdp),
   // else rank 0 unless torchrun's agent hosts it.

@@ -18,6 +18,7 @@
 
 #include "fsdp/error.h"
 #include "launch/rank_processes.h"
+#include "launch/store_security.h"
 #include "rendezvous/failure_notice.h"
 #include "rendezvous/tcp_store.h"
 
@@ -31,10 +32,11 @@ const char* const kNodeRanksReapedKey = "fsdp/node_ranks_reaped";
 // with the store: it keeps the store up until every node has counted its reaped ranks there
 // (or the timeout). A node whose store is gone (node 0 ended) has nobody to count for.
 void keep_store_until_all_nodes_reaped(const LaunchEnv& node, bool hosts, const std::string& host,
-                                       int port, rendezvous::Millis timeout) {
+                                       int port, rendezvous::Millis timeout,
+                                       const std::string& secret) {
   if (node.nnodes == 1) return;
   try {
-    rendezvous::TcpStore store({host, port, std::min(timeout, rendezvous::Millis(5000))});
+    rendezvous::TcpStore store({host, port, std::min(timeout, rendezvous::Millis(5000)), secret});
     store.add(kNodeRanksReapedKey, node.local_world_size);
     if (!hosts) return;
     const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -56,17 +58,25 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   // but serves only once they are all forked, so no child inherits an accepted connection;
   // each child closes its copy of the listening socket. The store then lives exactly as long
   // as this process, which outlives its ranks: a rank that dies cannot take it along.
+  // Note [Store access]: it listens on loopback unless the nodes are several hosts, and
+  // admits only clients that know the job's secret (made here for one node).
+  const std::string secret = job_store_secret(node);
   std::unique_ptr<rendezvous::TcpStoreServer> server;
   int port = node.master_port;
   if (node.hosts_store()) {
-    server = std::make_unique<rendezvous::TcpStoreServer>(node.master_port, /*start=*/false);
+    rendezvous::TcpStoreServerOptions o;
+    o.bind_address = store_bind_address(node);
+    o.port = node.master_port;
+    o.secret = secret;
+    o.start = false;
+    server = std::make_unique<rendezvous::TcpStoreServer>(o);
     port = server->port();
   }
-  const std::string store_host = server ? "127.0.0.1" : node.master_addr;
+  const std::string store_host = server ? server->connect_host() : node.master_addr;
+  // SIGTERM or SIGINT from now on ends the ranks and removes their files (StopSignals).
+  StopSignals stop_signals;
   // Each child writes its result (which can be large) to a file here.
-  char dir_template[] = "/tmp/fsdp-ranks-XXXXXX";
-  FSDP_CHECK(::mkdtemp(dir_template), "cannot make a temporary directory: ", std::strerror(errno));
-  const std::string dir = dir_template;
+  const std::string dir = make_results_dir("fsdp-ranks-");
   auto result_path = [&](int local_rank) {
     return dir + "/rank" + std::to_string(local_rank) + ".out";
   };
@@ -82,11 +92,12 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
     }
     if (pid == 0) {
       int code = 0;
+      StopSignals::reset_in_child();
       try {
         if (server) server->close_in_child();
         const LaunchEnv e = for_local_rank(node, local_rank);
         this_thread_identity() = {e.rank, "process " + std::to_string(::getpid())};
-        rendezvous::TcpStore store({store_host, port, timeout});
+        rendezvous::TcpStore store({store_host, port, timeout, secret});
         const std::string result = rank_main(e, store);
         std::ofstream out(result_path(local_rank), std::ios::binary);
         out << result;
@@ -105,7 +116,8 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   if (server) server->start();
   // Names the first rank to fail, stops and reaps the others (rank_processes.h).
   const std::string first_failure = wait_for_rank_processes(pids, node.rank);
-  keep_store_until_all_nodes_reaped(node, server != nullptr, store_host, port, timeout);
+  if (!StopSignals::received())
+    keep_store_until_all_nodes_reaped(node, server != nullptr, store_host, port, timeout, secret);
   bool failed = !first_failure.empty();
   std::vector<std::string> results(local);
   for (int local_rank = 0; local_rank < local; ++local_rank) {
@@ -115,6 +127,7 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
     ::unlink(result_path(local_rank).c_str());
   }
   ::rmdir(dir.c_str());
+  stop_signals.end_if_received();  // every rank is reaped and its file gone: go as told
   if (!first_failure.empty())
     FSDP_USER_FAIL(first_failure, "; the other ranks were stopped (any errors they printed are above)");
   FSDP_CHECK(!failed, "a rank left no result");
@@ -123,8 +136,9 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
 
 rendezvous::HostedStore open_rank_store(const LaunchEnv& e, rendezvous::Millis timeout) {
   FSDP_CHECK(e.launcher != Launcher::Fsdp, "open_rank_store is for a rank of an external launcher");
-  rendezvous::HostedStore hosted =
-      rendezvous::host_or_join_tcp_store(e.hosts_store(), e.master_addr, e.master_port, timeout);
+  rendezvous::HostedStore hosted = rendezvous::host_or_join_tcp_store(
+      e.hosts_store(), e.master_addr, e.master_port, timeout, job_store_secret(e),
+      e.hosts_store() ? store_bind_address(e) : "");
   if (e.agent_store) {
     try {
       hosted.store->add("fsdp/" + e.run_id + "/joined", 1);

@@ -4,16 +4,68 @@
 #include "launch/rank_processes.h"
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include "fsdp/error.h"
 
 namespace fsdp::launch {
+
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+
+void record_stop(int sig) { g_stop_signal = sig; }
+
+}  // namespace
+
+StopSignals::StopSignals() {
+  g_stop_signal = 0;
+  struct sigaction sa {};
+  sa.sa_handler = record_stop;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGTERM, &sa, &old_term_);
+  ::sigaction(SIGINT, &sa, &old_int_);
+}
+
+StopSignals::~StopSignals() { end_if_received(); }
+
+void StopSignals::reset_in_child() {
+  ::signal(SIGTERM, SIG_DFL);
+  ::signal(SIGINT, SIG_DFL);
+  g_stop_signal = 0;
+}
+
+int StopSignals::received() { return g_stop_signal; }
+
+void StopSignals::end_if_received() {
+  if (restored_) return;
+  restored_ = true;
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+  ::sigaction(SIGINT, &old_int_, nullptr);
+  const int sig = g_stop_signal;
+  g_stop_signal = 0;
+  if (sig == 0) return;
+  // Handled now as it would have been without us: by default, the end of this process.
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::raise(sig);
+}
+
+std::string make_results_dir(const std::string& prefix) {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = std::string(tmp && *tmp ? tmp : "/tmp") + "/" + prefix + "XXXXXX";
+  FSDP_USER_CHECK(::mkdtemp(path.data()), "cannot make a temporary directory ", path, ": ",
+                  std::strerror(errno), " (is TMPDIR a writable directory?)");
+  return path;
+}
 
 std::string describe_rank_exit(int rank, int status) {
   if (WIFEXITED(status))
@@ -38,7 +90,21 @@ std::string wait_for_rank_processes(
   std::string first_failure;
   Clock::time_point kill_at{};
   bool killed = false;
+  bool stopping = false;
   while (left > 0) {
+    if (const int sig = StopSignals::received(); sig != 0 && !stopping) {
+      // This launcher was told to stop: so are its ranks, and the grace is theirs too.
+      stopping = true;
+      const char* name = ::strsignal(sig);
+      if (first_failure.empty())
+        first_failure = detail::concat("stopped by signal ", sig,
+                                       name ? detail::concat(" (", name, ")") : std::string());
+      for (size_t r = 0; r < pids.size(); ++r)
+        if (!reaped[r]) ::kill(pids[r], sig);
+      if (!killed && kill_at == Clock::time_point{})
+        kill_at = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(grace_s));
+    }
     bool progressed = false;
     for (size_t r = 0; r < pids.size(); ++r) {
       if (reaped[r]) continue;
@@ -64,7 +130,8 @@ std::string wait_for_rank_processes(
                                    std::chrono::duration<double>(grace_s));
     }
     if (left == 0) break;
-    if (!first_failure.empty() && !killed && Clock::now() >= kill_at) {
+    if (!first_failure.empty() && !killed && kill_at != Clock::time_point{} &&
+        Clock::now() >= kill_at) {
       for (size_t r = 0; r < pids.size(); ++r)
         if (!reaped[r]) ::kill(pids[r], SIGKILL);
       killed = true;

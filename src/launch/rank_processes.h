@@ -1,6 +1,7 @@
 // Waiting for the processes of a local launch (one per rank, `fsdp train --nproc N`).
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <functional>
@@ -9,15 +10,16 @@
 
 namespace fsdp::launch {
 
-// Waits for every child in `pids` (pids[i] runs rank first_rank + i) and reaps all of them. When one
-// fails (exits non-zero or dies by a signal), the others are sent SIGTERM at once and
+// Waits for every child in `pids` (pids[i] runs rank first_rank + i) and reaps all of them.
+// When one fails (exits non-zero or dies by a signal), the others are sent SIGTERM at once and
 // SIGKILL `grace_s` seconds later if they are still there, so a dead rank never leaves the
-// rest waiting for it in a collective. Returns "" when all exited with status 0, otherwise
-// the first failure: "rank 1 was killed by signal 9 (Killed)" or "rank 0 exited with
-// status 1". `on_first_failure(rank, description)`, when given, runs once, before the others
-// are stopped (to record the failure where ranks on other hosts can read it);
-// `on_reaped(rank)` runs as each child is reaped, before that (to count the ranks out).
-// Every launch form that forks ranks waits through this one function.
+// rest waiting for it in a collective; a signal that StopSignals recorded stops them all so
+// too (with that signal). Returns "" when all exited with status 0, otherwise the first
+// failure: "rank 1 was killed by signal 9 (Killed)", "rank 0 exited with status 1", or
+// "stopped by signal 15 (Terminated)". `on_first_failure(rank, description)`, when given,
+// runs once, before the others are stopped (to record the failure where ranks on other hosts
+// can read it); `on_reaped(rank)` runs as each child is reaped, before that (to count the
+// ranks out). Every launch form that forks ranks waits through this one function.
 std::string wait_for_rank_processes(
     const std::vector<pid_t>& pids, int first_rank = 0, double grace_s = 10,
     const std::function<void(int rank, const std::string& failure)>& on_first_failure = {},
@@ -25,5 +27,30 @@ std::string wait_for_rank_processes(
 
 // How `status` (from waitpid) ended rank `rank`; "" for a clean exit.
 std::string describe_rank_exit(int rank, int status);
+
+// SIGTERM and SIGINT while a launcher runs its ranks: recorded instead of ending the process
+// at once, so that wait_for_rank_processes ends the ranks (the signal, then SIGKILL after
+// its grace) and the launcher removes its files before it goes, by the same signal.
+class StopSignals {
+ public:
+  StopSignals();   // installs the handlers
+  ~StopSignals();  // end_if_received(), if not called before
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // In a child forked meanwhile: the default actions again (a rank dies of them as before).
+  static void reset_in_child();
+  // The signal received since the handlers were installed; 0 for none.
+  static int received();
+  // Puts the previous handlers back and raises the signal received, if one was, so that it
+  // is handled as it would have been without these: by default, this process ends by it.
+  void end_if_received();
+
+ private:
+  struct sigaction old_term_ {}, old_int_ {};
+  bool restored_ = false;
+};
+
+// A new private directory for the ranks' result files: $TMPDIR (else /tmp)/<prefix>XXXXXX.
+std::string make_results_dir(const std::string& prefix);
 
 }  // namespace fsdp::launch

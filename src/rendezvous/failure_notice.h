@@ -11,6 +11,7 @@
 // server posts when that connection closes before the rank said goodbye.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -31,8 +32,19 @@ bool post_failure(Store& store, const FailureNotice& notice);
 // read notices through, with its "/"; "" for none). Throws if the store is unreachable.
 void post_failure_on_disconnect(TcpStore& store, const std::string& prefix,
                                 const FailureNotice& notice);
-// The recorded notice, waiting up to `wait` for one to appear; nullopt if none by then.
+// The recorded notice, waiting up to `wait` for one to appear; nullopt if none by then (or
+// if what is there is not a notice). Its message is safe to print, whoever wrote it into the
+// store: one_safe_line(..., kMaxNoticeBytes), attributed_to(its rank, ...).
 std::optional<FailureNotice> read_failure(Store& store, Millis wait);
+
+inline constexpr size_t kMaxNoticeBytes = 2000;
+// `text` as one line of at most `max_bytes` (then cut, ending " [...]"): control characters
+// (C0, DEL, C1, line separators, bidirectional overrides) become spaces, bytes that are not
+// UTF-8 become '?'.
+std::string one_safe_line(const std::string& text, size_t max_bytes);
+// `text` as said by rank `rank`: as it is when it starts "rank <rank>" (then a space, a
+// comma, a colon or its end), else with "rank <rank>: " in front.
+std::string attributed_to(int rank, const std::string& text);
 
 // Whether the store still answers (a lost connection to it means its host is gone).
 bool store_answers(Store& store);

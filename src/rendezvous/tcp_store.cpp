@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "fsdp/error.h"
+#include "rendezvous/store_auth.h"
 #include "rendezvous/tcp_store_wire.h"
 
 namespace fsdp::rendezvous {
@@ -89,7 +90,14 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options) {
   Millis pause(10);
   for (;;) {
     fd_ = try_connect(options.host, options.port, std::min(remaining_ms(deadline), 5000), error);
-    if (fd_ >= 0 || Clock::now() >= deadline) break;
+    if (fd_ >= 0) {
+      if (handshake()) break;
+      // Closed before admitting us: a server at its limit turns newcomers away for now.
+      ::close(fd_);
+      fd_ = -1;
+      error = "it closed the connection before admitting this client (is it fsdp's store?)";
+    }
+    if (Clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::min<Millis>(pause, Millis(remaining_ms(deadline))));
     pause = std::min(pause * 2, Millis(500));
   }
@@ -99,10 +107,43 @@ TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options) {
               "; last error: ", error,
               "); is the process that hosts it (rank 0) running, and are the address and "
               "port right?");
+}
+
+bool TcpStore::handshake() {
   std::string hello;
   put_uint(hello, kValidate, 1);
   put_uint(hello, kMagic, 4);
-  send_bytes(hello);
+  if (options_.secret.empty()) {  // torchrun's agent store: VALIDATE is all it asks
+    return send_bytes(hello, /*eof_ok=*/true);
+  }
+  // Note [Store authentication].
+  const std::string client_nonce = auth::random_bytes(auth::kNonceBytes);
+  put_uint(hello, kAuth, 1);
+  hello += client_nonce;
+  if (!send_bytes(hello, /*eof_ok=*/true)) return false;
+  std::string challenge(auth::kNonceBytes + auth::kProofBytes, '\0');
+  if (!recv_bytes(challenge.data(), challenge.size(), /*eof_ok=*/true)) return false;
+  const std::string server_nonce = challenge.substr(0, auth::kNonceBytes);
+  if (!auth::same_bytes(challenge.substr(auth::kNonceBytes),
+                        auth::server_proof(options_.secret, client_nonce, server_nonce))) {
+    ::close(fd_);
+    fd_ = -1;
+    FSDP_USER_FAIL("rendezvous: the store at ", address(), " did not prove that it knows this "
+                   "job's secret: FSDP_STORE_SECRET (or FSDP_STORE_SECRET_FILE) differs from "
+                   "that of its host, or another program listens on that port");
+  }
+  if (!send_bytes(auth::client_proof(options_.secret, server_nonce, client_nonce), true))
+    return false;
+  char verdict = 0;
+  if (!recv_bytes(&verdict, 1, /*eof_ok=*/true)) return false;
+  if (static_cast<uint8_t>(verdict) != kAdmitted) {
+    ::close(fd_);
+    fd_ = -1;
+    FSDP_USER_FAIL("rendezvous: the store at ", address(), " refused this process's secret "
+                   "(FSDP_STORE_SECRET or FSDP_STORE_SECRET_FILE must be the same for every "
+                   "rank of the job)");
+  }
+  return true;
 }
 
 TcpStore::~TcpStore() {
@@ -140,18 +181,20 @@ void TcpStore::lost(const std::string& why) {
   FSDP_USER_FAIL("rendezvous: lost the connection to the store at ", address(), ": ", why);
 }
 
-void TcpStore::send_bytes(const std::string& bytes) {
+bool TcpStore::send_bytes(const std::string& bytes, bool eof_ok) {
   if (fd_ < 0) lost("it failed earlier");
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::send(fd_, bytes.data() + done, bytes.size() - done, MSG_NOSIGNAL);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && eof_ok && (errno == ECONNRESET || errno == EPIPE)) return false;
     if (n <= 0) lost(std::string(std::strerror(errno)) + " (did the process hosting it end?)");
     done += static_cast<size_t>(n);
   }
+  return true;
 }
 
-void TcpStore::recv_bytes(char* out, size_t n) {
+bool TcpStore::recv_bytes(char* out, size_t n, bool eof_ok) {
   const auto deadline = Clock::now() + options_.timeout;
   size_t done = 0;
   while (done < n) {
@@ -161,13 +204,19 @@ void TcpStore::recv_bytes(char* out, size_t n) {
     if (ready == 0) lost("no reply within " + seconds_text(options_.timeout));
     const ssize_t got = ::recv(fd_, out + done, n - done, 0);
     if (got < 0 && errno == EINTR) continue;
+    if (eof_ok && (got == 0 || (got < 0 && (errno == ECONNRESET || errno == EPIPE)))) return false;
     if (got == 0) lost("the store closed the connection (did the process hosting it end?)");
     if (got < 0) lost(std::strerror(errno));
     done += static_cast<size_t>(got);
   }
+  return true;
 }
 
 void TcpStore::set(const std::string& key, const std::string& value) {
+  FSDP_USER_CHECK(key.size() <= kMaxKeyBytes && value.size() <= kDefaultMaxValueBytes,
+                  "rendezvous: the store takes keys of at most ", kMaxKeyBytes,
+                  " bytes and values of at most ", kDefaultMaxValueBytes, "; key '",
+                  key.substr(0, 100), "' has ", key.size(), " and its value ", value.size());
   std::string msg;
   put_uint(msg, kSet, 1);
   put_string(msg, key);
@@ -229,13 +278,19 @@ std::string TcpStore::get(const std::string& key, Millis timeout) {
   return value;
 }
 
-HostedStore host_or_join_tcp_store(bool host, const std::string& addr, int port, Millis timeout) {
+HostedStore host_or_join_tcp_store(bool host, const std::string& addr, int port, Millis timeout,
+                                   const std::string& secret, const std::string& bind_address) {
   HostedStore h;
   if (host) {
-    h.server = std::make_unique<TcpStoreServer>(port);
+    TcpStoreServerOptions o;
+    o.bind_address = bind_address;
+    o.port = port;
+    o.secret = secret;
+    h.server = std::make_unique<TcpStoreServer>(o);
     port = h.server->port();
   }
-  h.store = std::make_shared<TcpStore>(TcpStoreOptions{host ? "127.0.0.1" : addr, port, timeout});
+  h.store = std::make_shared<TcpStore>(
+      TcpStoreOptions{host ? h.server->connect_host() : addr, port, timeout, secret});
   return h;
 }
 

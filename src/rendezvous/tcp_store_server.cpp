@@ -4,7 +4,9 @@
 // (TORCHELASTIC_USE_AGENT_STORE=True) as well as our own server. Integers are little-endian;
 // a string is its length (uint64) and its bytes. A connection opens with
 //   VALIDATE (byte 0), uint32 0x3C85F7CE
-// and then carries requests, each a command byte and its arguments:
+// then, to our server, the handshake of Note [Store authentication] (AUTH, 0x71: ours
+// alone, never sent to torchrun's agent store), and then carries requests, each a command
+// byte and its arguments:
 //   SET   (1) key, value              no reply
 //   GET   (3) key                     reply: value (empty when unset)
 //   ADD   (4) key, int64 delta        reply: int64 new value (stored as its decimal text)
@@ -18,210 +20,173 @@
 // times out leaves no reply in flight on the connection, and the one code path works on both
 // servers. A server that dies closes the connection; the waiting client's next request (at
 // most 50 ms later) then fails with a message saying so.
+//
+// Note [Store limits]
+// Whoever can reach the port can connect, so what one connection can cost is bounded:
+//  - Before admission (Note [Store authentication]) a client holds a few dozen bytes of
+//    input, and at most limits.max_unauthenticated such connections are kept (a newcomer
+//    past that drops the oldest); each is dropped if not admitted within auth_timeout.
+//  - At most max_connections in all; past that, and whenever the process is out of file
+//    descriptors (EMFILE), a newcomer is accepted and closed at once (the reserve descriptor
+//    makes room to accept it), so a full backlog never leaves poll() spinning on the listener.
+//  - A value is at most max_value_bytes. A client that does not read its replies is served
+//    nothing more, and read no further, while max_pending_reply_bytes of them wait.
+//  - Input is consumed by offset and compacted once per read, so parsing is linear in the
+//    bytes received however many requests they hold; each connection is read at most
+//    kReadBudget bytes per round, so one fast sender cannot starve the others.
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <arpa/inet.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <map>
-#include <optional>
+#include <memory>
 #include <vector>
 
 #include "fsdp/error.h"
 #include "rendezvous/tcp_store.h"
+#include "rendezvous/tcp_store_connection.h"
 #include "rendezvous/tcp_store_wire.h"
 
 namespace fsdp::rendezvous {
 
-using namespace wire;
+using server::Clock;
+using server::Connection;
+
+struct TcpStoreServer::Counters {
+  std::atomic<uint64_t> polls{0}, accepted{0}, admitted{0}, refused_secrets{0},
+      dropped_unadmitted{0}, turned_away{0}, requests{0}, input_bytes{0}, input_bytes_moved{0},
+      peak_pending_reply_bytes{0}, open_connections{0};
+};
 
 namespace {
 
-// Reads a request from a connection's input; each read returns false when the bytes have not
-// all arrived yet (the request is then parsed again once more came in).
-struct Cursor {
-  const std::string& in;
-  size_t pos;
-  bool bad = false;  // a malformed request: the server drops the connection
-  bool uint(uint64_t& v, int bytes) {
-    if (in.size() - pos < static_cast<size_t>(bytes)) return false;
-    v = get_uint(in.data() + pos, bytes);
-    pos += bytes;
-    return true;
-  }
-  bool string(std::string& s, uint64_t limit) {
-    uint64_t n = 0;
-    if (!uint(n, 8)) return false;
-    if (n > limit) {
-      bad = true;
-      return false;
-    }
-    if (in.size() - pos < n) return false;
-    s.assign(in, pos, n);
-    pos += n;
-    return true;
-  }
-};
-
-struct Connection {
-  int fd = -1;
-  bool validated = false;
-  bool closed = false;
-  std::string in, out;
-  std::string notice_count_key, notice_key, notice;  // armed while notice is not empty
-};
-
-// ADD: the key's new value, or nullopt when it holds no number.
-std::optional<int64_t> add_to(std::map<std::string, std::string>& kv, const std::string& key,
-                              int64_t delta) {
-  auto it = kv.find(key);
-  int64_t now = delta;
-  if (it != kv.end()) {
-    try {
-      now += std::stoll(it->second);
-    } catch (const std::exception&) {
-      return std::nullopt;
-    }
-  }
-  kv[key] = std::to_string(now);
-  return now;
-}
-
-// Parses and answers one request at the start of c.in; false when it is incomplete or bad.
-bool serve_one(Connection& c, std::map<std::string, std::string>& kv) {
-  Cursor r{c.in, 0};
-  uint64_t op = 0;
-  if (!r.uint(op, 1)) return false;
-  if (!c.validated) {
-    uint64_t magic = 0;
-    if (!r.uint(magic, 4)) return false;
-    if (op != kValidate || magic != kMagic) {
-      c.closed = true;  // not one of ours
-      return false;
-    }
-    c.validated = true;
-  } else if (op == kSet) {
-    std::string key, value;
-    if (!r.string(key, kMaxKeyBytes) || !r.string(value, kMaxValueBytes)) {
-      c.closed = r.bad;
-      return false;
-    }
-    kv[key] = std::move(value);
-  } else if (op == kGet) {
-    std::string key;
-    if (!r.string(key, kMaxKeyBytes)) {
-      c.closed = r.bad;
-      return false;
-    }
-    auto it = kv.find(key);
-    put_string(c.out, it == kv.end() ? std::string() : it->second);
-  } else if (op == kAdd) {
-    std::string key;
-    uint64_t delta = 0;
-    if (!r.string(key, kMaxKeyBytes) || !r.uint(delta, 8)) {
-      c.closed = r.bad;
-      return false;
-    }
-    const std::optional<int64_t> now = add_to(kv, key, static_cast<int64_t>(delta));
-    if (!now) {
-      c.closed = true;  // ADD on a key that holds no number
-      return false;
-    }
-    put_uint(c.out, static_cast<uint64_t>(*now), 8);
-  } else if (op == kCheck) {
-    uint64_t n = 0;
-    if (!r.uint(n, 8)) return false;
-    if (n > kMaxKeys) {
-      c.closed = true;
-      return false;
-    }
-    bool all = true;
-    for (uint64_t i = 0; i < n; ++i) {
-      std::string key;
-      if (!r.string(key, kMaxKeyBytes)) {
-        c.closed = r.bad;
-        return false;
-      }
-      all = all && kv.count(key) > 0;
-    }
-    c.out.push_back(static_cast<char>(all ? kReady : kNotReady));
-  } else if (op == kDisconnectNotice) {
-    std::string count_key, key, text;
-    if (!r.string(count_key, kMaxKeyBytes) || !r.string(key, kMaxKeyBytes) ||
-        !r.string(text, kMaxValueBytes)) {
-      c.closed = r.bad;
-      return false;
-    }
-    c.notice_count_key = std::move(count_key);
-    c.notice_key = std::move(key);
-    c.notice = std::move(text);
-  } else {
-    c.closed = true;  // a command this server does not implement
-    return false;
-  }
-  c.in.erase(0, r.pos);
-  return true;
-}
+constexpr size_t kReadBudget = 1 << 20;   // per connection and round
+constexpr size_t kPreAdmissionRead = 256;  // more than any handshake message
+constexpr int kAcceptsPerRound = 64;
 
 void set_nonblocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
-// A listening socket on every interface (IPv6 with IPv4 mapped, else IPv4 alone).
-int listen_on(int port, std::string& error) {
-  for (int family : {AF_INET6, AF_INET}) {
+// A listening socket on `bind` ("*": every interface, IPv6 with IPv4 mapped, else IPv4).
+int listen_on(const std::string& bind, int port, std::string& error) {
+  std::vector<sockaddr_storage> addrs;
+  std::vector<socklen_t> lens;
+  if (bind == "*") {
+    sockaddr_storage ss{};
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_addr = in6addr_any;
+    a6->sin6_port = htons(static_cast<uint16_t>(port));
+    addrs.push_back(ss);
+    lens.push_back(sizeof(sockaddr_in6));
+    ss = {};
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+    a4->sin_family = AF_INET;
+    a4->sin_addr.s_addr = htonl(INADDR_ANY);
+    a4->sin_port = htons(static_cast<uint16_t>(port));
+    addrs.push_back(ss);
+    lens.push_back(sizeof(sockaddr_in));
+  } else {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    const int rc = ::getaddrinfo(bind.c_str(), std::to_string(port).c_str(), &hints, &res);
+    if (rc != 0) {
+      error = std::string("cannot resolve it: ") + ::gai_strerror(rc);
+      return -1;
+    }
+    // IPv4 first (what the ranks' Gloo connections use too), then IPv6.
+    for (int family : {AF_INET, AF_INET6})
+      for (addrinfo* ai = res; ai; ai = ai->ai_next)
+        if (ai->ai_family == family) {
+          sockaddr_storage ss{};
+          std::memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
+          addrs.push_back(ss);
+          lens.push_back(ai->ai_addrlen);
+        }
+    ::freeaddrinfo(res);
+  }
+  for (size_t i = 0; i < addrs.size(); ++i) {
+    const int family = addrs[i].ss_family;
     const int fd = ::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
     int one = 1, zero = 0;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    sockaddr_storage ss{};
-    socklen_t len;
-    if (family == AF_INET6) {
+    if (family == AF_INET6 && bind == "*")
       ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
-      auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
-      a->sin6_family = AF_INET6;
-      a->sin6_addr = in6addr_any;
-      a->sin6_port = htons(static_cast<uint16_t>(port));
-      len = sizeof *a;
-    } else {
-      auto* a = reinterpret_cast<sockaddr_in*>(&ss);
-      a->sin_family = AF_INET;
-      a->sin_addr.s_addr = htonl(INADDR_ANY);
-      a->sin_port = htons(static_cast<uint16_t>(port));
-      len = sizeof *a;
-    }
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0 && ::listen(fd, 1024) == 0)
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addrs[i]), lens[i]) == 0 && ::listen(fd, 1024) == 0)
       return fd;
     error = std::strerror(errno);
     ::close(fd);
-    if (error.find("in use") != std::string::npos) break;  // IPv4 would say the same
+    if (error.find("in use") != std::string::npos) break;  // another family would say the same
   }
+  if (addrs.empty()) error = "it has no address";
   return -1;
 }
 
-int bound_port(int fd) {
+void bound_address(int fd, int& port, std::string& text) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-  return ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
-                                  : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  char buf[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    port = ntohs(a->sin6_port);
+    ::inet_ntop(AF_INET6, &a->sin6_addr, buf, sizeof buf);
+  } else {
+    const auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    port = ntohs(a->sin_port);
+    ::inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
+  }
+  text = buf;
+}
+
+void raise_to(std::atomic<uint64_t>& peak, uint64_t v) {
+  uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (v > seen && !peak.compare_exchange_weak(seen, v, std::memory_order_relaxed)) {
+  }
 }
 
 }  // namespace
 
-TcpStoreServer::TcpStoreServer(int port, bool start_now) {
-  FSDP_CHECK(port >= 0 && port <= 65535, "a TCP port is in [0, 65535], got ", port);
+TcpStoreServer::TcpStoreServer(const TcpStoreServerOptions& options)
+    : options_(options), counters_(std::make_shared<Counters>()) {
+  const TcpStoreLimits& l = options.limits;
+  FSDP_CHECK(options.port >= 0 && options.port <= 65535, "a TCP port is in [0, 65535], got ",
+             options.port);
+  FSDP_CHECK(options.open || !options.secret.empty(),
+             "the store's server needs the job's secret (Note [Store authentication])");
+  FSDP_CHECK(l.max_value_bytes <= wire::kMaxValueBytes && l.max_pending_reply_bytes > 0 &&
+                 l.max_connections > 0 && l.max_unauthenticated > 0 && l.auth_timeout.count() > 0,
+             "bad store limits");
   std::string error = "unknown error";
-  listen_fd_ = listen_on(port, error);
-  if (listen_fd_ < 0)
-    FSDP_USER_FAIL("rendezvous: cannot host the store on port ", port, ": ", error,
-              port == 0 ? "" : " (is another job using it? pick another --master-port)");
-  port_ = bound_port(listen_fd_);
+  listen_fd_ = listen_on(options.bind_address, options.port, error);
+  if (listen_fd_ < 0) {
+    const bool in_use = error.find("in use") != std::string::npos;
+    const bool not_here = error.find("assign requested address") != std::string::npos;
+    const char* hint = in_use && options.port != 0
+                           ? " (is another job using it? pick another --master-port)"
+                       : not_here ? " (it is not an address of this host: --master-addr names "
+                                    "the host of node 0 or rank 0, where the store listens)"
+                                  : "";
+    FSDP_USER_FAIL("rendezvous: cannot host the store on port ", options.port, " of ",
+                   options.bind_address == "*" ? "every interface" : options.bind_address, ": ",
+                   error, hint);
+  }
+  bound_address(listen_fd_, port_, listen_address_);
+  connect_host_ = listen_address_ == "0.0.0.0" || listen_address_ == "::" ? "127.0.0.1"
+                                                                          : listen_address_;
   set_nonblocking(listen_fd_);
   FSDP_CHECK(::pipe2(wake_pipe_, O_CLOEXEC) == 0, "pipe failed: ", std::strerror(errno));
-  if (start_now) start();
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (options.start) start();
 }
 
 TcpStoreServer::~TcpStoreServer() { stop(); }
@@ -232,7 +197,7 @@ void TcpStoreServer::start() {
 }
 
 void TcpStoreServer::close_in_child() {
-  for (int* fd : {&listen_fd_, &wake_pipe_[0], &wake_pipe_[1]}) {
+  for (int* fd : {&listen_fd_, &wake_pipe_[0], &wake_pipe_[1], &reserve_fd_}) {
     if (*fd >= 0) ::close(*fd);
     *fd = -1;
   }
@@ -248,69 +213,221 @@ void TcpStoreServer::stop() {
   close_in_child();
 }
 
+TcpStoreServer::Stats TcpStoreServer::stats() const {
+  const Counters& c = *counters_;
+  Stats s;
+  s.polls = c.polls.load();
+  s.accepted = c.accepted.load();
+  s.admitted = c.admitted.load();
+  s.refused_secrets = c.refused_secrets.load();
+  s.dropped_unadmitted = c.dropped_unadmitted.load();
+  s.turned_away = c.turned_away.load();
+  s.requests = c.requests.load();
+  s.input_bytes = c.input_bytes.load();
+  s.input_bytes_moved = c.input_bytes_moved.load();
+  s.peak_pending_reply_bytes = c.peak_pending_reply_bytes.load();
+  s.open_connections = c.open_connections.load();
+  return s;
+}
+
 void TcpStoreServer::serve() {
-  std::map<std::string, std::string> kv;
-  std::vector<Connection> conns;
+  const TcpStoreLimits& limits = options_.limits;
+  const server::ServePolicy policy{options_.secret, options_.open, limits,
+                                   limits.max_value_bytes + 3 * wire::kMaxKeyBytes + 64};
+  Counters& counters = *counters_;
+  server::KeyValues kv;
+  std::vector<std::unique_ptr<Connection>> conns;  // in accept order
   std::vector<pollfd> fds;
+  int live = 0, unadmitted = 0;      // connections not closed; of them, not yet admitted
+  Clock::time_point listen_again{};  // the listener is left out of poll() until then
+
+  auto close_connection = [&](Connection& c) {
+    if (c.fd >= 0) {
+      ::close(c.fd);
+      --live;
+      if (!c.admitted()) --unadmitted;
+    }
+    c.fd = -1;
+    c.closed = true;
+  };
+  auto drop_unadmitted = [&](Connection& c) {
+    close_connection(c);
+    ++counters.dropped_unadmitted;
+  };
+  // Closes the oldest connection not yet admitted, to make room; false if there is none.
+  auto evict_oldest_unadmitted = [&] {
+    for (auto& c : conns)
+      if (c->fd >= 0 && !c->admitted()) {
+        if (c->closed) close_connection(*c);  // closing anyway
+        else drop_unadmitted(*c);
+        return true;
+      }
+    return false;
+  };
+  auto reopen_reserve = [&] { reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC); };
+  auto accept_some = [&](Clock::time_point now) {
+    for (int n = 0; n < kAcceptsPerRound; ++n) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        if ((errno != EMFILE && errno != ENFILE) || reserve_fd_ < 0) {
+          listen_again = now + std::chrono::milliseconds(100);  // no memory, or no reserve fd
+          return;
+        }
+        // Out of fds (which says nothing of whether anyone waits): the reserve one takes the
+        // newcomer, if there is one; then the oldest not yet admitted makes room for it, or
+        // it is turned away.
+        ::close(reserve_fd_);
+        fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+          reopen_reserve();
+          return;
+        }
+        if (!evict_oldest_unadmitted()) {
+          ::close(fd);
+          reopen_reserve();
+          ++counters.turned_away;
+          continue;
+        }
+        reopen_reserve();
+      }
+      if (unadmitted >= limits.max_unauthenticated) {
+        evict_oldest_unadmitted();
+      } else if (live >= limits.max_connections && !evict_oldest_unadmitted()) {
+        ::close(fd);  // every place is taken by an admitted client
+        ++counters.turned_away;
+        continue;
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      auto c = std::make_unique<Connection>();
+      c->fd = fd;
+      c->auth_deadline = now + limits.auth_timeout;
+      conns.push_back(std::move(c));
+      ++live;
+      ++unadmitted;
+      ++counters.accepted;
+    }
+  };
+  // Reads what has come (up to the round's budget); false when the peer is gone.
+  auto read_some = [&](Connection& c) {
+    char buf[65536];
+    size_t budget = c.admitted() ? kReadBudget : kPreAdmissionRead;
+    while (budget > 0) {
+      const ssize_t n = ::recv(c.fd, buf, std::min(sizeof buf, budget), 0);
+      if (n > 0) {
+        c.in.append(buf, static_cast<size_t>(n));
+        counters.input_bytes += static_cast<uint64_t>(n);
+        budget -= static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+    }
+    return true;
+  };
+  // Sends what is pending; false when the socket took less than all of it (or broke).
+  auto write_some = [&](Connection& c) {
+    while (c.pending_out() > 0) {
+      const ssize_t n = ::send(c.fd, c.out.data() + c.out_pos, c.pending_out(), MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out_pos += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (!(n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) c.closed = true;
+      break;
+    }
+    if (c.out_pos == c.out.size()) {
+      c.out.clear();
+      c.out_pos = 0;
+    } else if (c.out_pos > (1u << 20) && c.out_pos > c.out.size() / 2) {
+      c.out.erase(0, c.out_pos);
+      c.out_pos = 0;
+    }
+    return c.pending_out() == 0 && !c.closed;
+  };
+  auto serve_some = [&](Connection& c) {
+    server::ServeCounts counts;
+    const bool was_admitted = c.admitted();
+    server::serve_requests(c, kv, policy, counts);
+    if (!was_admitted && c.admitted()) --unadmitted;
+    counters.requests += counts.requests;
+    counters.admitted += counts.admitted;
+    counters.refused_secrets += counts.refused_secrets;
+    counters.dropped_unadmitted += counts.dropped_unadmitted;
+    raise_to(counters.peak_pending_reply_bytes, c.pending_out());
+    // Compact once per round: what is left is less than one request.
+    if (c.in_pos > 0) {
+      counters.input_bytes_moved += c.unparsed();
+      c.in.erase(0, c.in_pos);
+      c.in_pos = 0;
+    }
+  };
+
   while (!stopping_.load()) {
-    fds.assign({{wake_pipe_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}});
-    for (const Connection& c : conns)
-      fds.push_back({c.fd, static_cast<short>(POLLIN | (c.out.empty() ? 0 : POLLOUT)), 0});
-    if (::poll(fds.data(), fds.size(), -1) < 0) {
+    Clock::time_point now = Clock::now();
+    // Drop those whose handshake ran out of time, then forget the closed ones.
+    for (auto& c : conns)
+      if (c->fd >= 0 && !c->admitted() && c->auth_deadline <= now) drop_unadmitted(*c);
+    size_t kept = 0;
+    for (auto& c : conns) {
+      if (c->closed) {
+        if (c->admitted() && !c->notice.empty()) {
+          int64_t count = 0;
+          if (server::add_to(kv, c->notice_count_key, 1, count) && count == 1)
+            kv[c->notice_key] = std::move(c->notice);
+        }
+        close_connection(*c);
+        continue;
+      }
+      conns[kept++] = std::move(c);
+    }
+    conns.resize(kept);
+    counters.open_connections = conns.size();
+
+    const bool listening = now >= listen_again;
+    fds.assign({{wake_pipe_[0], POLLIN, 0}, {listening ? listen_fd_ : -1, POLLIN, 0}});
+    Clock::time_point wake_at = listening ? Clock::time_point::max() : listen_again;
+    for (const auto& c : conns) {
+      const bool reads = !c->closing && c->pending_out() < limits.max_pending_reply_bytes &&
+                         c->unparsed() < policy.max_request_bytes;
+      fds.push_back({c->fd, static_cast<short>((reads ? POLLIN : 0) |
+                                               (c->pending_out() > 0 ? POLLOUT : 0)), 0});
+      if (!c->admitted()) wake_at = std::min(wake_at, c->auth_deadline);
+    }
+    int timeout_ms = -1;
+    if (wake_at != Clock::time_point::max()) {  // rounded up: never wake before the deadline
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(wake_at - now).count();
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(left, 0, 1 << 30));
+    }
+    if (::poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       break;
     }
+    ++counters.polls;
     if (fds[0].revents) break;
-    if (fds[1].revents & POLLIN) {
-      for (int fd; (fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0;) {
-        int one = 1;
-        ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        Connection c;
-        c.fd = fd;
-        conns.push_back(std::move(c));
+    now = Clock::now();
+    const size_t polled = conns.size();  // those accepted below wait for the next round
+    if (fds[1].revents & POLLIN) accept_some(now);
+    for (size_t i = 0; i < polled; ++i) {
+      Connection& c = *conns[i];
+      const short ev = fds[i + 2].revents;
+      if (c.closed || ev == 0) continue;
+      const bool ended = (ev & (POLLIN | POLLHUP | POLLERR)) && !read_some(c);
+      // The requests that came with the end still count (a client's goodbye comes so).
+      serve_some(c);
+      for (int round = 0; round < 8 && !c.closed; ++round) {
+        if (!write_some(c) || c.closing || c.unparsed() == 0) break;
+        const size_t before = c.unparsed();
+        serve_some(c);  // its replies went out: serve what waited behind them
+        if (c.unparsed() == before) break;  // what is left is not a whole request yet
       }
-    }
-    for (size_t i = 0; i + 2 < fds.size(); ++i) {
-      Connection& c = conns[i];
-      if (fds[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) {
-        char buf[65536];
-        bool ended = false;
-        for (;;) {
-          const ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
-          if (n > 0) {
-            c.in.append(buf, static_cast<size_t>(n));
-            continue;
-          }
-          if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) ended = true;
-          if (n < 0 && errno == EINTR) continue;
-          break;
-        }
-        // The requests that came with the end still count (a client's goodbye comes so).
-        while (!c.closed && serve_one(c, kv)) {
-        }
-        if (ended) c.closed = true;
-      }
-      while (!c.closed && !c.out.empty()) {
-        const ssize_t n = ::send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
-        if (n > 0) {
-          c.out.erase(0, static_cast<size_t>(n));
-        } else {
-          if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) c.closed = true;
-          if (n < 0 && errno == EINTR) continue;
-          break;
-        }
-      }
-    }
-    for (size_t i = conns.size(); i-- > 0;) {
-      Connection& c = conns[i];
-      if (!c.closed) continue;
-      if (!c.notice.empty() && add_to(kv, c.notice_count_key, 1) == 1)
-        kv[c.notice_key] = std::move(c.notice);
-      ::close(c.fd);
-      conns.erase(conns.begin() + static_cast<std::ptrdiff_t>(i));
+      if (ended || (c.closing && c.pending_out() == 0)) c.closed = true;
     }
   }
-  for (const Connection& c : conns) ::close(c.fd);
+  for (auto& c : conns) close_connection(*c);
 }
 
 }  // namespace fsdp::rendezvous
