@@ -124,7 +124,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   // ---- multi-node launch and rendezvous (docs/launch.md)
   app.add_option("--nnodes", o.nnodes,
                  "CUDA backend: nodes of the job; each runs this command with its own "
-                 "--node-rank [default: 1]");
+                 "--node-rank, and the job's secret in FSDP_STORE_SECRET or "
+                 "FSDP_STORE_SECRET_FILE (docs/launch.md) [default: 1]");
   app.add_option("--node-rank", o.node_rank, "this node's index in [0, --nnodes) [default: 0]");
   app.add_option("--master-addr", o.master_addr,
                  "host of node 0, where the ranks meet [default: MASTER_ADDR; 127.0.0.1 on "
