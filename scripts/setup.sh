@@ -35,7 +35,7 @@ nlohmann-json|lib nlohmann_json nlohmann/json.hpp|nlohmann-json3-dev|required|a 
 OpenBLAS|lib OpenBLAS cblas.h|libopenblas-dev|required|a prefix with cblas.h and libopenblas in CMAKE_PREFIX_PATH (conda: openblas)
 GoogleTest|lib GTest gtest/gtest.h|libgtest-dev|required|a prefix with GTestConfig.cmake in CMAKE_PREFIX_PATH (conda: gtest)
 zlib|lib ZLIB zlib.h|zlib1g-dev|required|a prefix with zlib.h and libz in CMAKE_PREFIX_PATH (conda: zlib)
-OpenSSL (libcrypto)|lib OpenSSL openssl/hmac.h|libssl-dev|required|a prefix with openssl/hmac.h and libcrypto in CMAKE_PREFIX_PATH or OPENSSL_ROOT_DIR (conda: openssl)
+OpenSSL (libcrypto)|lib OpenSSL openssl/hmac.h|libssl-dev|optional|without it the rendezvous store loads the machine's libcrypto at run time
 rapidcheck|lib rapidcheck rapidcheck/gtest.h|librapidcheck-dev|optional|without it the property tests (tests/test_shard_properties.cpp) are skipped
 SentencePiece|lib SentencePiece sentencepiece_processor.h|libsentencepiece-dev|optional|without it the data tools are not built
 Gloo|lib Gloo gloo/config.h|libgloo-dev|optional|without it CPU ranks as processes (--backend cpu --nproc) are left out and their tests skip

@@ -3,9 +3,6 @@
 #include "rendezvous/store_auth.h"
 
 #include <fcntl.h>
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -13,12 +10,21 @@
 #include <cerrno>
 #include <cstring>
 
+#if FSDP_HAVE_OPENSSL
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#else
+#include <dlfcn.h>
+#endif
+
 #include "fsdp/error.h"
 
 namespace fsdp::rendezvous::auth {
 
 namespace {
 
+#if FSDP_HAVE_OPENSSL
 std::string hmac(const std::string& secret, const std::string& message) {
   unsigned char out[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
@@ -28,6 +34,32 @@ std::string hmac(const std::string& secret, const std::string& message) {
   FSDP_CHECK(ok && len == kProofBytes, "HMAC-SHA256 failed");
   return std::string(reinterpret_cast<const char*>(out), len);
 }
+#else
+// Without OpenSSL's headers at build time (a GPU image with no libssl-dev, say): the same
+// libcrypto, loaded when the handshake first needs it, through its stable C interface.
+std::string hmac(const std::string& secret, const std::string& message) {
+  using Md = const void* (*)();
+  using Hmac = unsigned char* (*)(const void*, const void*, int, const unsigned char*, size_t,
+                                  unsigned char*, unsigned int*);
+  static void* lib = [] {
+    void* h = ::dlopen("libcrypto.so.3", RTLD_NOW | RTLD_LOCAL);
+    return h ? h : ::dlopen("libcrypto.so", RTLD_NOW | RTLD_LOCAL);
+  }();
+  FSDP_USER_CHECK(lib, "the rendezvous store's handshake needs HMAC-SHA256 from OpenSSL's "
+                  "libcrypto, which this build was made without and this machine does not have "
+                  "(install libssl-dev or libssl3)");
+  const auto sha256 = reinterpret_cast<Md>(::dlsym(lib, "EVP_sha256"));
+  const auto mac = reinterpret_cast<Hmac>(::dlsym(lib, "HMAC"));
+  FSDP_USER_CHECK(sha256 && mac, "this machine's libcrypto has no HMAC or EVP_sha256");
+  unsigned char out[64];
+  unsigned int len = 0;
+  const unsigned char* ok =
+      mac(sha256(), secret.data(), static_cast<int>(secret.size()),
+          reinterpret_cast<const unsigned char*>(message.data()), message.size(), out, &len);
+  FSDP_CHECK(ok && len == kProofBytes, "HMAC-SHA256 failed");
+  return std::string(reinterpret_cast<const char*>(out), len);
+}
+#endif
 
 }  // namespace
 
@@ -64,7 +96,12 @@ std::string client_proof(const std::string& secret, const std::string& server_no
 }
 
 bool same_bytes(const std::string& a, const std::string& b) {
-  return a.size() == b.size() && ::CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+  if (a.size() != b.size()) return false;
+  // Constant time: how much of a proof matched must not show in how long refusing it took.
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
 }
 
 void check_secret(const std::string& secret, const std::string& source) {
