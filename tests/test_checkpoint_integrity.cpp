@@ -4,6 +4,8 @@
 // are the checkpoint's own: RowReader, open_checkpoint, and a resume through train_rank.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <functional>
 
 #include "checkpoint/checkpoint_format.h"
@@ -149,10 +151,11 @@ TEST(CheckpointIntegrity, UnreadableChunkChecksumsAreRefused) {
 
 // ---- a sharded checkpoint: COMPLETE, index.json and the rank files' headers
 
-// A 2-rank mlp checkpoint of step 2, made once; each test works on its own copy.
+// A 2-rank mlp checkpoint of step 2, made once per process (ctest runs tests in processes of
+// their own, side by side); each test works on its own copy.
 const std::string& saved() {
   static const std::string dir = [] {
-    const std::string d = fresh_dir("integrity_saved");
+    const std::string d = fresh_dir("integrity_saved_" + std::to_string(::getpid()));
     runtime::TrainConfig c = small_config("mlp");
     c.steps = 2;
     c.checkpoint.save_dir = d;

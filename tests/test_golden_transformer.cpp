@@ -8,6 +8,8 @@
 // engine's init, so the reference shares no code with what it checks.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "fsdp/error.h"
@@ -72,7 +74,7 @@ std::string write_initial_weights() {
                                           w.at("scale").get<double>(), w.at("offset").get<double>()));
       tensors.push_back({w.at("name").get<std::string>(), "F32", shape, values.back().data()});
     }
-    const std::string dir = ::testing::TempDir() + "golden_transformer";
+    const std::string dir = ::testing::TempDir() + "golden_transformer_" + std::to_string(::getpid());
     std::filesystem::create_directories(dir);
     const std::string file = dir + "/init.safetensors";
     io::write_safetensors(file, tensors, {});
