@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Deliberate single-line bugs in src/core, one patch each (the patch's first line says what it
+# Deliberate single-line bugs in src/ (the scheduler, the optimizer and its schedule, the
+# trainer, the checkpoint readers), one patch each (the patch's first line says what it
 # breaks). Applies each in turn, builds, runs the CPU test suite (ctest, timing tests left
 # out) and prints which tests caught it. Every bug should be caught by at least two tests.
 # By hand, not in CI (each mutation is a rebuild and a suite run):
 #
 #   tests/mutations/run.sh                  every patch
 #   tests/mutations/run.sh 03 05            the patches whose names start with these
+#   MUTATION_TESTS='Golden|Checkpoint' tests/mutations/run.sh 15
+#       only the tests whose names match (ctest -R): quicker, but it counts only those
 #   MUTATION_SANITIZE=1 tests/mutations/run.sh 01
 #       also runs the back-to-back and misprefetch tests of an ASan+UBSan build (build-asan,
 #       as scripts/sanitize.sh makes it), one process per test; a write into freed memory
@@ -16,11 +19,11 @@ BUILD=${MUTATION_BUILD:-build-mutations}
 JOBS=${JOBS:-2}
 SAN_FILTER='*BackToBack*:BackwardMisprefetch.*:ExplicitUnshard.*'
 
-if ! git diff --quiet -- src/core; then
-  echo "run.sh: src/core has uncommitted changes; commit or stash them first" >&2
+if ! git diff --quiet -- src; then
+  echo "run.sh: src has uncommitted changes; commit or stash them first" >&2
   exit 2
 fi
-restore() { git checkout -q -- src/core; }
+restore() { git checkout -q -- src; }
 trap restore EXIT INT TERM
 
 if [ ! -f "$BUILD/build.ninja" ]; then
@@ -43,7 +46,9 @@ for patch in "${patches[@]}"; do
     echo "   build failed (see /tmp/mutation-build.log)"
     continue
   fi
-  caught=$( (cd "$BUILD" && ctest -j "$JOBS" --timeout 120 -E '^(timing_tests|gpu_tests)$' 2>&1) |
+  only=()
+  [ -n "${MUTATION_TESTS:-}" ] && only=(-R "$MUTATION_TESTS")
+  caught=$( (cd "$BUILD" && ctest -j "$JOBS" --timeout 120 -E '^(timing_tests|gpu_tests)$' "${only[@]}" 2>&1) |
            sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\).* (\([A-Za-z ]*\))$/\1 [\2]/p')
   if [ "${MUTATION_SANITIZE:-0}" = 1 ]; then
     if scripts/sanitize.sh 'NoTestMatchesThis' >/tmp/mutation-sanitize.log 2>&1; then
