@@ -10,7 +10,9 @@
 
 #include "command_util.h"
 #include "fsdp/data.h"
+#include "fsdp/error.h"
 #include "tokenizer/unicode_text.h"
+#include "tools/prepare_data_command.h"
 #include "tokenizer_fixture.h"
 
 namespace {
@@ -133,6 +135,25 @@ TEST(PrepareTokenizer, Qwen2LikePartsEndWithEndOfTextAndUint32IsKeptWhenAsked) {
   EXPECT_EQ(lab[63], static_cast<int32_t>(train_ids[static_cast<size_t>(w[1] * 32 + 32)]));
 }
 
+// The error of `prepare-data ARGS`, parsed and run in this process (a process per case would
+// cost a second here), or "(accepted)"; the one-line form of errors through main is
+// DataPrepare.BadInputFailsInOneLine's.
+std::string refusal(const std::string& args, bool quiet = true) {
+  CLI::App app;
+  fsdp::tools::PrepareDataOptions o;
+  fsdp::tools::add_prepare_data_command(app, o);
+  try {
+    app.parse(std::string("prepare-data ") + (quiet ? "--quiet " : "") + args,
+              /*program_name_included=*/false);
+    fsdp::tools::run_prepare_data(o);
+  } catch (const CLI::ParseError& e) {
+    return e.what();
+  } catch (const fsdp::UserError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
 // A vocabulary past uint16: generated here, byte tokens then filler up to 70000 ids, and
 // <|begin_of_text|> after them as the template's token.
 std::string wide_tokenizer_json() {
@@ -150,11 +171,14 @@ TEST(PrepareTokenizer, AVocabularyPastUint16GivesUint32FilesAndUint16IsRefused) 
   fs::create_directories(dir + "/tok");
   std::ofstream(dir + "/tok/tokenizer.json") << wide_tokenizer_json();
   std::ofstream(dir + "/text.txt") << "One line of text.\nAnd another one, with 42 in it.\nA third.\nA fourth.\n";
-  CommandResult r = run_fsdp_command("prepare-data --tokenizer " + dir + "/tok --input " + dir +
-                                     "/text.txt --out " + dir + "/out --val-fraction 0.3");
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("70004 ids; the tokenizer's own '<|begin_of_text|>' in each part"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("uint32 token files"), std::string::npos) << r.output;
+  ::testing::internal::CaptureStdout();
+  const std::string accepted = refusal("--tokenizer " + dir + "/tok --input " + dir +
+                                       "/text.txt --out " + dir + "/out --val-fraction 0.3", false);
+  const std::string progress = ::testing::internal::GetCapturedStdout();
+  ASSERT_EQ(accepted, "(accepted)");
+  EXPECT_NE(progress.find("70004 ids; the tokenizer's own '<|begin_of_text|>' in each part"),
+            std::string::npos) << progress;
+  EXPECT_NE(progress.find("uint32 token files"), std::string::npos) << progress;
   const fsdp::data::TokenFile train(dir + "/out/train.bin", 70004);
   EXPECT_EQ(train.dtype(), fsdp::data::TokenDtype::kUint32);
   EXPECT_EQ(train.token(0), 70000u);
@@ -162,11 +186,11 @@ TEST(PrepareTokenizer, AVocabularyPastUint16GivesUint32FilesAndUint16IsRefused) 
   EXPECT_EQ(meta.vocab, 70004);
   EXPECT_EQ(meta.token_dtype, fsdp::data::TokenDtype::kUint32);
 
-  r = run_fsdp_command("prepare-data --quiet --tokenizer " + dir + "/tok/tokenizer.json --input " +
-                       dir + "/text.txt --out " + dir + "/out16 --token-dtype uint16");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(r.output, "fsdp: error: prepare-data: --token-dtype uint16 cannot hold the ids of a "
-                      "vocabulary of 70004 (at most 65536); use uint32 or auto\n");
+  EXPECT_EQ(refusal("--tokenizer " + dir + "/tok/tokenizer.json --input " + dir +
+                    "/text.txt --out " + dir + "/out16 --token-dtype uint16"),
+            "prepare-data: --token-dtype uint16 cannot hold the ids of a vocabulary of 70004 (at "
+            "most 65536); use uint32 or auto");
+  EXPECT_FALSE(fs::exists(dir + "/out16"));  // refused before --out was made
 }
 
 TEST(PrepareTokenizer, BadCombinationsFailInOneLine) {
@@ -182,7 +206,8 @@ TEST(PrepareTokenizer, BadCombinationsFailInOneLine) {
   } cases[] = {
       {llama + in + " --vocab 300", "--vocab excludes --tokenizer"},
       {llama + in + " --seed 3", "--tokenizer excludes --seed"},
-      {in, "give --vocab N (train a tokenizer on the text) or --tokenizer FILE"},
+      {llama + in + " --max-training-lines 5", "--tokenizer excludes --max-training-lines"},
+      {in, "prepare-data: give --vocab N (train a tokenizer on the text) or --tokenizer FILE"},
       {llama + in + " --token-dtype int8", "--token-dtype: int8 not in {auto,uint16,uint32}"},
       {" --tokenizer " + dir + "/text.txt" + in, "expected a Hugging Face tokenizer.json"},
       {llama + " --input " + dir + "/latin1.txt --out " + dir + "/o",
@@ -192,11 +217,11 @@ TEST(PrepareTokenizer, BadCombinationsFailInOneLine) {
        "tokenizer_config.json beside it), so the documents would run together unmarked"},
   };
   for (const auto& c : cases) {
-    const CommandResult r = run_fsdp_command("prepare-data --quiet" + c.args);
-    EXPECT_NE(r.code, 0) << c.args << "\n" << r.output;
-    EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << "not one line: " << r.output;
-    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+    const std::string msg = refusal(c.args);
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "not one line: " << msg;
+    EXPECT_NE(msg.find(c.message), std::string::npos) << c.args << "\n" << msg;
   }
+  EXPECT_FALSE(fs::exists(dir + "/o/train.bin"));  // refused before anything was written
 }
 
 }  // namespace
