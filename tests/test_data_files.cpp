@@ -6,8 +6,8 @@
 
 #include <cmath>
 #include <cstdio>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <vector>
@@ -42,7 +42,8 @@ void write_raw(const std::string& path, int32_t magic, int32_t version, int32_t 
 
 std::vector<uint32_t> wide_tokens(int64_t n) {  // ids past uint16, up to Llama 3's vocabulary
   std::vector<uint32_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<uint32_t>((i * 7919) % 128256);
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = static_cast<uint32_t>((i * 7919) % 128256);
   return t;
 }
 
@@ -97,8 +98,8 @@ TEST(DataTokenFile, EmptyFileRoundTrips) {
 TEST(DataTokenFile, Uint32RoundTripKeepsEveryTokenAndTheLlama3Header) {
   const std::string path = temp_path("round_trip_u32.bin");
   std::vector<uint32_t> tokens = wide_tokens(1000);
-  tokens[3] = 65536;                       // the first id a uint16 file cannot hold
-  tokens[17] = (uint32_t{1} << 31) - 1;    // the largest id a batch's int32 holds
+  tokens[3] = 65536;                     // the first id a uint16 file cannot hold
+  tokens[17] = (uint32_t{1} << 31) - 1;  // the largest id a batch's int32 holds
   fsdp::data::write_token_file(path, tokens, fsdp::data::TokenDtype::kUint32);
 
   const std::string bytes = file_bytes(path);
@@ -123,7 +124,8 @@ TEST(DataTokenFile, Uint16FilesWrittenFromWideIdsAreTheUint16Layout) {
   narrow[5] = 65535;
   const std::vector<uint32_t> wide(narrow.begin(), narrow.end());
   fsdp::data::write_token_file(temp_path("narrow.bin"), narrow);
-  fsdp::data::write_token_file(temp_path("wide_as_narrow.bin"), wide, fsdp::data::TokenDtype::kUint16);
+  fsdp::data::write_token_file(temp_path("wide_as_narrow.bin"), wide,
+                               fsdp::data::TokenDtype::kUint16);
   EXPECT_EQ(file_bytes(temp_path("narrow.bin")), file_bytes(temp_path("wide_as_narrow.bin")));
   TokenFile f(temp_path("wide_as_narrow.bin"), 65536);
   EXPECT_EQ(f.dtype(), fsdp::data::TokenDtype::kUint16);
@@ -144,7 +146,9 @@ TEST(DataTokenFile, WrongMagicIsNamed) {
   write_raw(path, 20240521, 1, 10, counting_tokens(10, 100));
   const std::string msg = open_error(path, 100);
   EXPECT_NE(msg.find("not a token file: magic 20240521, expected 20240520 (llm.c's uint16 "
-                     "layout) or 20240801 (its uint32 layout)"), std::string::npos) << msg;
+                     "layout) or 20240801 (its uint32 layout)"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(DataTokenFile, AVersionThatDoesNotGoWithTheMagicIsNamed) {
@@ -152,11 +156,15 @@ TEST(DataTokenFile, AVersionThatDoesNotGoWithTheMagicIsNamed) {
   write_raw(path, 20240520, 7, 10, counting_tokens(10, 100));  // uint32's version, uint16's magic
   std::string msg = open_error(path, 100);
   EXPECT_NE(msg.find("token file version 7 is not supported (magic 20240520, the uint16 layout, "
-                     "goes with version 1)"), std::string::npos) << msg;
+                     "goes with version 1)"),
+            std::string::npos)
+      << msg;
   write_raw(path, 20240801, 1, 10, wide_tokens(10));
   msg = open_error(path, 200000);
   EXPECT_NE(msg.find("token file version 1 is not supported (magic 20240801, the uint32 layout, "
-                     "goes with version 7)"), std::string::npos) << msg;
+                     "goes with version 7)"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(DataTokenFile, TruncatedFilesAreNamed) {
@@ -164,7 +172,9 @@ TEST(DataTokenFile, TruncatedFilesAreNamed) {
   write_raw(path, 20240520, 1, 10, counting_tokens(9, 100));
   std::string msg = open_error(path, 100);
   EXPECT_NE(msg.find("truncated: the header says 10 uint16 tokens (1044 bytes) but the file has "
-                     "1042 bytes"), std::string::npos) << msg;
+                     "1042 bytes"),
+            std::string::npos)
+      << msg;
   // Shorter than the header itself.
   std::ofstream(path, std::ios::binary | std::ios::trunc).write("abcd", 4);
   msg = open_error(path, 100);
@@ -177,7 +187,9 @@ TEST(DataTokenFile, TruncatedFilesAreNamed) {
   write_raw(path, 20240801, 7, 10, counting_tokens(10, 100));
   msg = open_error(path, 100);
   EXPECT_NE(msg.find("truncated: the header says 10 uint32 tokens (1064 bytes) but the file has "
-                     "1044 bytes"), std::string::npos) << msg;
+                     "1044 bytes"),
+            std::string::npos)
+      << msg;
   // A negative count.
   write_raw(path, 20240801, 7, -1, wide_tokens(0));
   msg = open_error(path, 100);
@@ -204,7 +216,8 @@ TEST(DataTokenFile, Uint32TokenOutsideTheVocabularyIsNamedWithItsPosition) {
   fsdp::data::write_token_file(path, tokens, fsdp::data::TokenDtype::kUint32);
   const std::string msg = open_error(path, 128256);
   EXPECT_NE(msg.find("token 128256 at position 4321 is >= the vocabulary size 128256"),
-            std::string::npos) << msg;
+            std::string::npos)
+      << msg;
   EXPECT_NE(open_error(path, int64_t{1} << 31).find("token 4000000000 at position 4400"),
             std::string::npos);
 }
@@ -269,8 +282,9 @@ TEST(DataTokenFile, UnigramEntropyOfKnownDistributions) {
   const std::vector<uint32_t> wide = {100000, 100001, 100002, 3, 3, 100002, 100001, 100000};
   EXPECT_DOUBLE_EQ(fsdp::data::unigram_entropy_nats(wide, 128256),
                    fsdp::data::unigram_entropy_nats(uniform));
-  EXPECT_NEAR(fsdp::data::unigram_cross_entropy_nats(wide, std::vector<uint32_t>{3, 100000}, 128256),
-              -std::log(3.0 / (8 + 128256)), 1e-12);
+  EXPECT_NEAR(
+      fsdp::data::unigram_cross_entropy_nats(wide, std::vector<uint32_t>{3, 100000}, 128256),
+      -std::log(3.0 / (8 + 128256)), 1e-12);
 }
 
 TEST(DataTokenFile, CorpusMetaRoundTrips) {
@@ -312,7 +326,8 @@ TEST(DataTokenFile, CorpusMetaFromBeforeUint32FilesReadsAsUint16) {
     FAIL() << "a token_dtype of int8 was accepted";
   } catch (const fsdp::Error& e) {
     EXPECT_NE(std::string(e.what()).find("token_dtype 'int8' is neither uint16 nor uint32"),
-              std::string::npos) << e.what();
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -34,9 +34,11 @@ std::shared_ptr<const TokenFile> make_file(const std::string& name, int64_t n) {
 
 // The same tokens, i % 50000 + offset, in a uint32 file: with offset 0 it must sample exactly
 // like make_file's uint16 file; with a large one, ids past uint16 come through.
-std::shared_ptr<const TokenFile> make_wide_file(const std::string& name, int64_t n, uint32_t offset) {
+std::shared_ptr<const TokenFile> make_wide_file(const std::string& name, int64_t n,
+                                                uint32_t offset) {
   std::vector<uint32_t> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = static_cast<uint32_t>(i % 50000) + offset;
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = static_cast<uint32_t>(i % 50000) + offset;
   const std::string path = ::testing::TempDir() + "sampler_" + name;
   fsdp::data::write_token_file(path, t, fsdp::data::TokenDtype::kUint32);
   return std::make_shared<const TokenFile>(path, 50000 + offset);
@@ -251,17 +253,19 @@ TEST(DataSampler, PythonSamplerOfTheBenchGivesTheSameWindows) {
   const auto narrow = make_file("python.bin", 16 * 50 + 5);  // 50 windows of 16
   const auto wide = make_wide_file("python_u32.bin", 16 * 50 + 5, 100000);
   const std::string script = ::testing::TempDir() + "sampler_windows.py";
-  std::ofstream(script) << "import json, sys\n"
-                           "sys.path.insert(0, '" FSDP_SOURCE_DIR "/bench')\n"
-                           "import llm_data\n"
-                           "out = []\n"
-                           "for path, vocab, seed in json.loads(sys.argv[1]):\n"
-                           "    t = llm_data.read_token_file(path, vocab)\n"
-                           "    s = llm_data.BatchSampler(len(t), 3, 16, 2, seed, path)\n"
-                           "    out.append({'token_dtype': llm_data.token_dtype(t), 'windows': s.windows,\n"
-                           "                'steps_per_epoch': s.steps_per_epoch,\n"
-                           "                'global_windows': [s.global_windows(k) for k in range(30)]})\n"
-                           "print(json.dumps(out))\n";
+  std::ofstream(script)
+      << "import json, sys\n"
+         "sys.path.insert(0, '" FSDP_SOURCE_DIR
+         "/bench')\n"
+         "import llm_data\n"
+         "out = []\n"
+         "for path, vocab, seed in json.loads(sys.argv[1]):\n"
+         "    t = llm_data.read_token_file(path, vocab)\n"
+         "    s = llm_data.BatchSampler(len(t), 3, 16, 2, seed, path)\n"
+         "    out.append({'token_dtype': llm_data.token_dtype(t), 'windows': s.windows,\n"
+         "                'steps_per_epoch': s.steps_per_epoch,\n"
+         "                'global_windows': [s.global_windows(k) for k in range(30)]})\n"
+         "print(json.dumps(out))\n";
   const std::vector<uint64_t> seeds = {0ull, 0xFEDCBA9876543210ull};
   nlohmann::json runs = nlohmann::json::array();
   for (const auto& file : {narrow, wide})
@@ -295,10 +299,12 @@ TEST(DataSampler, PythonReaderRefusesAHeaderOfNeitherLayoutInOneLine) {
   header[1] = 1;
   std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(header.data()), 1024);
   int status = -1;
-  const std::string out = run_command("python3 " FSDP_SOURCE_DIR "/bench/llm_data.py check " + path, &status);
+  const std::string out =
+      run_command("python3 " FSDP_SOURCE_DIR "/bench/llm_data.py check " + path, &status);
   EXPECT_NE(status, 0);
-  EXPECT_EQ(out, "llm_data: error: " + path + ": not a token file: magic 20240521, expected "
-                 "20240520 (llm.c's uint16 layout) or 20240801 (its uint32 layout)\n");
+  EXPECT_EQ(out, "llm_data: error: " + path +
+                     ": not a token file: magic 20240521, expected "
+                     "20240520 (llm.c's uint16 layout) or 20240801 (its uint32 layout)\n");
 }
 
 }  // namespace

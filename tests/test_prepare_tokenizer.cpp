@@ -12,8 +12,8 @@
 #include "fsdp/data.h"
 #include "fsdp/error.h"
 #include "tokenizer/unicode_text.h"
-#include "tools/prepare_data_command.h"
 #include "tokenizer_fixture.h"
+#include "tools/prepare_data_command.h"
 
 namespace {
 
@@ -41,7 +41,8 @@ Ids file_ids(const fsdp::data::TokenFile& f) {
 // docs/data.md's split: the last `fraction` of a file, cut at the first line break at or
 // after that point, is its val share.
 std::pair<std::string, std::string> split(const std::string& text, double fraction) {
-  const size_t target = static_cast<size_t>(std::floor(static_cast<double>(text.size()) * (1 - fraction)));
+  const size_t target =
+      static_cast<size_t>(std::floor(static_cast<double>(text.size()) * (1 - fraction)));
   const size_t newline = text.find('\n', target == 0 ? 0 : target - 1);
   if (newline == std::string::npos || newline + 1 >= text.size()) return {text, ""};
   return {text.substr(0, newline + 1), text.substr(newline + 1)};
@@ -53,13 +54,15 @@ struct Prepared {
   std::vector<std::string> train, val;  // each file's shares
 };
 
-Prepared prepare(const std::string& name, const std::string& variant, const std::string& extra = "") {
+Prepared prepare(const std::string& name, const std::string& variant,
+                 const std::string& extra = "") {
   const std::string dir = temp_dir(name);
   const std::string second = "A second document.\nIt has two lines, and then a third.\nThe end.\n";
   std::ofstream(dir + "/second.txt", std::ios::binary) << second;
-  const CommandResult r = run_fsdp_command(
-      "prepare-data --tokenizer " + fixture_path(variant + "/tokenizer.json") + " --input " +
-      fixture_path("corpus.txt") + " " + dir + "/second.txt --out " + dir + "/out --val-fraction 0.2 " + extra);
+  const CommandResult r =
+      run_fsdp_command("prepare-data --tokenizer " + fixture_path(variant + "/tokenizer.json") +
+                       " --input " + fixture_path("corpus.txt") + " " + dir + "/second.txt --out " +
+                       dir + "/out --val-fraction 0.2 " + extra);
   EXPECT_EQ(r.code, 0) << r.output;
   Prepared p{dir + "/out", {}, {}};
   for (const std::string& text : {read_text_file(fixture_path("corpus.txt")), second}) {
@@ -72,7 +75,8 @@ Prepared prepare(const std::string& name, const std::string& variant, const std:
 }
 
 // The ids of each share with the document marks (Note [Document boundaries]), one after another.
-Ids expected(const fsdp::tokenizer::Tokenizer& tok, const std::vector<std::string>& shares, const Ids& end) {
+Ids expected(const fsdp::tokenizer::Tokenizer& tok, const std::vector<std::string>& shares,
+             const Ids& end) {
   Ids out;
   for (const std::string& s : shares) {
     const Ids ids = tok.encode(s, true);
@@ -92,10 +96,12 @@ TEST(PrepareTokenizer, Llama3LikeFilesHoldEachPartAfterItsBeginOfText) {
   EXPECT_EQ(val_ids, expected(*tok, p.val, {}));
   EXPECT_EQ(train_ids.front(), 659u);  // <|begin_of_text|>
   // Decoding gives the text back, each part after its <|begin_of_text|>.
-  EXPECT_EQ(tok->decode(train_ids), "<|begin_of_text|>" + p.train[0] + "<|begin_of_text|>" + p.train[1]);
+  EXPECT_EQ(tok->decode(train_ids),
+            "<|begin_of_text|>" + p.train[0] + "<|begin_of_text|>" + p.train[1]);
   EXPECT_EQ(tok->decode(val_ids), "<|begin_of_text|>" + p.val[0] + "<|begin_of_text|>" + p.val[1]);
   // The tokenizer's files, copied as they were; meta.json names them and the layout.
-  EXPECT_EQ(read_text_file(p.dir + "/tokenizer.json"), read_text_file(fixture_path("llama3_like/tokenizer.json")));
+  EXPECT_EQ(read_text_file(p.dir + "/tokenizer.json"),
+            read_text_file(fixture_path("llama3_like/tokenizer.json")));
   EXPECT_EQ(read_text_file(p.dir + "/tokenizer_config.json"),
             read_text_file(fixture_path("llama3_like/tokenizer_config.json")));
   EXPECT_FALSE(fs::exists(p.dir + "/tokenizer.model"));
@@ -108,7 +114,8 @@ TEST(PrepareTokenizer, Llama3LikeFilesHoldEachPartAfterItsBeginOfText) {
   all.insert(all.end(), val_ids.begin(), val_ids.end());
   EXPECT_DOUBLE_EQ(meta.unigram_entropy_nats, fsdp::data::unigram_entropy_nats(all, 663));
   // The prepared directory is a --tokenizer too.
-  EXPECT_EQ(fsdp::tokenizer::load_tokenizer(p.dir).tokenizer->encode("Hello"), tok->encode("Hello"));
+  EXPECT_EQ(fsdp::tokenizer::load_tokenizer(p.dir).tokenizer->encode("Hello"),
+            tok->encode("Hello"));
 }
 
 TEST(PrepareTokenizer, Qwen2LikePartsEndWithEndOfTextAndUint32IsKeptWhenAsked) {
@@ -126,8 +133,8 @@ TEST(PrepareTokenizer, Qwen2LikePartsEndWithEndOfTextAndUint32IsKeptWhenAsked) {
   EXPECT_EQ(fsdp::data::read_corpus_meta(p.dir + "/meta.json").token_dtype,
             fsdp::data::TokenDtype::kUint32);
   // The sampler reads the uint32 files.
-  fsdp::data::BatchSampler s(std::make_shared<const fsdp::data::TokenFile>(p.dir + "/train.bin", 663),
-                             {2, 32, 1}, 5);
+  fsdp::data::BatchSampler s(
+      std::make_shared<const fsdp::data::TokenFile>(p.dir + "/train.bin", 663), {2, 32, 1}, 5);
   std::vector<int32_t> in(64), lab(64);
   s.fill(0, 0, in, lab);
   const std::vector<int64_t> w = s.global_windows(0);
@@ -158,7 +165,8 @@ std::string refusal(const std::string& args, bool quiet = true) {
 // <|begin_of_text|> after them as the template's token. (The filler goes into the text of
 // the file directly: 69,000 entries through the JSON library would cost a second under ASan.)
 std::string wide_tokenizer_json() {
-  nlohmann::json j = nlohmann::json::parse(read_text_file(fixture_path("llama3_like/tokenizer.json")));
+  nlohmann::json j =
+      nlohmann::json::parse(read_text_file(fixture_path("llama3_like/tokenizer.json")));
   const int64_t model_tokens = static_cast<int64_t>(j["model"]["vocab"].size());
   for (size_t i = 0; i < j["added_tokens"].size(); ++i) j["added_tokens"][i]["id"] = 70000 + i;
   j["post_processor"]["processors"][1]["special_tokens"]["<|begin_of_text|>"]["ids"] = {70000};
@@ -176,14 +184,17 @@ TEST(PrepareTokenizer, AVocabularyPastUint16GivesUint32FilesAndUint16IsRefused) 
   const std::string dir = temp_dir("wide");
   fs::create_directories(dir + "/tok");
   std::ofstream(dir + "/tok/tokenizer.json") << wide_tokenizer_json();
-  std::ofstream(dir + "/text.txt") << "One line of text.\nAnd another one, with 42 in it.\nA third.\nA fourth.\n";
+  std::ofstream(dir + "/text.txt")
+      << "One line of text.\nAnd another one, with 42 in it.\nA third.\nA fourth.\n";
   ::testing::internal::CaptureStdout();
   const std::string accepted = refusal("--tokenizer " + dir + "/tok --input " + dir +
-                                       "/text.txt --out " + dir + "/out --val-fraction 0.3", false);
+                                           "/text.txt --out " + dir + "/out --val-fraction 0.3",
+                                       false);
   const std::string progress = ::testing::internal::GetCapturedStdout();
   ASSERT_EQ(accepted, "(accepted)");
   EXPECT_NE(progress.find("70004 ids; the tokenizer's own '<|begin_of_text|>' in each part"),
-            std::string::npos) << progress;
+            std::string::npos)
+      << progress;
   EXPECT_NE(progress.find("uint32 token files"), std::string::npos) << progress;
   const fsdp::data::TokenFile train(dir + "/out/train.bin", 70004);
   EXPECT_EQ(train.dtype(), fsdp::data::TokenDtype::kUint32);

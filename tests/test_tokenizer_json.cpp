@@ -22,14 +22,33 @@ using Ids = std::vector<uint32_t>;
 
 // Strings beyond the expected file's, for the round trip: every kind of text the fixtures'
 // patterns split differently.
-const char* const kRoundTripStrings[] = {
-    "", "a", " ", "\n", "don't stop", "WE'LL see", "héllo wörld", "ça, où, naïve", "中文分词器测试",
-    "日本語のテキスト", "🙂👍🏽👨\u200d👩\u200d👧🇫🇷", "1234567890", "x  y\t\tz\n\n\n",
-    "   leading", "trailing   ", "\r\n\r\n", "<|endoftext|>", "a<|im_start|>b<|im_end|>c",
-    "<|begin_of_text|><|begin_of_text|>", "<|endoftext", "line 1\nline 2\n  indented\n",
-    "\xc3\xa9\xcc\x81", "Ω≈ç√∫˜µ≤≥÷"};
+const char* const kRoundTripStrings[] = {"",
+                                         "a",
+                                         " ",
+                                         "\n",
+                                         "don't stop",
+                                         "WE'LL see",
+                                         "héllo wörld",
+                                         "ça, où, naïve",
+                                         "中文分词器测试",
+                                         "日本語のテキスト",
+                                         "🙂👍🏽👨\u200d👩\u200d👧🇫🇷",
+                                         "1234567890",
+                                         "x  y\t\tz\n\n\n",
+                                         "   leading",
+                                         "trailing   ",
+                                         "\r\n\r\n",
+                                         "<|endoftext|>",
+                                         "a<|im_start|>b<|im_end|>c",
+                                         "<|begin_of_text|><|begin_of_text|>",
+                                         "<|endoftext",
+                                         "line 1\nline 2\n  indented\n",
+                                         "\xc3\xa9\xcc\x81",
+                                         "Ω≈ç√∫˜µ≤≥÷"};
 
-std::string nfc(const std::string& s) { return fsdp::tokenizer::nfc(s); }
+std::string nfc(const std::string& s) {
+  return fsdp::tokenizer::nfc(s);
+}
 
 TEST(TokenizerByteLevel, Gpt2MapKeepsPrintableBytesAndShiftsTheRest) {
   using fsdp::tokenizer::byte_to_codepoint;
@@ -45,10 +64,12 @@ TEST(TokenizerByteLevel, Gpt2MapKeepsPrintableBytesAndShiftsTheRest) {
   EXPECT_EQ(byte_to_codepoint(0xAD), 0x143u);  // the last
   std::string all, back;
   for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
-  ASSERT_TRUE(fsdp::tokenizer::byte_level_to_bytes(fsdp::tokenizer::bytes_to_byte_level(all), back));
+  ASSERT_TRUE(
+      fsdp::tokenizer::byte_level_to_bytes(fsdp::tokenizer::bytes_to_byte_level(all), back));
   EXPECT_EQ(back, all);
   EXPECT_EQ(fsdp::tokenizer::bytes_to_byte_level(" the\n"), "Ġthe\xc4\x8a");
-  EXPECT_FALSE(fsdp::tokenizer::byte_level_to_bytes("\xe4\xb8\xad", back));  // 中 stands for no byte
+  EXPECT_FALSE(
+      fsdp::tokenizer::byte_level_to_bytes("\xe4\xb8\xad", back));  // 中 stands for no byte
 }
 
 // Every string of expected_ids.json: its ids, its ids with the special tokens, and the text
@@ -120,7 +141,8 @@ TEST(TokenizerJson, IgnoreMergesTakesAWholeWordThatIsOneToken) {
 
 TEST(TokenizerJson, AddedTokensAreCutOutOfTheTextAndSpecialOnesCanBeSkipped) {
   const auto qwen = fixture_tokenizer("qwen2_like");
-  const uint32_t eot = *qwen->token_to_id("<|endoftext|>"), start = *qwen->token_to_id("<|im_start|>");
+  const uint32_t eot = *qwen->token_to_id("<|endoftext|>"),
+                 start = *qwen->token_to_id("<|im_start|>");
   EXPECT_EQ(eot, 659u);
   EXPECT_EQ(start, 660u);
   EXPECT_EQ(qwen->encode("<|im_start|><|endoftext|>"), (Ids{start, eot}));
@@ -149,11 +171,11 @@ TEST(TokenizerJson, SpecialTokensComeFromTheTemplateAndTheConfig) {
   EXPECT_EQ(qwen->vocab_size(), 663);
   EXPECT_EQ(llama->bos_id(), std::optional<uint32_t>(659));  // <|begin_of_text|>
   EXPECT_EQ(llama->eos_id(), std::optional<uint32_t>(660));  // <|end_of_text|>
-  EXPECT_EQ(llama->encode("", true), Ids{659});               // the template: bos first
+  EXPECT_EQ(llama->encode("", true), Ids{659});              // the template: bos first
   EXPECT_EQ(llama->encode("hi", true).front(), 659u);
   EXPECT_EQ(qwen->bos_id(), std::nullopt);
   EXPECT_EQ(qwen->eos_id(), std::optional<uint32_t>(659));  // <|endoftext|>
-  EXPECT_TRUE(qwen->encode("", true).empty());               // adds nothing
+  EXPECT_TRUE(qwen->encode("", true).empty());              // adds nothing
   EXPECT_EQ(llama->token_to_id("no such token"), std::nullopt);
   // Without tokenizer_config.json, no bos or eos is named.
   const auto bare = fsdp::tokenizer::tokenizer_from_json(
@@ -168,8 +190,9 @@ TEST(TokenizerJson, BadTextAndBadIdsFailInOneLine) {
     llama->encode(std::string("ok \xff then", 9));
     FAIL() << "invalid UTF-8 was encoded";
   } catch (const fsdp::Error& e) {
-    EXPECT_STREQ(e.what(), "llama3_like/tokenizer.json: the text is not UTF-8: byte 3 (0xff) "
-                           "starts no character");
+    EXPECT_STREQ(e.what(),
+                 "llama3_like/tokenizer.json: the text is not UTF-8: byte 3 (0xff) "
+                 "starts no character");
   }
   for (const char* bad : {"\xc0\x80", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe4\xb8"})
     EXPECT_THROW(llama->encode(bad), fsdp::Error) << "overlong, surrogate, > U+10FFFF, cut short";
@@ -177,7 +200,8 @@ TEST(TokenizerJson, BadTextAndBadIdsFailInOneLine) {
     llama->decode(Ids{1, 663});
     FAIL() << "an id outside the vocabulary was decoded";
   } catch (const fsdp::Error& e) {
-    EXPECT_STREQ(e.what(), "llama3_like/tokenizer.json: id 663 is outside the vocabulary of 663 tokens");
+    EXPECT_STREQ(e.what(),
+                 "llama3_like/tokenizer.json: id 663 is outside the vocabulary of 663 tokens");
   }
 }
 
@@ -187,7 +211,8 @@ TEST(TokenizerJson, EncodingFromSeveralThreadsGivesTheSameIds) {
   const Ids want = qwen->encode(corpus);
   std::vector<Ids> got(4);
   std::vector<std::thread> threads;
-  for (size_t t = 0; t < got.size(); ++t) threads.emplace_back([&, t] { got[t] = qwen->encode(corpus); });
+  for (size_t t = 0; t < got.size(); ++t)
+    threads.emplace_back([&, t] { got[t] = qwen->encode(corpus); });
   for (std::thread& t : threads) t.join();
   for (const Ids& g : got) EXPECT_EQ(g, want);
 }

@@ -20,8 +20,12 @@ using fsdp::testing::fixture_path;
 using fsdp::testing::read_text_file;
 using json = nlohmann::json;
 
-json llama_fixture() { return json::parse(read_text_file(fixture_path("llama3_like/tokenizer.json"))); }
-json llama_config() { return json::parse(read_text_file(fixture_path("llama3_like/tokenizer_config.json"))); }
+json llama_fixture() {
+  return json::parse(read_text_file(fixture_path("llama3_like/tokenizer.json")));
+}
+json llama_config() {
+  return json::parse(read_text_file(fixture_path("llama3_like/tokenizer_config.json")));
+}
 
 // The one-line error of reading `text` (and `config`), named "t.json".
 std::string refusal(const std::string& text, const std::string& config = "") {
@@ -52,11 +56,13 @@ TEST(TokenizerJsonRefusals, EachUnsupportedSettingIsNamedInOneLine) {
        "t.json: model.continuing_subword_prefix is \"##\"; this reader supports only none"},
       {"suffix", [](json& j) { j["model"]["end_of_word_suffix"] = "</w>"; },
        "t.json: model.end_of_word_suffix is \"</w>\""},
-      {"missing byte", [](json& j) {
+      {"missing byte",
+       [](json& j) {
          json& v = j["model"]["vocab"];
          v["not a byte"] = v["\xc4\x80"];  // 'Ā', byte 0, keeps its id under another name
          v.erase("\xc4\x80");
-       }, "t.json: model.vocab has no token for the byte 0x0 ('\xc4\x80')"},
+       },
+       "t.json: model.vocab has no token for the byte 0x0 ('\xc4\x80')"},
       {"id twice", [](json& j) { j["model"]["vocab"]["zz"] = 5; },
        "t.json: model.vocab gives id 5 twice; the ids must be 0..659, each once"},
       {"id outside", [](json& j) { j["model"]["vocab"]["zz"] = 7000; },
@@ -75,53 +81,92 @@ TEST(TokenizerJsonRefusals, EachUnsupportedSettingIsNamedInOneLine) {
        "t.json: model.merges[400]: the merged token \"\xc4\x80\xc4\x80\" is not in model.vocab"},
       {"model key", [](json& j) { j["model"]["bar"] = 1; },
        "t.json: model has the key \"bar\", which this reader does not know"},
-      {"normalizer", [](json& j) { j["normalizer"] = {{"type", "NFKC"}}; },
+      {"normalizer",
+       [](json& j) {
+         j["normalizer"] = {{"type", "NFKC"}};
+       },
        "t.json: normalizer.type is \"NFKC\"; this reader supports no normalizer (null) or NFC"},
-      {"lowercase", [](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; },
+      {"lowercase",
+       [](json& j) {
+         j["normalizer"] = {{"type", "Lowercase"}};
+       },
        "normalizer.type is \"Lowercase\""},
-      {"pre-tokenizer", [](json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; },
-       "t.json: pre_tokenizer.type is \"Whitespace\"; this reader supports Sequence [Split..., ByteLevel]"},
+      {"pre-tokenizer",
+       [](json& j) {
+         j["pre_tokenizer"] = {{"type", "Whitespace"}};
+       },
+       "t.json: pre_tokenizer.type is \"Whitespace\"; this reader supports Sequence [Split..., "
+       "ByteLevel]"},
       {"behaviour", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
-       "t.json: pre_tokenizer.pretokenizers[0].behavior is \"Removed\"; this reader supports Isolated"},
+       "t.json: pre_tokenizer.pretokenizers[0].behavior is \"Removed\"; this reader supports "
+       "Isolated"},
       {"invert", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; },
        "pre_tokenizer.pretokenizers[0].invert is true, which this reader does not support"},
-      {"anchor", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "^\\s+"; },
+      {"anchor",
+       [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "^\\s+"; },
        "the pattern holds the anchor '^' (line anchors in Oniguruma)"},
       {"\\w", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+"; },
        "the pattern holds the escape \\w, which PCRE2 and Oniguruma"},
       {"\\h", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[\\h]"; },
        "the pattern holds the escape \\h"},
-      {"inline flag", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?m)x"; },
+      {"inline flag",
+       [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?m)x"; },
        "the pattern holds the group '(?m)x...'"},
-      {"POSIX class", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[[:alpha:]]"; },
+      {"POSIX class",
+       [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[[:alpha:]]"; },
        "'[' inside a character class"},
-      {"bad regex", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a"; },
-       "t.json: pre_tokenizer.pretokenizers[0].pattern: PCRE2 cannot compile the pattern: missing closing parenthesis at offset 2"},
-      {"pattern kind", [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", 1}}; },
-       "pre_tokenizer.pretokenizers[0].pattern is not {\"Regex\": \"...\"} or {\"String\": \"...\"}"},
-      {"prefix space", [](json& j) { j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
-       "pre_tokenizer.pretokenizers[1].add_prefix_space is true, which this reader does not support"},
+      {"bad regex",
+       [](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a"; },
+       "t.json: pre_tokenizer.pretokenizers[0].pattern: PCRE2 cannot compile the pattern: missing "
+       "closing parenthesis at offset 2"},
+      {"pattern kind",
+       [](json& j) {
+         j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", 1}};
+       },
+       "pre_tokenizer.pretokenizers[0].pattern is not {\"Regex\": \"...\"} or {\"String\": "
+       "\"...\"}"},
+      {"prefix space",
+       [](json& j) { j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; },
+       "pre_tokenizer.pretokenizers[1].add_prefix_space is true, which this reader does not "
+       "support"},
       {"GPT-2 regex", [](json& j) { j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true; },
        "pre_tokenizer.pretokenizers[1].use_regex is true"},
       {"no ByteLevel", [](json& j) { j["pre_tokenizer"]["pretokenizers"].erase(1); },
        "pre_tokenizer.pretokenizers[0] is Split; the last pre-tokenizer must be ByteLevel"},
-      {"decoder", [](json& j) { j["decoder"] = {{"type", "WordPiece"}}; },
+      {"decoder",
+       [](json& j) {
+         j["decoder"] = {{"type", "WordPiece"}};
+       },
        "t.json: decoder.type is \"WordPiece\"; this reader supports ByteLevel"},
       {"no decoder", [](json& j) { j["decoder"] = nullptr; }, "t.json: decoder is null"},
-      {"post-processor", [](json& j) { j["post_processor"] = {{"type", "BertProcessing"}}; },
+      {"post-processor",
+       [](json& j) {
+         j["post_processor"] = {{"type", "BertProcessing"}};
+       },
        "t.json: post_processor.type is \"BertProcessing\""},
-      {"template token", [](json& j) {
+      {"template token",
+       [](json& j) {
          j["post_processor"]["processors"][1]["single"][0]["SpecialToken"]["id"] = "<s>";
-       }, "names \"<s>\", which special_tokens does not hold"},
+       },
+       "names \"<s>\", which special_tokens does not hold"},
       {"lstrip", [](json& j) { j["added_tokens"][0]["lstrip"] = true; },
-       "t.json: added_tokens[0].lstrip is true, which this reader does not support (it changes which text the token matches)"},
+       "t.json: added_tokens[0].lstrip is true, which this reader does not support (it changes "
+       "which text the token matches)"},
       {"added id", [](json& j) { j["added_tokens"][0]["id"] = 700; },
-       "t.json: added token \"<|end_of_text|>\" has id 660 but would get 659 from the `tokenizers` library"},
-      {"added twice", [](json& j) { j["added_tokens"].push_back(j["added_tokens"][3]); j["added_tokens"][4]["id"] = 663; },
+       "t.json: added token \"<|end_of_text|>\" has id 660 but would get 659 from the `tokenizers` "
+       "library"},
+      {"added twice",
+       [](json& j) {
+         j["added_tokens"].push_back(j["added_tokens"][3]);
+         j["added_tokens"][4]["id"] = 663;
+       },
        "t.json: added_tokens has \"<|eot_id|>\" twice"},
       {"added key", [](json& j) { j["added_tokens"][2]["foo"] = false; },
        "t.json: added_tokens[2] has the key \"foo\""},
-      {"truncation", [](json& j) { j["truncation"] = {{"max_length", 8}}; },
+      {"truncation",
+       [](json& j) {
+         j["truncation"] = {{"max_length", 8}};
+       },
        "t.json: truncation is set; this reader encodes whole texts (it must be null)"},
       {"top key", [](json& j) { j["foo"] = 1; },
        "t.json: the file has the key \"foo\", which this reader does not know"},
@@ -148,7 +193,9 @@ TEST(TokenizerJsonRefusals, BadJsonAndBadConfigsAreNamedInOneLine) {
   } cases[] = {
       {[](json& c) { c["eos_token"] = "<|nope|>"; },
        "t.json's tokenizer_config.json: eos_token \"<|nope|>\" is not a token of t.json"},
-      {[](json& c) { c["bos_token"] = {{"content", 3}}; },
+      {[](json& c) {
+         c["bos_token"] = {{"content", 3}};
+       },
        "t.json's tokenizer_config.json: bos_token is {\"content\":3}, not a token"},
       {[](json& c) { c["add_bos_token"] = false; },
        "add_bos_token is false but t.json's post-processor puts the bos_token first"},
@@ -156,7 +203,9 @@ TEST(TokenizerJsonRefusals, BadJsonAndBadConfigsAreNamedInOneLine) {
        "add_eos_token is true but t.json's post-processor does not put the eos_token last"},
       {[](json& c) { c["split_special_tokens"] = true; }, "split_special_tokens is true"},
       {[](json& c) { c["add_prefix_space"] = true; }, "add_prefix_space is true"},
-      {[](json& c) { c["added_tokens_decoder"]["700"] = {{"content", "<|new|>"}}; },
+      {[](json& c) {
+         c["added_tokens_decoder"]["700"] = {{"content", "<|new|>"}};
+       },
        "added_tokens_decoder[\"700\"] (\"<|new|>\") is not an added token of t.json with that id"},
       {[](json& c) { c["added_tokens_decoder"]["659"]["rstrip"] = true; },
        "added_tokens_decoder[\"659\"].rstrip is not false"},
@@ -177,14 +226,17 @@ TEST(TokenizerJsonRefusals, RealPatternsArePortableAndOthersAreNot) {
   const json llama = llama_fixture();
   const json qwen = json::parse(read_text_file(fixture_path("qwen2_like/tokenizer.json")));
   EXPECT_EQ(unportable_construct(
-                llama["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"].get<std::string>()), "");
+                llama["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"].get<std::string>()),
+            "");
   EXPECT_EQ(unportable_construct(
-                qwen["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"].get<std::string>()), "");
+                qwen["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"].get<std::string>()),
+            "");
   EXPECT_EQ(unportable_construct("(?i:abc)|(?<=x)y|(?<!x)z|(?>a+)|[\\]a-z]|\\x{41}\\."), "");
   EXPECT_EQ(unportable_construct("a$"), "the anchor '$' (line anchors in Oniguruma)");
   EXPECT_EQ(unportable_construct("\\v"), "the escape \\v");
   EXPECT_EQ(unportable_construct("\\bword"), "the escape \\b");
-  EXPECT_EQ(unportable_construct("[a&&b]"), "'&&' inside a character class (an intersection in Oniguruma)");
+  EXPECT_EQ(unportable_construct("[a&&b]"),
+            "'&&' inside a character class (an intersection in Oniguruma)");
   EXPECT_EQ(unportable_construct("[]a]"), "a character class that starts with ']'");
   EXPECT_EQ(unportable_construct("[abc"), "an unterminated character class");
   EXPECT_EQ(unportable_construct("x\\"), "a trailing backslash");
@@ -204,23 +256,28 @@ TEST(TokenizerJsonRefusals, FilesAreCheckedBeforeTheyAreRead) {
   const std::string dir = ::testing::TempDir() + "tokenizer_files";
   fs::remove_all(dir);
   fs::create_directories(dir + "/empty");
-  EXPECT_EQ(load_error(dir + "/none.json"), "--tokenizer " + dir + "/none.json: cannot open: No such file or directory");
-  EXPECT_EQ(load_error(dir + "/empty"), "--tokenizer " + dir + "/empty is a directory with neither "
-                                        "tokenizer.json nor tokenizer.model");
+  EXPECT_EQ(load_error(dir + "/none.json"),
+            "--tokenizer " + dir + "/none.json: cannot open: No such file or directory");
+  EXPECT_EQ(load_error(dir + "/empty"), "--tokenizer " + dir +
+                                            "/empty is a directory with neither "
+                                            "tokenizer.json nor tokenizer.model");
   std::ofstream(dir + "/vocab.txt") << "a\n";
-  EXPECT_NE(load_error(dir + "/vocab.txt").find("expected a Hugging Face tokenizer.json (a name ending "
-                                                "in .json) or a SentencePiece model"), std::string::npos);
+  EXPECT_NE(load_error(dir + "/vocab.txt")
+                .find("expected a Hugging Face tokenizer.json (a name ending "
+                      "in .json) or a SentencePiece model"),
+            std::string::npos);
   // Larger than the bound: refused from its size, without reading (the file is sparse).
-  {
-    std::ofstream big(dir + "/big.json");
-  }
+  { std::ofstream big(dir + "/big.json"); }
   fs::resize_file(dir + "/big.json", (uint64_t{64} << 20) + 1);
-  EXPECT_EQ(load_error(dir + "/big.json"), "--tokenizer " + dir + "/big.json: 67108865 bytes, more "
-                                           "than the 67108864 this reader takes");
+  EXPECT_EQ(load_error(dir + "/big.json"), "--tokenizer " + dir +
+                                               "/big.json: 67108865 bytes, more "
+                                               "than the 67108864 this reader takes");
   ASSERT_EQ(::mkfifo((dir + "/fifo.json").c_str(), 0600), 0);  // would block if opened
-  EXPECT_EQ(load_error(dir + "/fifo.json"), "--tokenizer " + dir + "/fifo.json: not a regular file");
+  EXPECT_EQ(load_error(dir + "/fifo.json"),
+            "--tokenizer " + dir + "/fifo.json: not a regular file");
   // A model's directory: its tokenizer.json and the tokenizer_config.json beside it.
-  const fsdp::tokenizer::LoadedTokenizer t = fsdp::tokenizer::load_tokenizer(fixture_path("llama3_like"));
+  const fsdp::tokenizer::LoadedTokenizer t =
+      fsdp::tokenizer::load_tokenizer(fixture_path("llama3_like"));
   EXPECT_TRUE(t.is_tokenizer_json);
   ASSERT_EQ(t.files.size(), 2u);
   EXPECT_EQ(t.files[0].first, "tokenizer.json");

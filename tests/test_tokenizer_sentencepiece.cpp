@@ -36,8 +36,8 @@ TEST(TokenizerSentencePiece, IdsAreSentencePiecesOwnAndDecodingGivesTheTextBack)
 
   sentencepiece::SentencePieceProcessor sp;
   ASSERT_TRUE(sp.Load(kModel).ok());
-  for (const std::string s : {"def main():\n    return 0\n", "The tokenizer's ids.", "café 🙂 中文",
-                              "  two  spaces\t\ttabs\n\n", "123456"}) {
+  for (const std::string s : {"def main():\n    return 0\n", "The tokenizer's ids.",
+                              "café 🙂 中文", "  two  spaces\t\ttabs\n\n", "123456"}) {
     std::vector<int> want;
     ASSERT_TRUE(sp.Encode(s, &want).ok());
     const Ids got = tok.encode(s);
@@ -45,7 +45,7 @@ TEST(TokenizerSentencePiece, IdsAreSentencePiecesOwnAndDecodingGivesTheTextBack)
     const Ids with = tok.encode(s, true);
     EXPECT_EQ(with.front(), 1u);
     EXPECT_EQ(Ids(with.begin() + 1, with.end()), got);
-    EXPECT_EQ(tok.decode(got), s);  // identity normalization, byte fallback
+    EXPECT_EQ(tok.decode(got), s);   // identity normalization, byte fallback
     EXPECT_EQ(tok.decode(with), s);  // <s> decodes to nothing
   }
   try {
@@ -75,9 +75,9 @@ TEST(TokenizerSentencePiece, PrepareDataWithAModelFileUsesItsIdsAndCopiesIt) {
   fs::create_directories(dir);
   const std::string text = "A file to tokenize.\nIt has a few lines.\nThe last one.\n";
   std::ofstream(dir + "/a.txt") << text;
-  const auto r = fsdp::testing::run_fsdp_command("prepare-data --quiet --tokenizer " + kModel +
-                                                 " --input " + dir + "/a.txt --out " + dir +
-                                                 "/out --val-fraction 0");
+  const auto r =
+      fsdp::testing::run_fsdp_command("prepare-data --quiet --tokenizer " + kModel + " --input " +
+                                      dir + "/a.txt --out " + dir + "/out --val-fraction 0");
   ASSERT_EQ(r.code, 0) << r.output;
   const auto tok = fsdp::tokenizer::load_tokenizer(kModel).tokenizer;
   const fsdp::data::TokenFile train(dir + "/out/train.bin", 4096);

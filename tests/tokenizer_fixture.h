@@ -30,13 +30,15 @@ inline std::string read_text_file(const std::string& path) {
 
 // "llama3_like" or "qwen2_like", with its tokenizer_config.json.
 inline std::unique_ptr<tokenizer::Tokenizer> fixture_tokenizer(const std::string& variant) {
-  return tokenizer::tokenizer_from_json(read_text_file(fixture_path(variant + "/tokenizer.json")),
-                                        read_text_file(fixture_path(variant + "/tokenizer_config.json")),
-                                        variant + "/tokenizer.json");
+  return tokenizer::tokenizer_from_json(
+      read_text_file(fixture_path(variant + "/tokenizer.json")),
+      read_text_file(fixture_path(variant + "/tokenizer_config.json")),
+      variant + "/tokenizer.json");
 }
 
 inline const nlohmann::json& expected_ids() {
-  static const nlohmann::json j = nlohmann::json::parse(read_text_file(fixture_path("expected_ids.json")));
+  static const nlohmann::json j =
+      nlohmann::json::parse(read_text_file(fixture_path("expected_ids.json")));
   return j;
 }
 

@@ -28,16 +28,18 @@
 namespace fsdp::tools {
 
 CLI::App* add_prepare_data_command(CLI::App& app, PrepareDataOptions& o) {
-  CLI::App* cmd = app.add_subcommand(
-      "prepare-data", "tokenize text files into llm.c token files, with a SentencePiece BPE "
-                      "trained on them (--vocab) or a model's own tokenizer (--tokenizer)");
+  CLI::App* cmd =
+      app.add_subcommand("prepare-data",
+                         "tokenize text files into llm.c token files, with a SentencePiece BPE "
+                         "trained on them (--vocab) or a model's own tokenizer (--tokenizer)");
   cmd->add_option("--input", o.inputs, "UTF-8 text files (each one document)")->required();
   cmd->add_option("--out", o.out_dir, "output directory (created if missing)")->required();
-  CLI::Option* vocab = cmd->add_option(
-      "--vocab", o.vocab, "train a tokenizer of this many pieces, 260..65536");
-  CLI::Option* tokenizer = cmd->add_option(
-      "--tokenizer", o.tokenizer, "use a model's tokenizer: a tokenizer.json (Hugging Face), a "
-                                  "SentencePiece tokenizer.model, or a directory holding one");
+  CLI::Option* vocab =
+      cmd->add_option("--vocab", o.vocab, "train a tokenizer of this many pieces, 260..65536");
+  CLI::Option* tokenizer =
+      cmd->add_option("--tokenizer", o.tokenizer,
+                      "use a model's tokenizer: a tokenizer.json (Hugging Face), a "
+                      "SentencePiece tokenizer.model, or a directory holding one");
   cmd->add_option("--token-dtype", o.token_dtype,
                   "token files' layout: uint16, uint32 (llm.c's Llama 3 layout), or auto: "
                   "uint16 when every id fits (vocabulary <= 65536)")
@@ -94,7 +96,8 @@ std::string read_input(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " does not exist");
   if (fs::is_directory(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " is a directory");
-  if (!fs::is_regular_file(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " is not a regular file");
+  if (!fs::is_regular_file(path, ec))
+    FSDP_USER_FAIL("prepare-data: input ", path, " is not a regular file");
   std::ifstream in(path, std::ios::binary);
   if (!in) FSDP_USER_FAIL("prepare-data: cannot read input ", path);
   std::ostringstream text;
@@ -147,9 +150,10 @@ void write_bytes(const fs::path& path, const std::string& bytes) {
 data::TokenDtype choose_dtype(const std::string& flag, int64_t vocab) {
   if (flag == "uint32") return data::TokenDtype::kUint32;
   if (flag == "uint16") {
-    FSDP_USER_CHECK(vocab <= data::kMaxTokenFileVocab, "prepare-data: --token-dtype uint16 "
-                    "cannot hold the ids of a vocabulary of ", vocab, " (at most ",
-                    data::kMaxTokenFileVocab, "); use uint32 or auto");
+    FSDP_USER_CHECK(vocab <= data::kMaxTokenFileVocab,
+                    "prepare-data: --token-dtype uint16 "
+                    "cannot hold the ids of a vocabulary of ",
+                    vocab, " (at most ", data::kMaxTokenFileVocab, "); use uint32 or auto");
     return data::TokenDtype::kUint16;
   }
   return data::token_dtype_for_vocab(vocab);
@@ -163,14 +167,16 @@ struct PartMarks {
 PartMarks part_marks(const tokenizer::Tokenizer& tok, const std::string& name) {
   if (!tok.encode("", true).empty()) return {};
   const std::optional<uint32_t> eos = tok.eos_id();
-  FSDP_USER_CHECK(eos.has_value(), "prepare-data: ", name, " adds no special tokens to a text "
+  FSDP_USER_CHECK(eos.has_value(), "prepare-data: ", name,
+                  " adds no special tokens to a text "
                   "and names no eos_token (for a tokenizer.json: in tokenizer_config.json "
                   "beside it), so the documents would run together unmarked");
   return {{*eos}};
 }
 
 // One part's tokens (Note [Document boundaries]); nothing for an empty part.
-Tokens encode_part(const tokenizer::Tokenizer& tok, const PartMarks& marks, const std::string& text) {
+Tokens encode_part(const tokenizer::Tokenizer& tok, const PartMarks& marks,
+                   const std::string& text) {
   if (text.empty()) return {};
   Tokens out = tok.encode(text, true);
   out.insert(out.end(), marks.end.begin(), marks.end.end());
@@ -236,8 +242,9 @@ int run_prepare_data(const PrepareDataOptions& o) {
   const Progress progress{o.quiet};
   const bool train = o.tokenizer.empty();
   if (train && o.vocab == 0)
-    FSDP_USER_FAIL("prepare-data: give --vocab N (train a tokenizer on the text) or --tokenizer "
-                   "FILE (a model's tokenizer.json or tokenizer.model)");
+    FSDP_USER_FAIL(
+        "prepare-data: give --vocab N (train a tokenizer on the text) or --tokenizer "
+        "FILE (a model's tokenizer.json or tokenizer.model)");
   if (train && (o.vocab < kMinPrepareVocab || o.vocab > data::kMaxTokenFileVocab))
     FSDP_USER_FAIL("prepare-data: --vocab ", o.vocab, " is outside ", kMinPrepareVocab, "..",
                    data::kMaxTokenFileVocab, " (256 byte pieces + 4 special need ",
@@ -308,9 +315,11 @@ int run_prepare_data(const PrepareDataOptions& o) {
   const EncodedParts parts = encode_documents(*tok, marks, docs, o.inputs, progress);
   const Tokens train_ids = concatenated(parts.train), val_ids = concatenated(parts.val);
   progress("encoded in ", fixed(seconds_since(t0), 1), " s: ", train_ids.size(), " train tokens, ",
-           val_ids.size(), " val tokens (", fixed(static_cast<double>(train_bytes + val_bytes) /
-           static_cast<double>(train_ids.size() + val_ids.size()), 2), " bytes per token), ",
-           data::token_dtype_name(dtype), " token files");
+           val_ids.size(), " val tokens (",
+           fixed(static_cast<double>(train_bytes + val_bytes) /
+                     static_cast<double>(train_ids.size() + val_ids.size()),
+                 2),
+           " bytes per token), ", data::token_dtype_name(dtype), " token files");
   data::write_token_file((dir / "train.bin").string(), train_ids, dtype);
   data::write_token_file((dir / "val.bin").string(), val_ids, dtype);
 

@@ -23,9 +23,10 @@ namespace fsdp::tools {
 #ifndef FSDP_WITH_SENTENCEPIECE
 
 std::string train_sentencepiece(const std::vector<PrepareDocument>&, const PrepareDataOptions&) {
-  FSDP_USER_FAIL("prepare-data: training a tokenizer (--vocab) is not in this build: "
-                 "SentencePiece was not found when it was configured (install "
-                 "libsentencepiece-dev and re-run cmake), or give a model's --tokenizer");
+  FSDP_USER_FAIL(
+      "prepare-data: training a tokenizer (--vocab) is not in this build: "
+      "SentencePiece was not found when it was configured (install "
+      "libsentencepiece-dev and re-run cmake), or give a model's --tokenizer");
 }
 
 #else
@@ -88,7 +89,8 @@ std::string train_sentencepiece(const std::vector<PrepareDocument>& docs,
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned>(o.seed % 0xFFFFFFFFull));
   LineIterator lines(docs);
   std::string model;
-  const sentencepiece::util::Status s = sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
+  const sentencepiece::util::Status s =
+      sentencepiece::SentencePieceTrainer::Train(args, &lines, &model);
   if (!s.ok()) {
     std::string msg = s.ToString();
     std::replace(msg.begin(), msg.end(), '\n', ' ');

@@ -44,8 +44,8 @@ void copy_tokens(const T* src, int64_t seq_len, int32_t* inputs, int32_t* labels
 
 void copy_window(const TokenFile& file, int64_t window, int64_t seq_len, int32_t* inputs,
                  int32_t* labels) {
-  FSDP_CHECK(window >= 0 && (window + 1) * seq_len < file.size(), "window ", window,
-             " of ", seq_len, " + 1 tokens is outside ", file.path(), "'s ", file.size());
+  FSDP_CHECK(window >= 0 && (window + 1) * seq_len < file.size(), "window ", window, " of ",
+             seq_len, " + 1 tokens is outside ", file.path(), "'s ", file.size());
   if (file.dtype() == TokenDtype::kUint16)
     copy_tokens(file.tokens().data() + window * seq_len, seq_len, inputs, labels);
   else

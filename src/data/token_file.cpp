@@ -21,11 +21,13 @@ namespace {
 
 std::string errno_text() { return std::strerror(errno); }
 
-int64_t token_bytes(TokenDtype dtype) { return dtype == TokenDtype::kUint16 ? 2 : 4; }
+int64_t token_bytes(TokenDtype dtype) {
+  return dtype == TokenDtype::kUint16 ? 2 : 4;
+}
 
 void write_raw(const std::string& path, TokenDtype dtype, const void* tokens, size_t count) {
-  FSDP_CHECK(count <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), path, ": ",
-             count, " tokens do not fit the header's int32 count");
+  FSDP_CHECK(count <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), path, ": ", count,
+             " tokens do not fit the header's int32 count");
   std::array<int32_t, kTokenFileHeaderInts> header{};
   header[0] = dtype == TokenDtype::kUint16 ? kTokenFileMagic : kTokenFile32Magic;
   header[1] = dtype == TokenDtype::kUint16 ? kTokenFileVersion : kTokenFile32Version;
@@ -93,8 +95,7 @@ void write_token_file(const std::string& path, std::span<const uint16_t> tokens)
   write_raw(path, TokenDtype::kUint16, tokens.data(), tokens.size());
 }
 
-void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
-                      TokenDtype dtype) {
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens, TokenDtype dtype) {
   if (dtype == TokenDtype::kUint32) return write_raw(path, dtype, tokens.data(), tokens.size());
   FSDP_CHECK(tokens.empty() || lane_max(tokens) <= std::numeric_limits<uint16_t>::max(), path,
              ": token ", tokens.empty() ? 0 : lane_max(tokens), " does not fit a uint16 file");
@@ -102,8 +103,12 @@ void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
   write_raw(path, dtype, narrow.data(), narrow.size());
 }
 
-uint16_t max_token(std::span<const uint16_t> tokens) { return lane_max(tokens); }
-uint32_t max_token(std::span<const uint32_t> tokens) { return lane_max(tokens); }
+uint16_t max_token(std::span<const uint16_t> tokens) {
+  return lane_max(tokens);
+}
+uint32_t max_token(std::span<const uint32_t> tokens) {
+  return lane_max(tokens);
+}
 
 TokenFile::TokenFile(const std::string& path, int64_t vocab, int64_t min_tokens,
                      const std::string& purpose)
@@ -131,8 +136,8 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab, int64_t min_tokens,
     dtype_ = TokenDtype::kUint16;
     if (header[1] != kTokenFileVersion)
       FSDP_USER_FAIL(path, ": token file version ", header[1], " is not supported (magic ",
-                     kTokenFileMagic, ", the uint16 layout, goes with version ",
-                     kTokenFileVersion, ")");
+                     kTokenFileMagic, ", the uint16 layout, goes with version ", kTokenFileVersion,
+                     ")");
   } else if (header[0] == kTokenFile32Magic) {
     dtype_ = TokenDtype::kUint32;
     if (header[1] != kTokenFile32Version)
@@ -140,9 +145,8 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab, int64_t min_tokens,
                      kTokenFile32Magic, ", the uint32 layout, goes with version ",
                      kTokenFile32Version, ")");
   } else {
-    FSDP_USER_FAIL(path, ": not a token file: magic ", header[0], ", expected ",
-                   kTokenFileMagic, " (llm.c's uint16 layout) or ", kTokenFile32Magic,
-                   " (its uint32 layout)");
+    FSDP_USER_FAIL(path, ": not a token file: magic ", header[0], ", expected ", kTokenFileMagic,
+                   " (llm.c's uint16 layout) or ", kTokenFile32Magic, " (its uint32 layout)");
   }
   const int64_t count = header[2];
   const int64_t expected = kTokenFileHeaderBytes + token_bytes(dtype_) * count;

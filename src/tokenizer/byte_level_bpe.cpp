@@ -10,7 +10,9 @@ namespace fsdp::tokenizer {
 namespace {
 
 // Bytes that stand for themselves in GPT-2's map; the rest take U+0100 onwards, in order.
-bool printable(int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE; }
+bool printable(int b) {
+  return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+}
 
 struct ByteMap {
   std::array<uint32_t, 256> to_codepoint{};
@@ -41,7 +43,9 @@ void append_utf8(uint32_t cp, std::string& out) {
 
 }  // namespace
 
-uint32_t byte_to_codepoint(unsigned char b) { return byte_map().to_codepoint[b]; }
+uint32_t byte_to_codepoint(unsigned char b) {
+  return byte_map().to_codepoint[b];
+}
 
 bool byte_level_to_bytes(std::string_view token, std::string& bytes) {
   const ByteMap& map = byte_map();
@@ -70,7 +74,9 @@ std::string bytes_to_byte_level(std::string_view bytes) {
   return out;
 }
 
-void ByteLevelBpe::add_token(std::string bytes, uint32_t id) { ids_.emplace(std::move(bytes), id); }
+void ByteLevelBpe::add_token(std::string bytes, uint32_t id) {
+  ids_.emplace(std::move(bytes), id);
+}
 
 void ByteLevelBpe::add_merge(uint32_t left, uint32_t right, uint32_t merged, uint32_t rank) {
   merges_[(uint64_t{left} << 32) | right] = {rank, merged};
@@ -130,7 +136,8 @@ void ByteLevelBpe::encode_word(std::string_view word, std::vector<uint32_t>& out
   auto push = [&](int32_t pos) {
     const int32_t next = s[pos].next;
     if (next < 0) return;
-    if (const MergeTarget* m = merge_of(s[pos].id, s[next].id)) queue.push({m->rank, pos, m->merged});
+    if (const MergeTarget* m = merge_of(s[pos].id, s[next].id))
+      queue.push({m->rank, pos, m->merged});
   };
   for (int32_t i = 0; i + 1 < static_cast<int32_t>(word.size()); ++i) push(i);
   while (!queue.empty()) {

@@ -64,7 +64,7 @@ class AddedTokenMatcher {
 
  private:
   struct Bucket {
-    std::vector<size_t> lengths;  // distinct, longest first
+    std::vector<size_t> lengths;                            // distinct, longest first
     std::unordered_map<std::string_view, uint32_t> tokens;  // text -> index into tokens_
   };
   int64_t longest_at(std::string_view text, size_t i) const;
@@ -75,10 +75,10 @@ class AddedTokenMatcher {
 struct HfTokenizerParts {
   std::string name;  // the file, first in every message
   ByteLevelBpe bpe;
-  std::vector<std::string> decoded;  // id -> the bytes it decodes to
-  std::vector<bool> special;         // id -> a special added token
+  std::vector<std::string> decoded;                       // id -> the bytes it decodes to
+  std::vector<bool> special;                              // id -> a special added token
   std::unordered_map<std::string, uint32_t> other_vocab;  // model tokens that are not byte-level
-  std::unordered_map<std::string, uint32_t> added_ids;  // added token content -> id
+  std::unordered_map<std::string, uint32_t> added_ids;    // added token content -> id
   AddedTokenMatcher raw_added, normalized_added;
   bool nfc = false;
   std::vector<std::unique_ptr<RegexSplit>> splits;

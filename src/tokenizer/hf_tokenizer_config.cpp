@@ -55,22 +55,27 @@ void read_tokenizer_config(std::string_view text, HfTokenizerParts& p) {
   const auto flag = [&](const char* key) -> std::optional<bool> {
     const auto it = config.find(key);
     if (it == config.end() || it->is_null()) return std::nullopt;
-    if (!it->is_boolean()) FSDP_USER_FAIL(name, ": ", key, " is ", it->dump(), ", not true or false");
+    if (!it->is_boolean())
+      FSDP_USER_FAIL(name, ": ", key, " is ", it->dump(), ", not true or false");
     return it->get<bool>();
   };
   if (const auto add = flag("add_bos_token"); add && *add != contains(p.prefix, p.bos))
-    FSDP_USER_FAIL(name, ": add_bos_token is ", *add ? "true" : "false", " but ", p.name,
-                   "'s post-processor ", *add ? "does not put" : "puts",
-                   " the bos_token first; this reader follows tokenizer.json and refuses the mismatch");
+    FSDP_USER_FAIL(
+        name, ": add_bos_token is ", *add ? "true" : "false", " but ", p.name, "'s post-processor ",
+        *add ? "does not put" : "puts",
+        " the bos_token first; this reader follows tokenizer.json and refuses the mismatch");
   if (const auto add = flag("add_eos_token"); add && *add != contains(p.suffix, p.eos))
-    FSDP_USER_FAIL(name, ": add_eos_token is ", *add ? "true" : "false", " but ", p.name,
-                   "'s post-processor ", *add ? "does not put" : "puts",
-                   " the eos_token last; this reader follows tokenizer.json and refuses the mismatch");
+    FSDP_USER_FAIL(
+        name, ": add_eos_token is ", *add ? "true" : "false", " but ", p.name, "'s post-processor ",
+        *add ? "does not put" : "puts",
+        " the eos_token last; this reader follows tokenizer.json and refuses the mismatch");
   if (flag("split_special_tokens").value_or(false))
-    FSDP_USER_FAIL(name, ": split_special_tokens is true (special tokens in the text would be "
+    FSDP_USER_FAIL(name,
+                   ": split_special_tokens is true (special tokens in the text would be "
                    "encoded as text); this reader does not support it");
   if (flag("add_prefix_space").value_or(false))
-    FSDP_USER_FAIL(name, ": add_prefix_space is true (a space before the text); this reader "
+    FSDP_USER_FAIL(name,
+                   ": add_prefix_space is true (a space before the text); this reader "
                    "does not support it");
   // Tokens the config adds must be the file's own (transformers would add the others).
   if (const auto it = config.find("added_tokens_decoder"); it != config.end() && !it->is_null()) {
@@ -80,7 +85,8 @@ void read_tokenizer_config(std::string_view text, HfTokenizerParts& p) {
     for (const auto& [id_text, token] : it->items()) {
       const std::string content =
           token.is_object() && token.contains("content") && token["content"].is_string()
-              ? token["content"].get<std::string>() : std::string();
+              ? token["content"].get<std::string>()
+              : std::string();
       for (const char* key : {"single_word", "lstrip", "rstrip"})
         if (token.is_object() && token.contains(key) && token[key] != false)
           FSDP_USER_FAIL(name, ": added_tokens_decoder[\"", id_text, "\"].", key,
@@ -93,7 +99,9 @@ void read_tokenizer_config(std::string_view text, HfTokenizerParts& p) {
   }
 }
 
-bool reads_tokenizer_json() { return true; }
+bool reads_tokenizer_json() {
+  return true;
+}
 
 std::unique_ptr<Tokenizer> tokenizer_from_json(std::string_view json_text, std::string_view config,
                                                const std::string& name) {

@@ -5,11 +5,14 @@
 
 namespace fsdp::tokenizer {
 
-bool reads_tokenizer_json() { return false; }
+bool reads_tokenizer_json() {
+  return false;
+}
 
 std::unique_ptr<Tokenizer> tokenizer_from_json(std::string_view, std::string_view,
                                                const std::string& name) {
-  FSDP_USER_FAIL(name, ": this build does not read tokenizer.json files (PCRE2 or utf8proc was "
+  FSDP_USER_FAIL(name,
+                 ": this build does not read tokenizer.json files (PCRE2 or utf8proc was "
                  "not found when it was configured; install libpcre2-dev and libutf8proc-dev "
                  "and re-run cmake)");
 }

@@ -35,8 +35,8 @@ void read_model(const json& v, HfTokenizerParts& p) {
   const std::string type = m.string("type");
   if (type != "BPE")
     m.fail_key("type", "is \"", type, "\"; this reader runs byte-level BPE models only");
-  if (const json* d = m.get("dropout"); d != nullptr && !d->is_null() &&
-                                        !(d->is_number() && d->get<double>() == 0.0))
+  if (const json* d = m.get("dropout");
+      d != nullptr && !d->is_null() && !(d->is_number() && d->get<double>() == 0.0))
     m.fail_key("dropout", "is ", d->dump(), ": dropout makes encoding random; use null");
   // Every byte is a token (checked below), so no character is ever unknown: unk_token,
   // fuse_unk and byte_fallback cannot change an id.
@@ -44,8 +44,8 @@ void read_model(const json& v, HfTokenizerParts& p) {
   m.ignore("fuse_unk");
   m.ignore("byte_fallback");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (const json* s = m.get(key); s != nullptr && !s->is_null() &&
-                                    !(s->is_string() && s->get<std::string>().empty()))
+    if (const json* s = m.get(key);
+        s != nullptr && !s->is_null() && !(s->is_string() && s->get<std::string>().empty()))
       m.fail_key(key, "is ", s->dump(), "; this reader supports only none (null or \"\")");
   p.bpe.set_ignore_merges(m.boolean("ignore_merges", false));
 
@@ -105,7 +105,8 @@ void read_model(const json& v, HfTokenizerParts& p) {
     } else {
       m.fail_item("merges", rank, " is ", type_name(e), ", neither \"a b\" nor [\"a\", \"b\"]");
     }
-    const uint32_t left = id_of(a, rank, "the left token"), right = id_of(b, rank, "the right token");
+    const uint32_t left = id_of(a, rank, "the left token"),
+                   right = id_of(b, rank, "the right token");
     const uint32_t merged = id_of(a + b, rank, "the merged token");
     p.bpe.add_merge(left, right, merged, static_cast<uint32_t>(rank));
   }
@@ -142,19 +143,24 @@ void read_added_tokens(const json& v, HfTokenizerParts& p) {
     t.done();
     added.push_back(std::move(a));
   }
-  std::stable_sort(added.begin(), added.end(), [](const Added& x, const Added& y) { return x.id < y.id; });
+  std::stable_sort(added.begin(), added.end(),
+                   [](const Added& x, const Added& y) { return x.id < y.id; });
   int64_t next = model_count;
   std::string bytes;
   for (const Added& a : added) {
     if (p.added_ids.count(a.content))
       FSDP_USER_FAIL(p.name, ": added_tokens has \"", a.content, "\" twice");
     int64_t in_vocab = byte_level_to_bytes(a.content, bytes) ? p.bpe.find(bytes) : -1;
-    if (const auto it = p.other_vocab.find(a.content); it != p.other_vocab.end()) in_vocab = it->second;
+    if (const auto it = p.other_vocab.find(a.content); it != p.other_vocab.end())
+      in_vocab = it->second;
     const int64_t want = in_vocab >= 0 ? in_vocab : next;
     if (a.id != want)
       FSDP_USER_FAIL(p.name, ": added token \"", a.content, "\" has id ", a.id, " but would get ",
-                     want, " from the `tokenizers` library (", in_vocab >= 0 ? "its id in model.vocab"
-                     : "the next id after the vocabulary and the added tokens before it", ")");
+                     want, " from the `tokenizers` library (",
+                     in_vocab >= 0
+                         ? "its id in model.vocab"
+                         : "the next id after the vocabulary and the added tokens before it",
+                     ")");
     if (in_vocab < 0) {  // a new id, after the vocabulary
       ++next;
       p.decoded.emplace_back();
@@ -166,8 +172,10 @@ void read_added_tokens(const json& v, HfTokenizerParts& p) {
   }
   // Normalized added tokens match the normalized text: their own normalized form.
   for (const Added& a : added) {
-    if (!a.normalized) p.raw_added.add(a.content, a.id);
-    else p.normalized_added.add(p.nfc ? nfc(a.content) : a.content, a.id);
+    if (!a.normalized)
+      p.raw_added.add(a.content, a.id);
+    else
+      p.normalized_added.add(p.nfc ? nfc(a.content) : a.content, a.id);
   }
   p.raw_added.finish();
   p.normalized_added.finish();
@@ -217,8 +225,9 @@ void read_pre_tokenizer(const json& v, HfTokenizerParts& p) {
       continue;
     }
     if (t != "Split")
-      s.fail_key("type", "is \"", t, "\"", last ? "; the last pre-tokenizer must be ByteLevel"
-                                                : "; this reader supports Split before ByteLevel");
+      s.fail_key("type", "is \"", t, "\"",
+                 last ? "; the last pre-tokenizer must be ByteLevel"
+                      : "; this reader supports Split before ByteLevel");
     if (last) s.fail("is Split; the last pre-tokenizer must be ByteLevel");
     const std::string behavior = s.string("behavior");
     if (behavior != "Isolated")
@@ -251,7 +260,8 @@ void read_template(Object& t, HfTokenizerParts& p) {
   const json& specials = t.need("special_tokens");
   if (!specials.is_object()) t.fail_key("special_tokens", "is not an object");
   const json& single = t.need("single");
-  if (!single.is_array() || single.size() > 64) t.fail_key("single", "is not an array of up to 64 items");
+  if (!single.is_array() || single.size() > 64)
+    t.fail_key("single", "is not an array of up to 64 items");
   bool seen_a = false;
   for (size_t i = 0; i < single.size(); ++i) {
     Object item(single[i], t.at("single") + "[" + std::to_string(i) + "]", p.name);
@@ -279,7 +289,8 @@ void read_template(Object& t, HfTokenizerParts& p) {
     entry.ignore("id");
     entry.ignore("tokens");
     entry.done();
-    if (!ids.is_array() || ids.size() > 64) entry.fail_key("ids", "is not an array of up to 64 ids");
+    if (!ids.is_array() || ids.size() > 64)
+      entry.fail_key("ids", "is not an array of up to 64 ids");
     for (const json& x : ids)
       (seen_a ? p.suffix : p.prefix)
           .push_back(token_id(x, static_cast<int64_t>(p.decoded.size()), entry.at("ids"), p.name));
@@ -299,12 +310,14 @@ void read_post_processor(const json& v, HfTokenizerParts& p, bool in_sequence = 
   }
   if (type == "Sequence" && !in_sequence) {
     const json& list = pp.need("processors");
-    if (!list.is_array() || list.size() > 8) pp.fail_key("processors", "is not an array of up to 8");
+    if (!list.is_array() || list.size() > 8)
+      pp.fail_key("processors", "is not an array of up to 8");
     pp.done();
     for (const json& x : list) read_post_processor(x, p, true);
     return;
   }
-  pp.fail_key("type", "is \"", type, "\"; this reader supports ByteLevel, TemplateProcessing "
+  pp.fail_key("type", "is \"", type,
+              "\"; this reader supports ByteLevel, TemplateProcessing "
               "and a Sequence of them");
 }
 
@@ -319,8 +332,8 @@ HfTokenizerParts read_tokenizer_json(std::string_view text, std::string_view con
   HfTokenizerParts p;
   p.name = name;
   Object top(doc, "", name);
-  if (const json* version = top.get("version"); version != nullptr &&
-                                                !(version->is_string() && *version == "1.0"))
+  if (const json* version = top.get("version");
+      version != nullptr && !(version->is_string() && *version == "1.0"))
     top.fail_key("version", "is ", version->dump(), "; this reader knows version \"1.0\"");
   for (const char* key : {"truncation", "padding"})
     if (const json* x = top.get(key); x != nullptr && !x->is_null())

@@ -32,7 +32,9 @@ inline json parse_bounded(std::string_view text, const std::string& name) {
   }
 }
 
-inline std::string type_name(const json& v) { return v.type_name(); }
+inline std::string type_name(const json& v) {
+  return v.type_name();
+}
 
 // One JSON object of the file, read key by key: each key is taken once, and done() refuses
 // the keys nobody took, so an unknown setting is never skipped in silence.
@@ -73,7 +75,8 @@ class Object {
   void done() const {
     for (const auto& [key, value] : v_.items())
       if (!taken_.count(key))
-        fail("has the key \"", key, "\", which this reader does not know (refused rather "
+        fail("has the key \"", key,
+             "\", which this reader does not know (refused rather "
              "than ignored: it may change the ids)");
   }
   // Requires `key`, when present and not null, to be `want` (a setting whose other values
@@ -83,8 +86,8 @@ class Object {
     if (v == nullptr || v->is_null()) return;
     if (!v->is_boolean()) fail_key(key, "is ", type_name(*v), ", not true or false");
     if (v->get<bool>() != want)
-      fail_key(key, "is ", want ? "false" : "true", ", which this reader does not support (",
-               why, ")");
+      fail_key(key, "is ", want ? "false" : "true", ", which this reader does not support (", why,
+               ")");
   }
 
   template <typename... Parts>

@@ -21,7 +21,9 @@ std::string pcre2_message(int code) {
 
 // The escapes both engines read alike: classes \s \S \d \D, \p{..} \P{..}, and characters
 // \r \n \t \f \e \a and \x.. (hex).
-bool portable_escape(char c) { return std::string_view("sSdDpPrntfeax").find(c) != std::string_view::npos; }
+bool portable_escape(char c) {
+  return std::string_view("sSdDpPrntfeax").find(c) != std::string_view::npos;
+}
 
 }  // namespace
 
@@ -53,7 +55,8 @@ std::string unportable_construct(std::string_view p) {
         return "a character class that starts with ']'";
       continue;
     }
-    if (c == '^' || c == '$') return std::string("the anchor '") + c + "' (line anchors in Oniguruma)";
+    if (c == '^' || c == '$')
+      return std::string("the anchor '") + c + "' (line anchors in Oniguruma)";
     if (c == '(' && i + 1 < p.size() && p[i + 1] == '?') {
       const std::string_view rest = p.substr(i + 2);
       if (rest.starts_with(":") || rest.starts_with("=") || rest.starts_with("!") ||
@@ -94,7 +97,9 @@ RegexSplit::RegexSplit(const std::string& pattern, bool literal, const std::stri
   (void)pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);
 }
 
-RegexSplit::~RegexSplit() { pcre2_code_free(code_); }
+RegexSplit::~RegexSplit() {
+  pcre2_code_free(code_);
+}
 
 RegexSplit::Scratch::Scratch()
     : match_(pcre2_match_data_create(1, nullptr)),  // one pair: the whole match is enough

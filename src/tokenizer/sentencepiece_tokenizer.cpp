@@ -13,10 +13,14 @@ namespace fsdp::tokenizer {
 
 #ifndef FSDP_WITH_SENTENCEPIECE
 
-bool reads_sentencepiece() { return false; }
+bool reads_sentencepiece() {
+  return false;
+}
 
-std::unique_ptr<Tokenizer> tokenizer_from_sentencepiece(const std::string&, const std::string& name) {
-  FSDP_USER_FAIL(name, ": this build does not read SentencePiece models (SentencePiece was not "
+std::unique_ptr<Tokenizer> tokenizer_from_sentencepiece(const std::string&,
+                                                        const std::string& name) {
+  FSDP_USER_FAIL(name,
+                 ": this build does not read SentencePiece models (SentencePiece was not "
                  "found when it was configured)");
 }
 
@@ -87,7 +91,9 @@ class SentencePieceTokenizer final : public Tokenizer {
 
 }  // namespace
 
-bool reads_sentencepiece() { return true; }
+bool reads_sentencepiece() {
+  return true;
+}
 
 std::unique_ptr<Tokenizer> tokenizer_from_sentencepiece(const std::string& model,
                                                         const std::string& name) {

@@ -19,7 +19,8 @@ namespace {
 namespace fs = std::filesystem;
 
 bool ends_with(const std::string& s, std::string_view suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Closes the descriptor on every way out.
@@ -33,7 +34,7 @@ struct Fd {
 }  // namespace
 
 std::string read_bounded_file(const std::string& path, int64_t max_bytes, const std::string& what) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
     FSDP_USER_FAIL(what, " ", path, ": cannot open: ", std::strerror(errno));
   if (!S_ISREG(st.st_mode)) FSDP_USER_FAIL(what, " ", path, ": not a regular file");
@@ -68,14 +69,16 @@ LoadedTokenizer load_tokenizer(const std::string& given) {
     } else if (fs::exists(dir / "tokenizer.model", ec)) {
       path = (dir / "tokenizer.model").string();
     } else {
-      FSDP_USER_FAIL("--tokenizer ", given, " is a directory with neither tokenizer.json nor "
+      FSDP_USER_FAIL("--tokenizer ", given,
+                     " is a directory with neither tokenizer.json nor "
                      "tokenizer.model");
     }
   }
   LoadedTokenizer out;
   if (ends_with(path, ".json")) {
     if (!reads_tokenizer_json())
-      FSDP_USER_FAIL("--tokenizer ", path, ": this build does not read tokenizer.json files "
+      FSDP_USER_FAIL("--tokenizer ", path,
+                     ": this build does not read tokenizer.json files "
                      "(PCRE2 or utf8proc was not found when it was configured; install "
                      "libpcre2-dev and libutf8proc-dev and re-run cmake)");
     const std::string json = read_bounded_file(path, kMaxTokenizerFileBytes, "--tokenizer");
@@ -91,14 +94,16 @@ LoadedTokenizer load_tokenizer(const std::string& given) {
     out.is_tokenizer_json = true;
   } else if (ends_with(path, ".model")) {
     if (!reads_sentencepiece())
-      FSDP_USER_FAIL("--tokenizer ", path, ": this build does not read SentencePiece models "
+      FSDP_USER_FAIL("--tokenizer ", path,
+                     ": this build does not read SentencePiece models "
                      "(SentencePiece was not found when it was configured; install "
                      "libsentencepiece-dev and re-run cmake)");
     std::string model = read_bounded_file(path, kMaxTokenizerFileBytes, "--tokenizer");
     out.tokenizer = tokenizer_from_sentencepiece(model, path);
     out.files.emplace_back("tokenizer.model", std::move(model));
   } else {
-    FSDP_USER_FAIL("--tokenizer ", path, ": expected a Hugging Face tokenizer.json (a name "
+    FSDP_USER_FAIL("--tokenizer ", path,
+                   ": expected a Hugging Face tokenizer.json (a name "
                    "ending in .json) or a SentencePiece model (ending in .model)");
   }
   return out;

@@ -27,8 +27,8 @@ namespace fsdp::tokenizer {
 inline constexpr int64_t kMaxTokenizerFileBytes = int64_t{64} << 20;  // Llama 3's is 9 MB
 inline constexpr int64_t kMaxTokenizerConfigBytes = int64_t{16} << 20;
 inline constexpr int64_t kMaxTokenizerVocab = int64_t{1} << 22;  // ids, and merges
-inline constexpr int64_t kMaxTokenBytes = 4096;                   // one token's text
-inline constexpr int64_t kMaxPatternBytes = 8192;                 // the Split regex
+inline constexpr int64_t kMaxTokenBytes = 4096;                  // one token's text
+inline constexpr int64_t kMaxPatternBytes = 8192;                // the Split regex
 inline constexpr int kMaxJsonDepth = 64;
 
 class Tokenizer {
