@@ -1,24 +1,40 @@
 #!/usr/bin/env python3
-"""llm.c token files and the batch sampler of docs/data.md, in plain Python (no numpy, no torch).
+"""llm.c token files (both layouts) and the batch sampler of docs/data.md, in plain Python
+(no numpy, no torch).
 
 The same algorithm as src/data/sampler.cpp (Note [Batch sampler]), bit for bit, so that
 bench/torch_llama.py reads the same batches as `fsdp train`. tests/test_data_sampler.cpp runs
 this file and compares its windows with the C++ sampler's.
 
-  python3 bench/llm_data.py check FILE --vocab V
+  python3 bench/llm_data.py check FILE --vocab V       (prints the token count and the layout)
   python3 bench/llm_data.py windows FILE --vocab V --seq-len T --batch B --world-size W --seed S --steps N
 """
 import argparse
 import array
 import json
+import os
 import struct
 import sys
 
-MAGIC = 20240520
+# llm.c's two layouts (its dev/data/data_common.py): magic -> (version, array typecode, bytes).
+MAGIC = 20240520        # uint16 tokens
 VERSION = 1
+MAGIC_U32 = 20240801    # uint32 tokens
+VERSION_U32 = 7
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-MAX_VOCAB = 65536
+MAX_UINT16_VOCAB = 65536
+MAX_VOCAB = 1 << 31     # batches hold int32 ids
+
+
+def _uint32_typecode():
+    for code in ("I", "L"):
+        if array.array(code).itemsize == 4:
+            return code
+    raise RuntimeError("this Python has no 4-byte unsigned array type")
+
+
+LAYOUTS = {MAGIC: (VERSION, "H", "uint16"), MAGIC_U32: (VERSION_U32, _uint32_typecode(), "uint32")}
 
 MASK64 = (1 << 64) - 1
 SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
@@ -30,31 +46,42 @@ class DataError(Exception):
 
 
 def read_token_file(path, vocab, min_tokens=0, purpose="this use"):
-    """The tokens of an llm.c token file as array('H'), validated like TokenFile's constructor."""
+    """The tokens of an llm.c token file of either layout, as array('H') or a 4-byte unsigned
+    array, validated like TokenFile's constructor (the same one-line messages)."""
     if not 1 <= vocab <= MAX_VOCAB:
-        raise DataError(f"vocab {vocab} is out of range for uint16 token files (1..{MAX_VOCAB})")
+        raise DataError(f"vocab {vocab} is out of range for token files (1..{MAX_VOCAB})")
+    if not os.path.exists(path):
+        raise DataError(f"{path}: cannot open: No such file or directory")
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: not a regular file, so not a token file")
     try:
         with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < HEADER_BYTES:
+                raise DataError(f"{path}: truncated: {size} bytes, shorter than the {HEADER_BYTES}-byte "
+                                "header of a token file")
+            magic, version, count = struct.unpack("<3i", f.read(12))
+            if magic not in LAYOUTS:
+                raise DataError(f"{path}: not a token file: magic {magic}, expected {MAGIC} (llm.c's uint16 "
+                                f"layout) or {MAGIC_U32} (its uint32 layout)")
+            want_version, typecode, name = LAYOUTS[magic]
+            if version != want_version:
+                raise DataError(f"{path}: token file version {version} is not supported (magic {magic}, the "
+                                f"{name} layout, goes with version {want_version})")
+            width = array.array(typecode).itemsize
+            expected = HEADER_BYTES + width * count
+            if count < 0 or expected != size:
+                what = "truncated" if expected > size else "corrupt"
+                raise DataError(f"{path}: {what}: the header says {count} {name} tokens ({expected} bytes) but "
+                                f"the file has {size} bytes")
+            if count < min_tokens:
+                raise DataError(f"{path}: {count} tokens, fewer than the {min_tokens} that {purpose} needs")
+            f.seek(HEADER_BYTES)
             data = f.read()
     except OSError as e:
         raise DataError(f"{path}: cannot open: {e.strerror}") from None
-    if len(data) < HEADER_BYTES:
-        raise DataError(f"{path}: truncated: {len(data)} bytes, shorter than the {HEADER_BYTES}-byte "
-                        "header of a token file")
-    magic, version, count = struct.unpack_from("<3i", data, 0)
-    if magic != MAGIC:
-        raise DataError(f"{path}: not a token file: magic {magic}, expected {MAGIC} (llm.c's uint16 layout)")
-    if version != VERSION:
-        raise DataError(f"{path}: token file version {version} is not supported (expected {VERSION})")
-    expected = HEADER_BYTES + 2 * count
-    if count < 0 or expected != len(data):
-        what = "truncated" if expected > len(data) else "corrupt"
-        raise DataError(f"{path}: {what}: the header says {count} tokens ({expected} bytes) but the "
-                        f"file has {len(data)} bytes")
-    if count < min_tokens:
-        raise DataError(f"{path}: {count} tokens, fewer than the {min_tokens} that {purpose} needs")
-    tokens = array.array("H")
-    tokens.frombytes(data[HEADER_BYTES:])
+    tokens = array.array(typecode)
+    tokens.frombytes(data)
     if sys.byteorder != "little":
         tokens.byteswap()
     if count and max(tokens) >= vocab:
@@ -63,11 +90,18 @@ def read_token_file(path, vocab, min_tokens=0, purpose="this use"):
     return tokens
 
 
-def write_token_file(path, tokens):
-    """Writes a sequence of ints < 65536 in llm.c's layout."""
+def token_dtype(tokens):
+    """'uint16' or 'uint32': the layout of what read_token_file returned."""
+    return "uint16" if tokens.itemsize == 2 else "uint32"
+
+
+def write_token_file(path, tokens, dtype="uint16"):
+    """Writes a sequence of ints in llm.c's uint16 (ids < 65536) or uint32 layout."""
+    magic = MAGIC if dtype == "uint16" else MAGIC_U32
+    version, typecode, _ = LAYOUTS[magic]
     header = array.array("i", [0] * HEADER_INTS)
-    header[0], header[1], header[2] = MAGIC, VERSION, len(tokens)
-    body = array.array("H", tokens)
+    header[0], header[1], header[2] = magic, version, len(tokens)
+    body = array.array(typecode, tokens)
     if sys.byteorder != "little":
         header.byteswap()
         body.byteswap()
@@ -165,10 +199,11 @@ def main():
     try:
         tokens = read_token_file(a.file, a.vocab)
         if a.command == "check":
-            print(len(tokens))
+            print(len(tokens), token_dtype(tokens))
             return 0
         s = BatchSampler(len(tokens), a.batch, a.seq_len, a.world_size, a.seed, a.file)
-        print(json.dumps({"windows": s.windows, "steps_per_epoch": s.steps_per_epoch,
+        print(json.dumps({"token_dtype": token_dtype(tokens), "windows": s.windows,
+                          "steps_per_epoch": s.steps_per_epoch,
                           "global_windows": [s.global_windows(step) for step in range(a.steps)]}))
     except DataError as e:
         print(f"llm_data: error: {e}", file=sys.stderr)

@@ -326,7 +326,10 @@ def grad_norm_and_clip(model, max_norm, groups=None):
 
 
 def token_tensor(tokens):
-    """array('H') -> int32 CPU tensor (uint16 read as int16, then masked)."""
+    """A token array of either layout -> int32 CPU tensor: uint16 read as int16, then masked;
+    uint32 read as int32 as it is (ids < vocab <= 2^31, checked when the file was read)."""
+    if tokens.itemsize == 4:
+        return torch.frombuffer(tokens, dtype=torch.int32).clone()
     return torch.frombuffer(tokens, dtype=torch.int16).to(torch.int32) & 0xFFFF
 
 

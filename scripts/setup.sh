@@ -38,6 +38,8 @@ zlib|lib ZLIB zlib.h|zlib1g-dev|required|a prefix with zlib.h and libz in CMAKE_
 OpenSSL (libcrypto)|lib OpenSSL openssl/hmac.h|libssl-dev|optional|without it the rendezvous store loads the machine's libcrypto at run time
 rapidcheck|lib rapidcheck rapidcheck/gtest.h|librapidcheck-dev|optional|without it the property tests (tests/test_shard_properties.cpp) are skipped
 SentencePiece|lib SentencePiece sentencepiece_processor.h|libsentencepiece-dev|optional|without it the data tools are not built
+PCRE2|lib PCRE2 pcre2.h|libpcre2-dev|optional|without it (or utf8proc) prepare-data reads no tokenizer.json and its tests are left out
+utf8proc|lib utf8proc utf8proc.h|libutf8proc-dev|optional|without it (or PCRE2) prepare-data reads no tokenizer.json and its tests are left out
 Gloo|lib Gloo gloo/config.h|libgloo-dev|optional|without it CPU ranks as processes (--backend cpu --nproc) are left out and their tests skip
 nvcc >= 12.0|nvcc 12.0|nvidia-cuda-toolkit|cuda|the CUDA toolkit from NVIDIA; put nvcc on PATH or set CUDACXX
 NCCL|lib NCCL nccl.h|libnccl-dev|cuda|NCCL from NVIDIA (libnccl-dev) under /usr/local/cuda or a prefix in CMAKE_PREFIX_PATH

@@ -1,8 +1,13 @@
-// llm.c token files: the round trip, and one one-line error per kind of bad file.
+// llm.c token files, both layouts (uint16 and uint32): the round trip, and one one-line error
+// per kind of bad file.
 #include <gtest/gtest.h>
+
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <vector>
@@ -22,16 +27,29 @@ std::vector<uint16_t> counting_tokens(int64_t n, int64_t vocab) {
   return t;
 }
 
-// Writes raw bytes: a header of our choosing, then `tokens`.
+// Writes raw bytes: a header of our choosing, then `tokens` (uint16 or uint32).
+template <typename T = uint16_t>
 void write_raw(const std::string& path, int32_t magic, int32_t version, int32_t count,
-               const std::vector<uint16_t>& tokens) {
+               const std::vector<T>& tokens) {
   std::vector<int32_t> header(fsdp::data::kTokenFileHeaderInts, 0);
   header[0] = magic;
   header[1] = version;
   header[2] = count;
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(header.data()), header.size() * 4);
-  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 2);
+  out.write(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(T));
+}
+
+std::vector<uint32_t> wide_tokens(int64_t n) {  // ids past uint16, up to Llama 3's vocabulary
+  std::vector<uint32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = static_cast<uint32_t>((i * 7919) % 128256);
+  return t;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // The error of opening `path`, which must be exactly one line naming the file.
@@ -77,27 +95,86 @@ TEST(DataTokenFile, EmptyFileRoundTrips) {
   EXPECT_EQ(f.size(), 0);
 }
 
+TEST(DataTokenFile, Uint32RoundTripKeepsEveryTokenAndTheLlama3Header) {
+  const std::string path = temp_path("round_trip_u32.bin");
+  std::vector<uint32_t> tokens = wide_tokens(1000);
+  tokens[3] = 65536;                     // the first id a uint16 file cannot hold
+  tokens[17] = (uint32_t{1} << 31) - 1;  // the largest id a batch's int32 holds
+  fsdp::data::write_token_file(path, tokens, fsdp::data::TokenDtype::kUint32);
+
+  const std::string bytes = file_bytes(path);
+  ASSERT_EQ(bytes.size(), 1024u + 4 * 1000);
+  int32_t header[256];
+  std::memcpy(header, bytes.data(), sizeof header);
+  EXPECT_EQ(header[0], 20240801);  // llm.c's dev/data/data_common.py, "llama-3"
+  EXPECT_EQ(header[1], 7);
+  EXPECT_EQ(header[2], 1000);
+  for (int i = 3; i < 256; ++i) EXPECT_EQ(header[i], 0) << i;
+
+  TokenFile f(path, int64_t{1} << 31, 1000);
+  EXPECT_EQ(f.dtype(), fsdp::data::TokenDtype::kUint32);
+  EXPECT_EQ(f.size(), 1000);
+  ASSERT_EQ(f.tokens32().size(), tokens.size());
+  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), f.tokens32().begin()));
+  for (int64_t i : {0, 3, 17, 999}) EXPECT_EQ(f.token(i), tokens[static_cast<size_t>(i)]) << i;
+}
+
+TEST(DataTokenFile, Uint16FilesWrittenFromWideIdsAreTheUint16Layout) {
+  std::vector<uint16_t> narrow = counting_tokens(300, 65536);
+  narrow[5] = 65535;
+  const std::vector<uint32_t> wide(narrow.begin(), narrow.end());
+  fsdp::data::write_token_file(temp_path("narrow.bin"), narrow);
+  fsdp::data::write_token_file(temp_path("wide_as_narrow.bin"), wide,
+                               fsdp::data::TokenDtype::kUint16);
+  EXPECT_EQ(file_bytes(temp_path("narrow.bin")), file_bytes(temp_path("wide_as_narrow.bin")));
+  TokenFile f(temp_path("wide_as_narrow.bin"), 65536);
+  EXPECT_EQ(f.dtype(), fsdp::data::TokenDtype::kUint16);
+  EXPECT_EQ(f.token(5), 65535u);
+}
+
+TEST(DataTokenFile, TheLayoutFollowsTheVocabulary) {
+  using fsdp::data::TokenDtype;
+  EXPECT_EQ(fsdp::data::token_dtype_for_vocab(4096), TokenDtype::kUint16);
+  EXPECT_EQ(fsdp::data::token_dtype_for_vocab(65536), TokenDtype::kUint16);  // ids 0..65535
+  EXPECT_EQ(fsdp::data::token_dtype_for_vocab(65537), TokenDtype::kUint32);
+  EXPECT_EQ(fsdp::data::token_dtype_for_vocab(128256), TokenDtype::kUint32);  // Llama 3
+  EXPECT_STREQ(fsdp::data::token_dtype_name(TokenDtype::kUint32), "uint32");
+}
+
 TEST(DataTokenFile, WrongMagicIsNamed) {
   const std::string path = temp_path("magic.bin");
-  write_raw(path, 20240801, 1, 10, counting_tokens(10, 100));
+  write_raw(path, 20240521, 1, 10, counting_tokens(10, 100));
   const std::string msg = open_error(path, 100);
-  EXPECT_NE(msg.find("not a token file: magic 20240801, expected 20240520"), std::string::npos)
+  EXPECT_NE(msg.find("not a token file: magic 20240521, expected 20240520 (llm.c's uint16 "
+                     "layout) or 20240801 (its uint32 layout)"),
+            std::string::npos)
       << msg;
 }
 
-TEST(DataTokenFile, WrongVersionIsNamed) {
+TEST(DataTokenFile, AVersionThatDoesNotGoWithTheMagicIsNamed) {
   const std::string path = temp_path("version.bin");
-  write_raw(path, 20240520, 2, 10, counting_tokens(10, 100));  // llm.c's version 2 is uint32
-  const std::string msg = open_error(path, 100);
-  EXPECT_NE(msg.find("token file version 2 is not supported"), std::string::npos) << msg;
+  write_raw(path, 20240520, 7, 10, counting_tokens(10, 100));  // uint32's version, uint16's magic
+  std::string msg = open_error(path, 100);
+  EXPECT_NE(msg.find("token file version 7 is not supported (magic 20240520, the uint16 layout, "
+                     "goes with version 1)"),
+            std::string::npos)
+      << msg;
+  write_raw(path, 20240801, 1, 10, wide_tokens(10));
+  msg = open_error(path, 200000);
+  EXPECT_NE(msg.find("token file version 1 is not supported (magic 20240801, the uint32 layout, "
+                     "goes with version 7)"),
+            std::string::npos)
+      << msg;
 }
 
 TEST(DataTokenFile, TruncatedFilesAreNamed) {
   const std::string path = temp_path("truncated.bin");
   write_raw(path, 20240520, 1, 10, counting_tokens(9, 100));
   std::string msg = open_error(path, 100);
-  EXPECT_NE(msg.find("truncated: the header says 10 tokens (1044 bytes) but the file has 1042 bytes"),
-            std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated: the header says 10 uint16 tokens (1044 bytes) but the file has "
+                     "1042 bytes"),
+            std::string::npos)
+      << msg;
   // Shorter than the header itself.
   std::ofstream(path, std::ios::binary | std::ios::trunc).write("abcd", 4);
   msg = open_error(path, 100);
@@ -105,7 +182,44 @@ TEST(DataTokenFile, TruncatedFilesAreNamed) {
   // Longer than the header says: not silently ignored either.
   write_raw(path, 20240520, 1, 10, counting_tokens(11, 100));
   msg = open_error(path, 100);
-  EXPECT_NE(msg.find("corrupt: the header says 10 tokens"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("corrupt: the header says 10 uint16 tokens"), std::string::npos) << msg;
+  // A uint32 header over uint16-sized tokens: the sizes disagree, so it is refused.
+  write_raw(path, 20240801, 7, 10, counting_tokens(10, 100));
+  msg = open_error(path, 100);
+  EXPECT_NE(msg.find("truncated: the header says 10 uint32 tokens (1064 bytes) but the file has "
+                     "1044 bytes"),
+            std::string::npos)
+      << msg;
+  // A negative count.
+  write_raw(path, 20240801, 7, -1, wide_tokens(0));
+  msg = open_error(path, 100);
+  EXPECT_NE(msg.find("the header says -1 uint32 tokens"), std::string::npos) << msg;
+}
+
+TEST(DataTokenFile, WhatIsNotARegularFileIsRefusedWithoutOpeningIt) {
+  const std::string dir = temp_path("a_directory");
+  std::filesystem::create_directories(dir);
+  EXPECT_NE(open_error(dir, 100).find("not a regular file"), std::string::npos);
+  // A FIFO with no writer: opening it for reading would block forever.
+  const std::string fifo = temp_path("a_fifo");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(open_error(fifo, 100).find("not a regular file"), std::string::npos);
+  std::filesystem::remove(fifo);
+}
+
+TEST(DataTokenFile, Uint32TokenOutsideTheVocabularyIsNamedWithItsPosition) {
+  const std::string path = temp_path("vocab_u32.bin");
+  std::vector<uint32_t> tokens = wide_tokens(5000);
+  tokens[4321] = 128256;
+  tokens[4400] = 4000000000u;  // past int32: refused, never wrapped negative
+  fsdp::data::write_token_file(path, tokens, fsdp::data::TokenDtype::kUint32);
+  const std::string msg = open_error(path, 128256);
+  EXPECT_NE(msg.find("token 128256 at position 4321 is >= the vocabulary size 128256"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(open_error(path, int64_t{1} << 31).find("token 4000000000 at position 4400"),
+            std::string::npos);
 }
 
 TEST(DataTokenFile, TokenOutsideTheVocabularyIsNamedWithItsPosition) {
@@ -135,12 +249,21 @@ TEST(DataTokenFile, MissingFileIsNamed) {
 }
 
 TEST(DataTokenFile, MaxTokenMatchesAPlainLoopAtEveryLength) {
-  for (size_t n : {0u, 1u, 31u, 32u, 33u, 100u, 1000u}) {
+  for (size_t n : {0u, 1u, 15u, 16u, 17u, 31u, 32u, 33u, 100u, 1000u}) {
     std::vector<uint16_t> t(n);
-    for (size_t i = 0; i < n; ++i) t[i] = static_cast<uint16_t>((i * 2654435761u) >> 16);
+    std::vector<uint32_t> w(n);
+    for (size_t i = 0; i < n; ++i) {
+      t[i] = static_cast<uint16_t>((i * 2654435761u) >> 16);
+      w[i] = static_cast<uint32_t>(i * 2654435761u);
+    }
     uint16_t expected = 0;
-    for (uint16_t v : t) expected = std::max(expected, v);
-    EXPECT_EQ(fsdp::data::max_token(t), expected) << n;
+    uint32_t expected_wide = 0;
+    for (size_t i = 0; i < n; ++i) {
+      expected = std::max(expected, t[i]);
+      expected_wide = std::max(expected_wide, w[i]);
+    }
+    EXPECT_EQ(fsdp::data::max_token(std::span<const uint16_t>(t)), expected) << n;
+    EXPECT_EQ(fsdp::data::max_token(std::span<const uint32_t>(w)), expected_wide) << n;
   }
 }
 
@@ -155,6 +278,13 @@ TEST(DataTokenFile, UnigramEntropyOfKnownDistributions) {
   // Cross-entropy with add-one smoothing over vocab 4: counts {2,2,2,2}+1 over 8+4.
   EXPECT_NEAR(fsdp::data::unigram_cross_entropy_nats(uniform, std::vector<uint16_t>{0, 3}, 4),
               -std::log(3.0 / 12.0), 1e-12);
+  // uint32 ids: the same values, and ids past uint16 count like any other.
+  const std::vector<uint32_t> wide = {100000, 100001, 100002, 3, 3, 100002, 100001, 100000};
+  EXPECT_DOUBLE_EQ(fsdp::data::unigram_entropy_nats(wide, 128256),
+                   fsdp::data::unigram_entropy_nats(uniform));
+  EXPECT_NEAR(
+      fsdp::data::unigram_cross_entropy_nats(wide, std::vector<uint32_t>{3, 100000}, 128256),
+      -std::log(3.0 / (8 + 128256)), 1e-12);
 }
 
 TEST(DataTokenFile, CorpusMetaRoundTrips) {
@@ -168,6 +298,37 @@ TEST(DataTokenFile, CorpusMetaRoundTrips) {
   EXPECT_DOUBLE_EQ(r.unigram_entropy_nats, 6.5);
   EXPECT_DOUBLE_EQ(r.unigram_entropy_bits, 6.5 / std::log(2.0));
   EXPECT_DOUBLE_EQ(r.val_unigram_cross_entropy_nats, 6.75);
+  EXPECT_EQ(r.token_dtype, fsdp::data::TokenDtype::kUint16);
+  EXPECT_EQ(r.tokenizer, "tokenizer.model");
+
+  m.vocab = 128256;
+  m.token_dtype = fsdp::data::TokenDtype::kUint32;
+  m.tokenizer = "tokenizer.json";
+  fsdp::data::write_corpus_meta(path, m);
+  r = fsdp::data::read_corpus_meta(path);
+  EXPECT_EQ(r.vocab, 128256);
+  EXPECT_EQ(r.token_dtype, fsdp::data::TokenDtype::kUint32);
+  EXPECT_EQ(r.tokenizer, "tokenizer.json");
+}
+
+TEST(DataTokenFile, CorpusMetaFromBeforeUint32FilesReadsAsUint16) {
+  const std::string path = temp_path("old_meta.json");
+  std::ofstream(path) << R"({"vocab": 4096, "train_tokens": 10, "val_tokens": 2,
+    "unigram_entropy_nats": 6.4, "unigram_entropy_bits": 9.2, "val_unigram_cross_entropy_nats": 6.5})";
+  const fsdp::data::CorpusMeta r = fsdp::data::read_corpus_meta(path);
+  EXPECT_EQ(r.token_dtype, fsdp::data::TokenDtype::kUint16);
+  EXPECT_EQ(r.tokenizer, "tokenizer.model");
+  std::ofstream(path) << R"({"vocab": 4096, "train_tokens": 10, "val_tokens": 2,
+    "unigram_entropy_nats": 6.4, "unigram_entropy_bits": 9.2, "val_unigram_cross_entropy_nats": 6.5,
+    "token_dtype": "int8"})";
+  try {
+    fsdp::data::read_corpus_meta(path);
+    FAIL() << "a token_dtype of int8 was accepted";
+  } catch (const fsdp::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token_dtype 'int8' is neither uint16 nor uint32"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -29,6 +30,18 @@ std::shared_ptr<const TokenFile> make_file(const std::string& name, int64_t n) {
   const std::string path = ::testing::TempDir() + "sampler_" + name;
   fsdp::data::write_token_file(path, t);
   return std::make_shared<const TokenFile>(path, 50000);
+}
+
+// The same tokens, i % 50000 + offset, in a uint32 file: with offset 0 it must sample exactly
+// like make_file's uint16 file; with a large one, ids past uint16 come through.
+std::shared_ptr<const TokenFile> make_wide_file(const std::string& name, int64_t n,
+                                                uint32_t offset) {
+  std::vector<uint32_t> t(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = static_cast<uint32_t>(i % 50000) + offset;
+  const std::string path = ::testing::TempDir() + "sampler_" + name;
+  fsdp::data::write_token_file(path, t, fsdp::data::TokenDtype::kUint32);
+  return std::make_shared<const TokenFile>(path, 50000 + offset);
 }
 
 struct RankBatch {
@@ -59,6 +72,28 @@ TEST(DataSampler, SameSeedAndStepGiveTheSameBatchOtherSeedsDoNot) {
   }
   EXPECT_NE(a.global_windows(0), c.global_windows(0));
   EXPECT_NE(a.global_windows(0), a.global_windows(1));
+}
+
+TEST(DataSampler, Uint32FilesSampleLikeUint16FilesAndKeepWideIds) {
+  auto narrow = make_file("narrow.bin", 20000);
+  auto wide = make_wide_file("wide.bin", 20000, 0);
+  auto wider = make_wide_file("wider.bin", 20000, 128256 - 50000);  // ids up to 128255
+  const BatchShape shape{3, 16, 2};
+  BatchSampler a(narrow, shape, 9), b(wide, shape, 9), c(wider, shape, 9);
+  for (int64_t step : {0, 5, 400})
+    for (int rank : {0, 1}) {
+      const RankBatch x = fill(a, step, rank), y = fill(b, step, rank), z = fill(c, step, rank);
+      EXPECT_EQ(x.inputs, y.inputs) << step;
+      EXPECT_EQ(x.labels, y.labels) << step;
+      for (size_t i = 0; i < x.inputs.size(); ++i) {
+        EXPECT_EQ(z.inputs[i], x.inputs[i] + (128256 - 50000)) << i;
+        EXPECT_EQ(z.labels[i], x.labels[i] + (128256 - 50000)) << i;
+      }
+    }
+  fsdp::data::ValidationBatches v(wider, shape, 2);
+  std::vector<int32_t> in(48), lab(48);
+  v.fill(1, 1, in, lab);
+  EXPECT_EQ(in[0], (6 + 3) * 16 + (128256 - 50000));  // batch 1, rank 1: window 9
 }
 
 TEST(DataSampler, InputsAreWindowsAndLabelsAreShiftedByOne) {
@@ -199,31 +234,77 @@ TEST(DataSampler, ValidationBatchesAreTheFirstWindowsInOrder) {
   EXPECT_EQ(fsdp::data::ValidationBatches(file, {2, 16, 2}, 3).count(), 3);
 }
 
+std::string run_command(const std::string& cmd, int* status) {
+  FILE* pipe = popen((cmd + " 2>&1").c_str(), "r");
+  std::string out;
+  if (pipe == nullptr) return out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  *status = pclose(pipe);
+  return out;
+}
+
 // bench/llm_data.py (the sampler bench/torch_llama.py uses) gives the same windows as this
-// one, over several epochs, for two seeds and a split over ranks.
+// one, over several epochs, for two seeds and a split over ranks, from files of both layouts
+// (one Python process for all of them: its start is most of the cost).
 TEST(DataSampler, PythonSamplerOfTheBenchGivesTheSameWindows) {
   if (std::system("python3 -c 'pass' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "python3 is not installed: bench/llm_data.py is not checked";
-  auto file = make_file("python.bin", 16 * 50 + 5);  // 50 windows of 16
-  for (uint64_t seed : {0ull, 0xFEDCBA9876543210ull}) {
-    const BatchShape shape{3, 16, 2};                // G = 6: 8 steps per epoch
-    BatchSampler s(file, shape, seed);
-    const std::string cmd = "python3 " FSDP_SOURCE_DIR "/bench/llm_data.py windows " +
-                            file->path() + " --vocab 50000 --seq-len 16 --batch 3 --world-size 2"
-                            " --seed " + std::to_string(seed) + " --steps 30 2>&1";
-    FILE* pipe = popen(cmd.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    std::string out;
-    std::array<char, 4096> buf;
-    while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-    ASSERT_EQ(pclose(pipe), 0) << out;
-    const nlohmann::json j = nlohmann::json::parse(out);
-    EXPECT_EQ(j["windows"], s.windows());
-    EXPECT_EQ(j["steps_per_epoch"], s.steps_per_epoch());
-    for (int64_t step = 0; step < 30; ++step)
-      EXPECT_EQ(j["global_windows"][step].get<std::vector<int64_t>>(), s.global_windows(step))
-          << "seed " << seed << " step " << step;
-  }
+  const auto narrow = make_file("python.bin", 16 * 50 + 5);  // 50 windows of 16
+  const auto wide = make_wide_file("python_u32.bin", 16 * 50 + 5, 100000);
+  const std::string script = ::testing::TempDir() + "sampler_windows.py";
+  std::ofstream(script)
+      << "import json, sys\n"
+         "sys.path.insert(0, '" FSDP_SOURCE_DIR
+         "/bench')\n"
+         "import llm_data\n"
+         "out = []\n"
+         "for path, vocab, seed in json.loads(sys.argv[1]):\n"
+         "    t = llm_data.read_token_file(path, vocab)\n"
+         "    s = llm_data.BatchSampler(len(t), 3, 16, 2, seed, path)\n"
+         "    out.append({'token_dtype': llm_data.token_dtype(t), 'windows': s.windows,\n"
+         "                'steps_per_epoch': s.steps_per_epoch,\n"
+         "                'global_windows': [s.global_windows(k) for k in range(30)]})\n"
+         "print(json.dumps(out))\n";
+  const std::vector<uint64_t> seeds = {0ull, 0xFEDCBA9876543210ull};
+  nlohmann::json runs = nlohmann::json::array();
+  for (const auto& file : {narrow, wide})
+    for (uint64_t seed : seeds) runs.push_back({file->path(), file->vocab(), seed});
+  int status = -1;
+  const std::string out = run_command("python3 " + script + " '" + runs.dump() + "'", &status);
+  ASSERT_EQ(status, 0) << out;
+  const nlohmann::json j = nlohmann::json::parse(out);
+  ASSERT_EQ(j.size(), 4u);
+  size_t k = 0;
+  for (const auto& [file, dtype] : {std::pair{narrow, "uint16"}, std::pair{wide, "uint32"}})
+    for (uint64_t seed : seeds) {
+      const BatchSampler s(file, {3, 16, 2}, seed);  // G = 6: 8 steps per epoch
+      const nlohmann::json& r = j[k++];
+      EXPECT_EQ(r["token_dtype"], dtype);
+      EXPECT_EQ(r["windows"], s.windows());
+      EXPECT_EQ(r["steps_per_epoch"], s.steps_per_epoch());
+      for (int64_t step = 0; step < 30; ++step)
+        EXPECT_EQ(r["global_windows"][step].get<std::vector<int64_t>>(), s.global_windows(step))
+            << dtype << " seed " << seed << " step " << step;
+    }
+}
+
+// The Python reader refuses what TokenFile refuses, with the same one line.
+TEST(DataSampler, PythonReaderRefusesAHeaderOfNeitherLayoutInOneLine) {
+  if (std::system("python3 -c 'pass' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3 is not installed: bench/llm_data.py is not checked";
+  const std::string path = ::testing::TempDir() + "sampler_bad_magic.bin";
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240521;
+  header[1] = 1;
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(header.data()), 1024);
+  int status = -1;
+  const std::string out =
+      run_command("python3 " FSDP_SOURCE_DIR "/bench/llm_data.py check " + path, &status);
+  EXPECT_NE(status, 0);
+  EXPECT_EQ(out, "llm_data: error: " + path +
+                     ": not a token file: magic 20240521, expected "
+                     "20240520 (llm.c's uint16 layout) or 20240801 (its uint32 layout)\n");
 }
 
 }  // namespace

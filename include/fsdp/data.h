@@ -9,7 +9,8 @@
 // a time and drop the n % G left over. Step s is in epoch s / (n / G), so a batch depends on
 // the seed and the step alone, and the same global batch comes out for any split of
 // world_size * B. Rank r takes windows [r * B, (r + 1) * B) of the global batch.
-// bench/torch_llama.py implements the same algorithm, bit for bit; docs/data.md spells it out.
+// bench/llm_data.py (bench/torch_llama.py's reader) implements the same algorithm, bit for
+// bit; docs/data.md spells it out.
 #pragma once
 
 #include <cstdint>
@@ -21,24 +22,42 @@
 
 namespace fsdp::data {
 
-// llm.c's layout: 256 int32 (magic, version, token count, then zeros), then uint16 tokens.
+// llm.c's layouts (its dev/data/data_common.py): 256 little-endian int32 (magic, version, token
+// count, then zeros), then the tokens. Two kinds, told apart by the magic:
+//   uint16 tokens: magic 20240520, version 1 (GPT-2's layout; vocabularies up to 65,536)
+//   uint32 tokens: magic 20240801, version 7 (Llama 3's layout; larger vocabularies)
 inline constexpr int32_t kTokenFileMagic = 20240520;
 inline constexpr int32_t kTokenFileVersion = 1;
+inline constexpr int32_t kTokenFile32Magic = 20240801;
+inline constexpr int32_t kTokenFile32Version = 7;
 inline constexpr int64_t kTokenFileHeaderInts = 256;
 inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
-// uint16 tokens: a vocabulary has at most this many entries.
+// uint16 tokens: a vocabulary of at most this many entries fits them.
 inline constexpr int64_t kMaxTokenFileVocab = 65536;
+// Any token file: batches hold int32 ids, so a vocabulary has at most 2^31 entries.
+inline constexpr int64_t kMaxVocab = int64_t{1} << 31;
 
-// Writes `tokens` to `path` in llm.c's layout (through a temporary file renamed at the end,
-// so a failed write never leaves a valid-looking file). One-line error when it cannot.
+enum class TokenDtype { kUint16, kUint32 };
+// "uint16" / "uint32".
+const char* token_dtype_name(TokenDtype dtype);
+// The layout prepare-data writes by default: uint16 when every id fits (vocab <= 65,536).
+TokenDtype token_dtype_for_vocab(int64_t vocab);
+
+// Writes `tokens` to `path` in llm.c's uint16 layout (through a temporary file renamed at the
+// end, so a failed write never leaves a valid-looking file). One-line error when it cannot.
 void write_token_file(const std::string& path, std::span<const uint16_t> tokens);
+// The same in the layout `dtype`; a token that does not fit uint16 is an internal error
+// (the caller picks the layout from the vocabulary, token_dtype_for_vocab).
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens, TokenDtype dtype);
 
-// A token file mapped read-only. The constructor validates it; every failure is one line
-// naming the file and the problem: not a token file (magic), an unknown version, truncated
-// or overlong (size != header + 2 * count), a token >= vocab, fewer than min_tokens tokens.
+// A token file of either layout, mapped read-only. The constructor validates it before
+// mapping; every failure is one line naming the file and the problem: not a regular file, not
+// a token file (magic), a version that does not go with the magic, truncated or overlong
+// (size != header + token bytes * count), then, mapped, a token >= vocab, fewer than
+// min_tokens tokens.
 class TokenFile {
  public:
-  // vocab: tokens must be below it (1..65536). min_tokens: the fewest tokens a use needs
+  // vocab: tokens must be below it (1..2^31). min_tokens: the fewest tokens a use needs
   // (one batch: B * T + 1); `purpose` names that use in the message ("one batch of 8 x 256").
   TokenFile(const std::string& path, int64_t vocab, int64_t min_tokens = 0,
             const std::string& purpose = "");
@@ -49,20 +68,30 @@ class TokenFile {
   const std::string& path() const { return path_; }
   int64_t size() const { return count_; }
   int64_t vocab() const { return vocab_; }
-  std::span<const uint16_t> tokens() const { return {tokens_, static_cast<size_t>(count_)}; }
+  TokenDtype dtype() const { return dtype_; }
+  // Token i (0 <= i < size()), of either layout.
+  uint32_t token(int64_t i) const {
+    return dtype_ == TokenDtype::kUint16 ? static_cast<const uint16_t*>(tokens_)[i]
+                                         : static_cast<const uint32_t*>(tokens_)[i];
+  }
+  // The tokens of a uint16 file / of a uint32 file (the other layout: an internal error).
+  std::span<const uint16_t> tokens() const;
+  std::span<const uint32_t> tokens32() const;
 
  private:
   std::string path_;
   int64_t vocab_ = 0;
   int64_t count_ = 0;
+  TokenDtype dtype_ = TokenDtype::kUint16;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  const void* tokens_ = nullptr;
 };
 
 // The largest token in `tokens` (0 when empty). A branch-free max over the array, which the
 // compiler vectorizes: one pass at memory bandwidth, used to check token < vocab at open.
 uint16_t max_token(std::span<const uint16_t> tokens);
+uint32_t max_token(std::span<const uint32_t> tokens);
 
 // Where a sampler is: all a checkpoint needs to resume it. `epoch` is redundant with `step`
 // (epoch = step / steps_per_epoch) and is kept so a resume on different data or batch shape
@@ -143,9 +172,13 @@ void copy_window(const TokenFile& file, int64_t window, int64_t seq_len, int32_t
 // Unigram entropy of a token stream: H = -sum_v p_v ln p_v with p_v = count_v / N, in nats
 // per token (divide by ln 2 for bits). The loss a model that ignores context can reach.
 double unigram_entropy_nats(std::span<const uint16_t> tokens);
+// The same for uint32 ids, every one < vocab.
+double unigram_entropy_nats(std::span<const uint32_t> tokens, int64_t vocab);
 // Cross-entropy of `eval` under the unigram distribution of `fit` (add-one smoothed over
 // `vocab` entries so unseen tokens cost a finite amount), in nats per token.
 double unigram_cross_entropy_nats(std::span<const uint16_t> fit, std::span<const uint16_t> eval,
+                                  int64_t vocab);
+double unigram_cross_entropy_nats(std::span<const uint32_t> fit, std::span<const uint32_t> eval,
                                   int64_t vocab);
 
 // DIR/meta.json written by `fsdp prepare-data`.
@@ -154,6 +187,11 @@ struct CorpusMeta {
   int64_t train_tokens = 0, val_tokens = 0;
   double unigram_entropy_nats = 0, unigram_entropy_bits = 0;
   double val_unigram_cross_entropy_nats = 0;
+  // The token files' layout and the tokenizer file beside them ("tokenizer.model",
+  // "tokenizer.json"); a meta.json written before these keys existed reads as uint16 and
+  // tokenizer.model, which is what it had.
+  TokenDtype token_dtype = TokenDtype::kUint16;
+  std::string tokenizer = "tokenizer.model";
 };
 void write_corpus_meta(const std::string& path, const CorpusMeta& meta);
 CorpusMeta read_corpus_meta(const std::string& path);

@@ -30,13 +30,26 @@ std::vector<uint32_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n)
   return perm;
 }
 
+namespace {
+
+template <typename T>
+void copy_tokens(const T* src, int64_t seq_len, int32_t* inputs, int32_t* labels) {
+  for (int64_t t = 0; t < seq_len; ++t) {  // ids < vocab <= 2^31 (checked at open): fit int32
+    inputs[t] = static_cast<int32_t>(src[t]);
+    labels[t] = static_cast<int32_t>(src[t + 1]);
+  }
+}
+
+}  // namespace
+
 void copy_window(const TokenFile& file, int64_t window, int64_t seq_len, int32_t* inputs,
                  int32_t* labels) {
-  const uint16_t* src = file.tokens().data() + window * seq_len;
-  for (int64_t t = 0; t < seq_len; ++t) {
-    inputs[t] = src[t];
-    labels[t] = src[t + 1];
-  }
+  FSDP_CHECK(window >= 0 && (window + 1) * seq_len < file.size(), "window ", window, " of ",
+             seq_len, " + 1 tokens is outside ", file.path(), "'s ", file.size());
+  if (file.dtype() == TokenDtype::kUint16)
+    copy_tokens(file.tokens().data() + window * seq_len, seq_len, inputs, labels);
+  else
+    copy_tokens(file.tokens32().data() + window * seq_len, seq_len, inputs, labels);
 }
 
 namespace {
@@ -149,10 +162,17 @@ void ValidationBatches::fill(int64_t k, int rank, std::span<int32_t> inputs,
                 labels.data() + b * shape_.seq_len);
 }
 
-double unigram_entropy_nats(std::span<const uint16_t> tokens) {
+namespace {
+
+template <typename T>
+double entropy_of(std::span<const T> tokens, int64_t vocab) {
+  FSDP_CHECK(vocab >= 1 && vocab <= kMaxVocab, "vocab ", vocab, " out of range");
   if (tokens.empty()) return 0;
-  std::vector<int64_t> counts(kMaxTokenFileVocab, 0);
-  for (uint16_t t : tokens) ++counts[t];
+  std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
+  for (T t : tokens) {
+    FSDP_CHECK(static_cast<int64_t>(t) < vocab, "token ", t, " >= vocab ", vocab);
+    ++counts[t];
+  }
   const double n = static_cast<double>(tokens.size());
   double h = 0;
   for (int64_t c : counts)
@@ -160,22 +180,42 @@ double unigram_entropy_nats(std::span<const uint16_t> tokens) {
   return h;
 }
 
-double unigram_cross_entropy_nats(std::span<const uint16_t> fit, std::span<const uint16_t> eval,
-                                  int64_t vocab) {
-  FSDP_CHECK(vocab >= 1 && vocab <= kMaxTokenFileVocab, "vocab ", vocab, " out of range");
+template <typename T>
+double cross_entropy_of(std::span<const T> fit, std::span<const T> eval, int64_t vocab) {
+  FSDP_CHECK(vocab >= 1 && vocab <= kMaxVocab, "vocab ", vocab, " out of range");
   if (eval.empty()) return 0;
   std::vector<int64_t> counts(static_cast<size_t>(vocab), 0);
-  for (uint16_t t : fit) {
-    FSDP_CHECK(t < vocab, "token ", t, " >= vocab ", vocab);
+  for (T t : fit) {
+    FSDP_CHECK(static_cast<int64_t>(t) < vocab, "token ", t, " >= vocab ", vocab);
     ++counts[t];
   }
   const double denom = static_cast<double>(fit.size() + vocab);
   double h = 0;
-  for (uint16_t t : eval) {
-    FSDP_CHECK(t < vocab, "token ", t, " >= vocab ", vocab);
+  for (T t : eval) {
+    FSDP_CHECK(static_cast<int64_t>(t) < vocab, "token ", t, " >= vocab ", vocab);
     h -= std::log((counts[t] + 1) / denom);
   }
   return h / static_cast<double>(eval.size());
+}
+
+}  // namespace
+
+double unigram_entropy_nats(std::span<const uint16_t> tokens) {
+  return entropy_of(tokens, kMaxTokenFileVocab);
+}
+
+double unigram_entropy_nats(std::span<const uint32_t> tokens, int64_t vocab) {
+  return entropy_of(tokens, vocab);
+}
+
+double unigram_cross_entropy_nats(std::span<const uint16_t> fit, std::span<const uint16_t> eval,
+                                  int64_t vocab) {
+  return cross_entropy_of(fit, eval, vocab);
+}
+
+double unigram_cross_entropy_nats(std::span<const uint32_t> fit, std::span<const uint32_t> eval,
+                                  int64_t vocab) {
+  return cross_entropy_of(fit, eval, vocab);
 }
 
 }  // namespace fsdp::data
