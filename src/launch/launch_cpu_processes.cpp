@@ -255,14 +255,7 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
   // Node 0's launcher hosts the store: bound now (so the port is known), served after the
   // forks (so the children inherit no serving thread).
   std::unique_ptr<rendezvous::TcpStoreServer> server;
-  if (where.node_rank == 0) {
-    rendezvous::TcpStoreServerOptions o;
-    o.bind_address = store_bind_address(node);
-    o.port = where.master_port;
-    o.secret = secret;
-    o.start = false;
-    server = std::make_unique<rendezvous::TcpStoreServer>(o);
-  }
+  if (where.node_rank == 0) server = bind_job_store(node, where.master_port, secret);
   rendezvous::TcpStoreOptions store_at;
   store_at.host = server ? server->connect_host() : where.master_addr;
   store_at.port = server ? server->port() : where.master_port;

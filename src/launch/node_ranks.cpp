@@ -64,12 +64,7 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   std::unique_ptr<rendezvous::TcpStoreServer> server;
   int port = node.master_port;
   if (node.hosts_store()) {
-    rendezvous::TcpStoreServerOptions o;
-    o.bind_address = store_bind_address(node);
-    o.port = node.master_port;
-    o.secret = secret;
-    o.start = false;
-    server = std::make_unique<rendezvous::TcpStoreServer>(o);
+    server = bind_job_store(node, node.master_port, secret);
     port = server->port();
   }
   const std::string store_host = server ? server->connect_host() : node.master_addr;

@@ -87,4 +87,14 @@ std::string store_bind_address(const LaunchEnv& e) {
   return e.master_addr;
 }
 
+std::unique_ptr<rendezvous::TcpStoreServer> bind_job_store(const LaunchEnv& e, int port,
+                                                           const std::string& secret) {
+  rendezvous::TcpStoreServerOptions o;
+  o.bind_address = store_bind_address(e);
+  o.port = port;
+  o.secret = secret;
+  o.start = false;
+  return std::make_unique<rendezvous::TcpStoreServer>(o);
+}
+
 }  // namespace fsdp::launch

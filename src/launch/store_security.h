@@ -15,9 +15,11 @@
 //  - What one client may cost it: Note [Store limits].
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "launch/launch_env.h"
+#include "rendezvous/tcp_store.h"
 
 namespace fsdp::launch {
 
@@ -32,5 +34,11 @@ std::string job_store_secret(const LaunchEnv& e);
 
 // Where the host of e's store listens (see the Note).
 std::string store_bind_address(const LaunchEnv& e);
+
+// The server of e's store on `port` (0: any), admitting `secret`'s clients: bound now, so its
+// port is known, and served once started (after the launcher's forks, so that no child
+// inherits a serving thread).
+std::unique_ptr<rendezvous::TcpStoreServer> bind_job_store(const LaunchEnv& e, int port,
+                                                           const std::string& secret);
 
 }  // namespace fsdp::launch

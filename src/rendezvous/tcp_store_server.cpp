@@ -250,9 +250,10 @@ void TcpStoreServer::serve() {
     c.fd = -1;
     c.closed = true;
   };
+  // Counted before the close: a peer that sees its connection end sees the count.
   auto drop_unadmitted = [&](Connection& c) {
-    close_connection(c);
     ++counters.dropped_unadmitted;
+    close_connection(c);
   };
   // Closes the oldest connection not yet admitted, to make room; false if there is none.
   auto evict_oldest_unadmitted = [&] {
@@ -285,9 +286,9 @@ void TcpStoreServer::serve() {
           return;
         }
         if (!evict_oldest_unadmitted()) {
+          ++counters.turned_away;  // before the close, as drop_unadmitted counts
           ::close(fd);
           reopen_reserve();
-          ++counters.turned_away;
           continue;
         }
         reopen_reserve();
@@ -295,8 +296,8 @@ void TcpStoreServer::serve() {
       if (unadmitted >= limits.max_unauthenticated) {
         evict_oldest_unadmitted();
       } else if (live >= limits.max_connections && !evict_oldest_unadmitted()) {
-        ::close(fd);  // every place is taken by an admitted client
         ++counters.turned_away;
+        ::close(fd);  // every place is taken by an admitted client
         continue;
       }
       int one = 1;
