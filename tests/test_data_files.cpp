@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 #include <vector>
@@ -66,8 +67,7 @@ TEST(DataTokenFile, RoundTripKeepsEveryTokenAndTheLlmcHeader) {
 
   TokenFile f(path, 65536, 1000);
   EXPECT_EQ(f.size(), 1000);
-  ASSERT_EQ(f.tokens().size(), tokens.size());
-  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), f.tokens().begin()));
+  EXPECT_EQ(f.read_all(), tokens);
 }
 
 TEST(DataTokenFile, EmptyFileRoundTrips) {
@@ -168,6 +168,63 @@ TEST(DataTokenFile, CorpusMetaRoundTrips) {
   EXPECT_DOUBLE_EQ(r.unigram_entropy_nats, 6.5);
   EXPECT_DOUBLE_EQ(r.unigram_entropy_bits, 6.5 / std::log(2.0));
   EXPECT_DOUBLE_EQ(r.val_unigram_cross_entropy_nats, 6.75);
+}
+
+// Reads are preads, not a mapping (whose read past a truncation is a SIGBUS): a file cut or
+// rewritten after it was opened is a one-line error naming it.
+TEST(DataTokenFile, AFileCutOrRewrittenAfterOpeningIsAnErrorNotASignal) {
+  const std::string path = temp_path("cut.bin");
+  fsdp::data::write_token_file(path, counting_tokens(1000, 100));
+  TokenFile f(path, 100);
+  std::vector<uint16_t> window(11);
+  f.read(900, 11, window.data());
+  EXPECT_EQ(window[0], (900 * 7) % 100);
+  std::filesystem::resize_file(path, 1024 + 2 * 500);
+  try {
+    f.read(900, 11, window.data());
+    ADD_FAILURE() << "read past the end";
+  } catch (const fsdp::UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot read '" + path + "' at byte 2824: it holds 2024 bytes now, "
+                                     "3024 when it was opened (truncated while in use?)");
+  }
+  // Rewritten in place with a token past the vocabulary (the open's check is long past).
+  std::filesystem::resize_file(path, 1024 + 2 * 1000);
+  {
+    std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(1024 + 2 * 905);
+    const uint16_t big = 5000;
+    out.write(reinterpret_cast<const char*>(&big), 2);
+  }
+  try {
+    f.read(900, 11, window.data());
+    ADD_FAILURE() << "a token past the vocabulary was read";
+  } catch (const fsdp::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("token 5000 at position 905 is >= the vocabulary size 100"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(DataTokenFile, CorpusMetaWithMistypedOrMissingFieldsIsNamedInPlainWords) {
+  const std::string path = temp_path("bad_meta.json");
+  for (const auto& [text, expect] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"vocab": "4096"})", "vocab must be an integer in [1, 65536], not a string"},
+           {R"({"vocab": 70000})", "vocab must be an integer in [1, 65536]"},
+           {R"({"vocab": 4096})", "train_tokens is missing"},
+           {R"([1, 2])", "the top level must be an object"},
+           {R"({"vocab": 4096, "train_tokens": 1, "val_tokens": 1, "unigram_entropy_nats": "x"})",
+            "unigram_entropy_nats must be a number, not a string"},
+           {"{\"vocab\": ", "is corrupt: not valid JSON"}}) {
+    std::ofstream(path, std::ios::trunc) << text;
+    try {
+      fsdp::data::read_corpus_meta(path);
+      ADD_FAILURE() << text;
+    } catch (const fsdp::UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(path), std::string::npos) << m;
+      EXPECT_NE(m.find(expect), std::string::npos) << m;
+      EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+    }
+  }
 }
 
 }  // namespace

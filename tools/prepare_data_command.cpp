@@ -22,6 +22,7 @@
 
 #include "fsdp/data.h"
 #include "fsdp/error.h"
+#include "io/file_io.h"
 
 #ifdef FSDP_WITH_SENTENCEPIECE
 #include <sentencepiece_processor.h>
@@ -93,16 +94,19 @@ std::string megabytes(size_t bytes) {
   return buf;
 }
 
+// Inputs are read whole (the tokenizer trains on their lines): regular files (Note [Reading
+// files]) of at most 16 GiB each.
+constexpr uint64_t kMaxInputBytes = uint64_t{16} << 30;
+
 std::string read_input(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " does not exist");
   if (fs::is_directory(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) FSDP_USER_FAIL("prepare-data: cannot read input ", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) FSDP_USER_FAIL("prepare-data: cannot read input ", path);
-  return std::move(text).str();
+  try {
+    return io::read_bounded_file(path, kMaxInputBytes, "an input of prepare-data");
+  } catch (const UserError& e) {
+    FSDP_USER_FAIL("prepare-data: ", e.what());
+  }
 }
 
 // The last `fraction` of a file, cut at the first line break at or after that point.
@@ -202,14 +206,7 @@ std::string train_tokenizer(const std::vector<Document>& docs, const PrepareData
 }
 
 void write_bytes(const fs::path& path, const std::string& bytes) {
-  const fs::path tmp = path.string() + ".tmp";
-  std::ofstream out(tmp, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  std::error_code ec;
-  if (!out) FSDP_USER_FAIL("cannot write ", path.string());
-  fs::rename(tmp, path, ec);
-  if (ec) FSDP_USER_FAIL("cannot write ", path.string(), ": ", ec.message());
+  io::write_file_atomic(path.string(), bytes);  // Note [Atomic files], Note [Output paths]
 }
 
 // One part's tokens, <s> first; nothing for an empty part.

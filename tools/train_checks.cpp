@@ -21,6 +21,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
+#include "io/file_io.h"
 #include "launch/launch_env.h"
 #include "models/model_family.h"
 #include "runtime/launch_cuda.h"
@@ -63,9 +64,44 @@ int64_t thread_limit() {
   return limit;
 }
 
+// Sizes beyond any real model (Llama 3 405B: 126 layers of width 16384, FFN 53248, vocab
+// 128256; DeepSeek-V3: 256 experts), refused before anything is sized from them: the memory
+// estimate and the model's own arithmetic are int64 products of these, and a bound of their
+// products (in double, which cannot overflow) keeps every one below 2^60.
+void check_absurd_sizes(const TrainOptions& o) {
+  const runtime::TrainConfig& c = o.config;
+  const nn::ModelConfig& m = c.model;
+  struct Cap {
+    const char* flag;
+    int64_t value, max;
+  };
+  for (const Cap& cap : {Cap{"--layers", m.layers, 1 << 14}, Cap{"--dim", m.dim, 1 << 18},
+                         Cap{"--hidden", m.hidden, 1 << 20}, Cap{"--ffn-dim", m.ffn_dim, 1 << 20},
+                         Cap{"--expert-ffn-dim", m.expert_ffn_dim, 1 << 20},
+                         Cap{"--experts", m.experts, 1 << 14}, Cap{"--heads", m.heads, 1 << 14},
+                         Cap{"--kv-heads", m.kv_heads, 1 << 14}, Cap{"--classes", m.classes, 1 << 24},
+                         Cap{"--vocab", m.vocab, 1 << 24}, Cap{"--seq-len", m.seq_len, 1 << 24},
+                         Cap{"--tokens", c.tokens, int64_t{1} << 32},
+                         Cap{"--world-size", o.world_size, 1 << 20},
+                         Cap{"--rs-max-input-buffers", c.rs_max_input_buffers, 1 << 10}})
+    FSDP_USER_CHECK(cap.value <= cap.max, cap.flag, " ", cap.value, " is beyond any real model: at most ",
+                    cap.max);
+  const double width = static_cast<double>(std::max({m.dim, m.hidden, m.ffn_dim, m.expert_ffn_dim,
+                                                     m.vocab, m.classes, m.seq_len, int64_t{1}}));
+  const double experts = std::max(m.experts, 1), layers = m.layers + 2.0;
+  const double params = layers * 8 * width * width * experts;
+  const double activations = static_cast<double>(c.tokens) * layers * 128 * width * experts;
+  const double limit = static_cast<double>(int64_t{1} << 60);
+  FSDP_USER_CHECK(params <= limit && activations <= limit,
+                  "this model's sizes (--layers, --dim, --experts, --tokens, ...) need far more "
+                  "than any machine has: about ", std::max(params, activations) / limit,
+                  " EiB; lower them");
+}
+
 void check_ranges(const TrainOptions& o) {
   const runtime::TrainConfig& c = o.config;
   const nn::ModelConfig& m = c.model;
+  check_absurd_sizes(o);
   FSDP_USER_CHECK(o.world_size >= 1, "--world-size must be >= 1, got ", o.world_size);
   FSDP_USER_CHECK(o.nproc >= 0, "--nproc must be >= 0 (0: every GPU), got ", o.nproc);
   FSDP_USER_CHECK(m.layers >= 1, "--layers must be >= 1, got ", m.layers);
@@ -269,6 +305,11 @@ void check_writable(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   FSDP_USER_CHECK(!fs::is_directory(path, ec), flag, " '", path, "' is a directory, not a file");
+  try {
+    io::check_output_path(path);  // Note [Output paths]
+  } catch (const UserError& e) {
+    FSDP_USER_FAIL(flag, ": ", e.what());
+  }
   if (fs::exists(path, ec)) {
     FSDP_USER_CHECK(::access(path.c_str(), W_OK) == 0, "cannot write ", flag, " file '", path,
                     "': ", std::strerror(errno));

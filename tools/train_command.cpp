@@ -2,14 +2,13 @@
 #include "tools/train_command.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "fsdp/error.h"
+#include "io/file_io.h"
 #include "models/model_family.h"
 #include "runtime/launch.h"
 #include "runtime/launch_cuda.h"
@@ -239,17 +238,33 @@ nlohmann::json summary_json(const Summary& s, const runtime::TrainConfig& c,
   return j;
 }
 
-// Writes `text` to `path`; a failed write (a full disk, /dev/full) is an error.
+// Writes `text` to `path` (Note [Output paths]); a failed write (a full disk, /dev/full) is an
+// error.
 void write_text(const std::string& flag, const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  FSDP_USER_CHECK(out.good(), "cannot write ", flag, " file '", path, "': ", std::strerror(errno));
-  out << text;
-  out.flush();
-  FSDP_USER_CHECK(out.good(), "writing ", flag, " file '", path, "' failed: ",
-                  std::strerror(errno));
-  out.close();
-  FSDP_USER_CHECK(!out.fail(), "writing ", flag, " file '", path, "' failed: ",
-                  std::strerror(errno));
+  try {
+    io::write_file_atomic(path, text);
+  } catch (const UserError& e) {
+    FSDP_USER_FAIL(flag, ": ", e.what());
+  }
+}
+
+// Note [Unreadable steps]: the summary of a run that a rank's error ended, from the steps rank
+// 0 reported before it.
+Summary summary_of_failed_run(const std::string& backend, int world,
+                              const std::vector<runtime::StepReport>& reported,
+                              const std::string& error, int failed_step) {
+  Summary s;
+  s.backend = backend;
+  s.world_size = world;
+  for (const runtime::StepReport& r : reported) {
+    s.losses.push_back(r.loss);
+    s.lrs.push_back(r.lr);
+    s.grad_norms.push_back(r.grad_norm);
+    if (r.val_loss >= 0) s.val_losses.push_back({r.step, r.val_loss});
+  }
+  s.error = error;
+  s.failed_step = failed_step >= 0 ? failed_step : static_cast<int>(reported.size());
+  return s;
 }
 
 }  // namespace
@@ -324,7 +339,9 @@ int run_train(TrainOptions& o) {
     po.peak_tflops = o.peak_tflops;
   }
   StepPrinter printer(po, stdout);
+  std::vector<runtime::StepReport> reported;  // for the summary of a run that fails
   auto on_step = [&](const runtime::StepReport& r) {
+    reported.push_back(r);
     printer(r);
     if (r.val_loss >= 0 && !o.quiet) {
       std::printf("  validation loss after step %d: %.4f nats/token (unigram entropy of the corpus: "
@@ -333,30 +350,43 @@ int run_train(TrainOptions& o) {
     }
   };
   std::vector<runtime::RankResult> results;
-  if (backend == "cpu") {
-    cpu::CpuOptions cpu_options;
-    cpu_options.chaos = o.chaos_seed.has_value();
-    cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
-    cpu_options.collective_timeout_s = o.timeout_s;  // threads and processes alike
-    if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
-      results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
-      if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
-        if (!results.empty())
-          std::printf("ranks %d..%d finished\n", results.front().rank, results.back().rank);
-        return 0;
+  try {
+    if (backend == "cpu") {
+      cpu::CpuOptions cpu_options;
+      cpu_options.chaos = o.chaos_seed.has_value();
+      cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
+      cpu_options.collective_timeout_s = o.timeout_s;  // threads and processes alike
+      if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
+        results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
+        if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
+          if (!results.empty())
+            std::printf("ranks %d..%d finished\n", results.front().rank, results.back().rank);
+          return 0;
+        }
+      } else {
+        results.resize(o.world_size);
+        runtime::run_cpu_ranks(o.world_size, cpu_options,
+                               [&](int rank, Device& device, std::shared_ptr<Comm> world) {
+                                 results[rank] = runtime::train_rank(
+                                     device, world, o.config,
+                                     rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
+                                               : nullptr);
+                               });
       }
     } else {
-      results.resize(o.world_size);
-      runtime::run_cpu_ranks(o.world_size, cpu_options,
-                             [&](int rank, Device& device, std::shared_ptr<Comm> world) {
-                               results[rank] = runtime::train_rank(
-                                   device, world, o.config,
-                                   rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
-                                             : nullptr);
-                             });
+      results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
     }
-  } else {
-    results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
+  } catch (const Error& e) {
+    // Note [Unreadable steps]: the run ended on an error; its summary is still written.
+    const auto* step_error = dynamic_cast<const runtime::StepError*>(&e);
+    if (!o.json_path.empty())
+      write_text("--json", o.json_path,
+                 summary_json(summary_of_failed_run(backend, o.effective_world, reported, e.what(),
+                                                    step_error ? step_error->step() : -1),
+                              o.config, o.unigram_entropy_nats)
+                         .dump(2) +
+                     "\n");
+    throw;
   }
   const Summary s = summarize(backend, o.effective_world, o.config, results, o.peak_tflops);
   if (s.error.empty()) {
@@ -371,8 +401,8 @@ int run_train(TrainOptions& o) {
   if (!o.trace_path.empty()) {
     try {
       write_trace_file(o.trace_path, results);
-    } catch (const Error&) {
-      FSDP_USER_FAIL("writing --trace file '", o.trace_path, "' failed: ", std::strerror(errno));
+    } catch (const UserError& e) {
+      FSDP_USER_FAIL("--trace: ", e.what());
     }
   }
   if (!s.error.empty()) throw UserError(s.error);

@@ -1,4 +1,4 @@
-// Training data: llm.c token files, memory-mapped and validated at open, and the batch
+// Training data: llm.c token files, validated at open and read by windows, and the batch
 // sampler that gives each rank its slice of each global batch (docs/data.md).
 //
 // Note [Batch sampler]
@@ -33,9 +33,13 @@ inline constexpr int64_t kMaxTokenFileVocab = 65536;
 // so a failed write never leaves a valid-looking file). One-line error when it cannot.
 void write_token_file(const std::string& path, std::span<const uint16_t> tokens);
 
-// A token file mapped read-only. The constructor validates it; every failure is one line
-// naming the file and the problem: not a token file (magic), an unknown version, truncated
-// or overlong (size != header + 2 * count), a token >= vocab, fewer than min_tokens tokens.
+// A token file open for reading. The constructor validates it; every failure is one line
+// naming the file and the problem: not a regular file (Note [Reading files]), not a token file
+// (magic), an unknown version, truncated or overlong (size != header + 2 * count), a token >=
+// vocab, fewer than min_tokens tokens. Reads are preads, not a mapping: a file truncated while
+// training would make a read of its mapping a SIGBUS, with no message; a pread that comes up
+// short is a one-line error naming the file and its sizes, and every token read is checked
+// against the vocabulary again (a file rewritten in place).
 class TokenFile {
  public:
   // vocab: tokens must be below it (1..65536). min_tokens: the fewest tokens a use needs
@@ -49,15 +53,16 @@ class TokenFile {
   const std::string& path() const { return path_; }
   int64_t size() const { return count_; }
   int64_t vocab() const { return vocab_; }
-  std::span<const uint16_t> tokens() const { return {tokens_, static_cast<size_t>(count_)}; }
+  // Tokens [first, first + count) into `out`; safe from any thread.
+  void read(int64_t first, int64_t count, uint16_t* out) const;
+  std::vector<uint16_t> read_all() const;
 
  private:
   std::string path_;
   int64_t vocab_ = 0;
   int64_t count_ = 0;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  struct Handle;  // the open file
+  std::unique_ptr<Handle> handle_;
 };
 
 // The largest token in `tokens` (0 when empty). A branch-free max over the array, which the

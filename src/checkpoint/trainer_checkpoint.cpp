@@ -63,10 +63,10 @@ int TrainerCheckpoint::start(int total_steps) {
   // Note [Optimizer in forward]: no deferred update may land on the loaded shards later.
   root_.apply_pending_shard_updates(stream_);
   int64_t start_step = 0;
-  std::optional<CheckpointIndex> ckpt;
+  std::shared_ptr<const CheckpointIndex> ckpt;
   std::vector<std::string> changes;  // Note [Resumed schedule and data]
   if (!options_.resume.empty()) {
-    ckpt = open_checkpoint(resolve_checkpoint_dir(options_.resume));
+    ckpt = open_checkpoint_shared(resolve_checkpoint_dir(options_.resume));
     changes = check_compatible(*ckpt, run_json_);
     start_step = ckpt->complete.step;
     FSDP_USER_CHECK(start_step < total_steps, "checkpoint '", ckpt->dir, "' is at step ", start_step,
@@ -75,7 +75,7 @@ int TrainerCheckpoint::start(int total_steps) {
   if (!options_.save_dir.empty()) check_save_dir(start_step);
   if (ckpt) resumed_state_ = load_checkpoint(*ckpt, state_, &device_, stream_);
   if (options_.verbose && lead_) changes_ = std::move(changes);
-  if (!options_.init_from.empty()) load_full_weights(options_.init_from, state_, device_, stream_);
+  if (!options_.init_from.empty()) load_full_weights(options_.init_from, state_, &device_, stream_);
   if (writer_) {
     // The host copy of the shards, touched now: the first save's stall is then the copy alone,
     // not the page faults of a fresh buffer.

@@ -32,7 +32,8 @@ std::vector<uint32_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n)
 
 void copy_window(const TokenFile& file, int64_t window, int64_t seq_len, int32_t* inputs,
                  int32_t* labels) {
-  const uint16_t* src = file.tokens().data() + window * seq_len;
+  std::vector<uint16_t> src(static_cast<size_t>(seq_len + 1));
+  file.read(window * seq_len, seq_len + 1, src.data());
   for (int64_t t = 0; t < seq_len; ++t) {
     inputs[t] = src[t];
     labels[t] = src[t + 1];

@@ -1,26 +1,14 @@
-// llm.c token files: the writer and the memory-mapped, validated reader (include/fsdp/data.h).
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+// llm.c token files: the writer and the validated reader (include/fsdp/data.h).
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <limits>
+#include <memory>
 
 #include "fsdp/data.h"
 #include "fsdp/error.h"
+#include "io/file_io.h"
 
 namespace fsdp::data {
-
-namespace {
-
-std::string errno_text() { return std::strerror(errno); }
-
-}  // namespace
 
 void write_token_file(const std::string& path, std::span<const uint16_t> tokens) {
   FSDP_CHECK(tokens.size() <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), path,
@@ -29,22 +17,10 @@ void write_token_file(const std::string& path, std::span<const uint16_t> tokens)
   header[0] = kTokenFileMagic;
   header[1] = kTokenFileVersion;
   header[2] = static_cast<int32_t>(tokens.size());
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
-  const bool ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size() &&
-                  (tokens.empty() ||  // fwrite's buffer must not be null, even for 0 items
-                   std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size());
-  const int saved_errno = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    std::remove(tmp.c_str());
-    errno = ok ? errno : saved_errno;
-    FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
-  }
+  io::AtomicFile f(path);  // Note [Atomic files], Note [Output paths]
+  f.write(header.data(), header.size() * sizeof(int32_t));
+  if (!tokens.empty()) f.write(tokens.data(), tokens.size() * sizeof(uint16_t));
+  f.commit();
 }
 
 uint16_t max_token(std::span<const uint16_t> tokens) {
@@ -59,72 +35,72 @@ uint16_t max_token(std::span<const uint16_t> tokens) {
   return m;
 }
 
+struct TokenFile::Handle {
+  explicit Handle(const std::string& path) : file(path) {}
+  io::ReadFile file;
+};
+
 TokenFile::TokenFile(const std::string& path, int64_t vocab, int64_t min_tokens,
                      const std::string& purpose)
     : path_(path), vocab_(vocab) {
   FSDP_CHECK(vocab >= 1 && vocab <= kMaxTokenFileVocab, "vocab ", vocab,
              " is out of range for uint16 token files (1..", kMaxTokenFileVocab, ")");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) FSDP_USER_FAIL(path, ": cannot open: ", errno_text());
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) {
-    const std::string why = errno_text();
-    ::close(fd);
-    FSDP_USER_FAIL(path, ": cannot stat: ", why);
-  }
-  const int64_t file_bytes = st.st_size;
-  if (file_bytes < kTokenFileHeaderBytes) {
-    ::close(fd);
+  handle_ = std::make_unique<Handle>(path);  // Note [Reading files]: a regular file, or an error
+  const int64_t file_bytes = static_cast<int64_t>(handle_->file.bytes());
+  if (file_bytes < kTokenFileHeaderBytes)
     FSDP_USER_FAIL(path, ": truncated: ", file_bytes, " bytes, shorter than the ",
-              kTokenFileHeaderBytes, "-byte header of a token file");
-  }
-  void* map = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_SHARED, fd, 0);
-  const std::string map_error = map == MAP_FAILED ? errno_text() : "";
-  ::close(fd);  // the mapping keeps the file open
-  if (map == MAP_FAILED) FSDP_USER_FAIL(path, ": cannot map: ", map_error);
-  map_ = map;
-  map_bytes_ = static_cast<size_t>(file_bytes);
-  // From here the destructor does not run on a throw; unmap before each failure.
-  auto fail_unmapped = [&](const std::string& message) {
-    ::munmap(map_, map_bytes_);
-    map_ = nullptr;
-    FSDP_USER_FAIL(message);
-  };
-
+                   kTokenFileHeaderBytes, "-byte header of a token file");
   int32_t header[3];
-  std::memcpy(header, map, sizeof header);
+  handle_->file.read_at(header, sizeof header, 0);
   if (header[0] != kTokenFileMagic)
-    fail_unmapped(detail::concat(path, ": not a token file: magic ", header[0], ", expected ",
-                                 kTokenFileMagic, " (llm.c's uint16 layout)"));
+    FSDP_USER_FAIL(path, ": not a token file: magic ", header[0], ", expected ", kTokenFileMagic,
+                   " (llm.c's uint16 layout)");
   if (header[1] != kTokenFileVersion)
-    fail_unmapped(detail::concat(path, ": token file version ", header[1],
-                                 " is not supported (expected ", kTokenFileVersion, ")"));
+    FSDP_USER_FAIL(path, ": token file version ", header[1], " is not supported (expected ",
+                   kTokenFileVersion, ")");
   const int64_t count = header[2];
   const int64_t expected = kTokenFileHeaderBytes + 2 * count;
   if (count < 0 || expected != file_bytes)
-    fail_unmapped(detail::concat(path, ": ", expected > file_bytes ? "truncated" : "corrupt",
-                                 ": the header says ", count, " tokens (", expected,
-                                 " bytes) but the file has ", file_bytes, " bytes"));
+    FSDP_USER_FAIL(path, ": ", expected > file_bytes ? "truncated" : "corrupt", ": the header says ",
+                   count, " tokens (", expected, " bytes) but the file has ", file_bytes, " bytes");
   count_ = count;
-  tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map) +
-                                              kTokenFileHeaderBytes);
   if (count_ < min_tokens)
-    fail_unmapped(detail::concat(path, ": ", count_, " tokens, fewer than the ", min_tokens,
-                                 " that ", purpose.empty() ? "this use" : purpose, " needs"));
-  // Note [Token range check]: one vectorized max over the file at open (memory bandwidth:
-  // ~0.1 s for 1e8 tokens), and a second, scalar pass only to name the first bad position.
-  ::madvise(map_, map_bytes_, MADV_SEQUENTIAL);
-  if (max_token(tokens()) >= vocab_) {
-    const auto bad = std::find_if(tokens_, tokens_ + count_,
-                                  [&](uint16_t t) { return t >= vocab_; });
-    fail_unmapped(detail::concat(path, ": token ", *bad, " at position ", bad - tokens_,
-                                 " is >= the vocabulary size ", vocab_));
+    FSDP_USER_FAIL(path, ": ", count_, " tokens, fewer than the ", min_tokens, " that ",
+                   purpose.empty() ? "this use" : purpose, " needs");
+  // Note [Token range check]: one vectorized max per chunk at open (memory bandwidth), and a
+  // scalar pass only to name the first bad position.
+  std::vector<uint16_t> chunk(1 << 19);
+  for (int64_t at = 0; at < count_; at += static_cast<int64_t>(chunk.size())) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(chunk.size()), count_ - at);
+    handle_->file.read_at(chunk.data(), static_cast<uint64_t>(n) * 2,
+                          static_cast<uint64_t>(kTokenFileHeaderBytes + 2 * at));
+    const std::span<const uint16_t> part(chunk.data(), static_cast<size_t>(n));
+    if (max_token(part) >= vocab_) {
+      const auto bad = std::find_if(part.begin(), part.end(), [&](uint16_t t) { return t >= vocab_; });
+      FSDP_USER_FAIL(path, ": token ", *bad, " at position ", at + (bad - part.begin()),
+                     " is >= the vocabulary size ", vocab_);
+    }
   }
-  ::madvise(map_, map_bytes_, MADV_RANDOM);  // training reads windows in random order
 }
 
-TokenFile::~TokenFile() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+TokenFile::~TokenFile() = default;
+
+void TokenFile::read(int64_t first, int64_t count, uint16_t* out) const {
+  FSDP_CHECK(first >= 0 && count >= 0 && first + count <= count_, "tokens [", first, ", ",
+             first + count, ") of the ", count_, " in ", path_);
+  handle_->file.read_at(out, static_cast<uint64_t>(count) * 2,
+                        static_cast<uint64_t>(kTokenFileHeaderBytes + 2 * first));
+  for (int64_t i = 0; i < count; ++i)
+    if (out[i] >= vocab_)
+      FSDP_USER_FAIL(path_, ": token ", out[i], " at position ", first + i,
+                     " is >= the vocabulary size ", vocab_,
+                     " (the file changed after it was opened)");
+}
+
+std::vector<uint16_t> TokenFile::read_all() const {
+  std::vector<uint16_t> out(static_cast<size_t>(count_));
+  read(0, count_, out.data());
+  return out;
 }
 
 }  // namespace fsdp::data

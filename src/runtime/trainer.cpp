@@ -90,15 +90,28 @@ std::string nonfinite_message(const StepValues& v, const std::vector<std::string
 // unit and reshards it after forward as in training, and the next training step's root
 // pre-forward starts a new step as usual. Each batch's loss is averaged over the ranks, then
 // over the batches, on the device; the host waits once, for the mean.
+// Note [Unreadable steps]: the inputs of step `step`, or its error naming the step.
+DeviceBatch make_step_batch(BatchSource& source, int step, Device& device, Stream s, int64_t index,
+                            int64_t first_row, int64_t rows, DType act_dtype) {
+  try {
+    return source.make(device, s, index, first_row, rows, act_dtype);
+  } catch (const StepError&) {
+    throw;
+  } catch (const UserError& e) {
+    throw StepError(step, detail::concat("step ", step + 1, ": ", e.what()));
+  }
+}
+
 float evaluate(Device& device, Comm& world, RunContext& ctx, nn::Model& model,
                BatchSource& source, int64_t batches, int64_t first_row, int64_t rows,
-               float* scratch) {
+               float* scratch, int step) {
   float* loss = scratch;
   float* loss_avg = scratch + 1;
   float* mean = scratch + 2;
   device.fill(ctx.compute, mean, DType::F32, 1, 0.0f);
   for (int64_t k = 0; k < batches; ++k) {
-    DeviceBatch batch = source.make(device, ctx.compute, k, first_row, rows, ctx.act_dtype);
+    DeviceBatch batch =
+        make_step_batch(source, step, device, ctx.compute, k, first_row, rows, ctx.act_dtype);
     Tensor y = model.forward(ctx, batch.x);
     loss_and_grad(device, ctx.compute, model, y, batch, loss);
     device.set_label("eval loss all-reduce");
@@ -399,8 +412,8 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     float* step_loss = reader.begin(step);
     auto make_batch = [&](int mb) {
       const int64_t index = static_cast<int64_t>(step) * config.micro_batches + mb;
-      DeviceBatch batch = source->make(device, compute, index, rank * config.tokens,
-                                       config.tokens, config.param_dtype);
+      DeviceBatch batch = make_step_batch(*source, step, device, compute, index,
+                                          rank * config.tokens, config.tokens, config.param_dtype);
       report.tokens += batch.tokens;
       return batch;
     };
@@ -450,7 +463,7 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
       float* scratch = static_cast<float*>(device.alloc(3 * sizeof(float), compute, MemTag::Other));
       const double eval_start_ms = now_ms();
       val_by_step[step] = evaluate(device, *world, ctx, model, *eval_source, config.eval_batches,
-                                   rank * config.tokens, config.tokens, scratch);
+                                   rank * config.tokens, config.tokens, scratch, step);
       device.free(scratch, compute);
       // The evaluation's time is nobody's step time.
       last_done_ms += now_ms() - eval_start_ms;
