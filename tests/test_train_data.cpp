@@ -14,6 +14,7 @@
 
 #include "command_util.h"
 #include "fsdp/data.h"
+#include "fsdp/error.h"
 #include "runtime/token_file_source.h"
 #include "test_util.h"
 
