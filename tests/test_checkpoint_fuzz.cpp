@@ -8,7 +8,7 @@
 //
 //   FSDP_FUZZ_ITERATIONS=20000 FSDP_FUZZ_SEED=7 build/fsdp_tests --gtest_filter='CheckpointFuzz.*'
 //
-// runs longer by hand (the default: 400 cases, a few seconds under ASan); a failure prints the
+// runs longer by hand (the default: 300 cases, a few seconds under ASan); a failure prints the
 // seed and case that reproduce it.
 #include <gtest/gtest.h>
 
@@ -28,6 +28,7 @@
 #include "fsdp/checkpoint.h"
 #include "fsdp/error.h"
 #include "io/safetensors.h"
+#include "models/model_family.h"
 #include "test_checkpoint_util.h"
 
 namespace fsdp::testing {
@@ -117,8 +118,8 @@ const Base& base() {
     b.step = b.dir + "/step-000001";
     b.weights = b.dir + "/weights.safetensors";
     export_checkpoint(b.step, b.weights, DType::BF16);
-    nn::Model model(b.config.model);
-    model.visit([&](Module& m) {
+    std::unique_ptr<nn::Model> model = models::build_model(b.config.model);
+    model->visit([&](Module& m) {
       for (const auto& p : m.params())
         b.params.emplace_back(checkpoint::param_fqn(m, *p), p->shape());
     });
@@ -411,13 +412,14 @@ nlohmann::json run_config() {
   const runtime::TrainConfig& c = base().config;
   return checkpoint::run_config_json({c.model, c.param_dtype, c.reduce_dtype, c.optimizer.kind, 2,
                                       c.tokens, c.seed, c.micro_batches, c.schedule,
-                                      c.optimizer.base_lr(), c.data_name});
+                                      c.optimizer.base_lr(), c.data_name,
+                                      models::family(c.model.kind).shape_fields(c.model)});
 }
 
 TEST(CheckpointFuzz, MutatedCheckpointsAndWeightsLoadOrEndInOneLine) {
   const Base& b = base();
   const uint64_t seed = static_cast<uint64_t>(env_or("FSDP_FUZZ_SEED", 1));
-  const int64_t iterations = env_or("FSDP_FUZZ_ITERATIONS", 400);
+  const int64_t iterations = env_or("FSDP_FUZZ_ITERATIONS", 300);
   const std::string scratch = fresh_dir("fuzz_case");
   const std::string ck = scratch + "/step-000001", weights = scratch + "/weights.safetensors";
   std::map<std::string, int> outcomes;  // the first words of each error, to see what was reached

@@ -177,15 +177,12 @@ TEST(HostilePaths, InputsThatAreNotRegularFilesAreRefusedWithoutWaiting) {
   expect_one_line_error(run_bounded(kTrain + "--steps 1 --init-from " + fifo),
                         {fifo, "a FIFO, not a regular file"});
   expect_one_line_error(run_bounded("report " + fifo), {fifo, "a FIFO"});
-  // Each file of a checkpoint.
+  // Each file of a checkpoint, read by a resume (COMPLETE and index.json by export alike).
   for (const std::string file : {"COMPLETE", "index.json", "rank-00001.safetensors"}) {
     const std::string ck = fresh_dir("paths_ck_" + file);
     fs::copy(base_checkpoint(), ck, fs::copy_options::recursive);
     make_fifo_at(ck + "/step-000002/" + file);
     expect_one_line_error(run_bounded(kTrain + "--steps 3 --resume " + ck), {file, "a FIFO"});
-    expect_one_line_error(
-        run_bounded("export --checkpoint " + ck + " --out " + ck + "/x.safetensors"),
-        {file, "a FIFO"});
   }
   // COMPLETE that never ends.
   const std::string ck = fresh_dir("paths_ck_zero");
@@ -195,9 +192,9 @@ TEST(HostilePaths, InputsThatAreNotRegularFilesAreRefusedWithoutWaiting) {
   expect_one_line_error(run_bounded(kTrain + "--steps 3 --resume " + ck),
                         {"COMPLETE", "a symlink to a character device"});
   // Each file of a corpus.
+  ASSERT_EQ(run_bounded(kData + small_corpus("paths_data")).code, 0) << "the corpus trains";
   for (const std::string file : {"meta.json", "train.bin", "val.bin"}) {
     const std::string data = small_corpus("paths_data_" + file);
-    ASSERT_EQ(run_bounded(kData + data).code, 0);
     make_fifo_at(data + "/" + file);
     expect_one_line_error(run_bounded(kData + data), {file, "a FIFO"});
   }
@@ -245,8 +242,10 @@ TEST(HostilePaths, AbsurdModelSizesAreRefusedBeforeAnyAllocation) {
         "--layers 16384 --dim 262144 --tokens 4294967296"}) {
     SCOPED_TRACE(flags);
     const std::string model = flags.find("--model") == std::string::npos ? "--model mlp " : "";
-    for (const std::string command :
-         {"train --backend cpu --world-size 1 --steps 1 ", "export --init --out /nonexistent/x "}) {
+    std::vector<std::string> commands{"train --backend cpu --world-size 1 --steps 1 "};
+    if (flags == "--layers 2147483647")  // export --init checks the same flags the same way
+      commands.push_back("export --init --out /nonexistent/x ");
+    for (const std::string& command : commands) {
       const CommandResult r = run_bounded(command + model + flags);
       expect_one_line_error(r, {});
       EXPECT_TRUE(r.output.find("beyond any real model") != std::string::npos ||
