@@ -239,6 +239,7 @@ TEST(HostilePaths, AbsurdModelSizesAreRefusedBeforeAnyAllocation) {
   for (const std::string flags :
        {"--layers 2147483647", "--dim 9223372036854775807", "--tokens 4611686018427387904",
         "--experts 2147483647 --model moe", "--rs-max-input-buffers 2147483647",
+        "--capacity-factor 1e300 --model moe-transformer",
         "--layers 16384 --dim 262144 --tokens 4294967296"}) {
     SCOPED_TRACE(flags);
     const std::string model = flags.find("--model") == std::string::npos ? "--model mlp " : "";

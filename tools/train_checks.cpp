@@ -86,6 +86,10 @@ void check_absurd_sizes(const TrainOptions& o) {
                          Cap{"--rs-max-input-buffers", c.rs_max_input_buffers, 1 << 10}})
     FSDP_USER_CHECK(cap.value <= cap.max, cap.flag, " ", cap.value, " is beyond any real model: at most ",
                     cap.max);
+  // Past experts / top-k every routed token fits: a larger factor only sizes buffers from it.
+  FSDP_USER_CHECK(std::isfinite(m.capacity_factor) && m.capacity_factor <= 1 << 14,
+                  "--capacity-factor ", m.capacity_factor, " is beyond any real model: at most ",
+                  1 << 14);
   const double width = static_cast<double>(std::max({m.dim, m.hidden, m.ffn_dim, m.expert_ffn_dim,
                                                      m.vocab, m.classes, m.seq_len, int64_t{1}}));
   const double experts = std::max(m.experts, 1), layers = m.layers + 2.0;

@@ -97,7 +97,8 @@ struct TrainConfig {
 // the run at that step, like a non-finite one (Note [Non-finite steps]); but only the ranks
 // whose rows were lost see it, so it is raised, as "step N: <the reader's error>", and the
 // launcher aborts the others (their collectives fail at once, naming this rank). The command
-// still writes its JSON summary: the steps reported before, the error and the step.
+// still writes its JSON summary: the steps reported before, the error and its step (with
+// ranks as processes, whose errors reach the command as text, the first step not reported).
 class StepError : public UserError {
  public:
   StepError(int step, const std::string& what) : UserError(what), step_(step) {}
