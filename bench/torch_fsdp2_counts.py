@@ -13,13 +13,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.debug import CommDebugMode
 
 try:  # PyTorch >= 2.6
     from torch.distributed.fsdp import FSDPModule, fully_shard
 except ImportError:
     from torch.distributed._composable.fsdp import FSDPModule, fully_shard
-from torch.testing._internal.distributed._tensor.common_dtensor import ModelArgs, Transformer, TransformerBlock
 
 
 MESH = None  # a CPU mesh over every rank (the default mesh would be on the GPUs, if any)
@@ -34,10 +32,53 @@ class Block(nn.Module):  # the test's block: Linear(D, D, bias=False) + ReLU
         return torch.relu(self.lin(x))
 
 
+class TransformerBlock(nn.Module):  # pre-norm attention and MLP, as in FSDP2's test models
+    def __init__(self, dim, heads):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(dim)
+        self.attention = nn.MultiheadAttention(dim, heads, bias=False, batch_first=True)
+        self.ffn_norm = nn.LayerNorm(dim)
+        self.feed_forward = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def forward(self, x):
+        h = self.attention_norm(x)
+        x = x + self.attention(h, h, h, need_weights=False)[0]
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):  # the root holds the embeddings, the final norm and the head
+    def __init__(self, layers, vocab, seq_len, dim, heads):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.pos_embeddings = nn.Embedding(seq_len, dim)
+        self.layers = nn.ModuleList(TransformerBlock(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens):
+        x = self.tok_embeddings(tokens) + self.pos_embeddings(torch.arange(tokens.shape[1]))
+        for layer in self.layers:
+            x = layer(x)
+        return self.output(self.norm(x))
+
+
 def all_gathers(step):
-    with CommDebugMode() as mode:
+    """Counts FSDP2's all-gather launches in step() by wrapping torch.distributed's
+    all_gather_into_tensor, which FSDP2's collectives call at run time. (CommDebugMode's module
+    tracker fails on these models in PyTorch 2.11: IndexError in _fw_set_module_hook.)"""
+    calls = [0]
+    original = dist.all_gather_into_tensor
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    dist.all_gather_into_tensor = counted
+    try:
         step()
-    return mode.get_comm_counts()[torch.ops.c10d._allgather_base_]
+    finally:
+        dist.all_gather_into_tensor = original
+    return calls[0]
 
 
 def train_step(model, make_input, micro_batches):
@@ -63,8 +104,7 @@ def root_linear_chain(root_option, before_first_step=None):
 def transformer(layers, micro_batches):
     """The blocks with FSDP2's default, the root (embeddings, norm, head) with its default."""
     torch.manual_seed(0)
-    args = ModelArgs(n_layers=layers, vocab_size=64, max_seq_len=8, dim=16, n_heads=2, dropout_p=0.0)
-    model = Transformer(args)
+    model = Transformer(layers, vocab=64, seq_len=8, dim=16, heads=2)
     for m in model.modules():
         if isinstance(m, TransformerBlock):
             fully_shard(m, mesh=MESH)

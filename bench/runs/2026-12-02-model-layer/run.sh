@@ -26,6 +26,6 @@ done
 timeout 120 torchrun --standalone --nproc_per_node=2 bench/torch_fsdp2_counts.py > "$R/fsdp2_counts.log" 2>&1
 echo "fsdp2 counts rc=$?"; tail -12 "$R/fsdp2_counts.log"
 if [ -f tests/fixtures/tokenizer/make_expected.py ]; then
-  timeout 120 python3 tests/fixtures/tokenizer/make_expected.py "$R/tokenizer" > "$R/tokenizer.log" 2>&1
+  timeout 120 python3 tests/fixtures/tokenizer/make_expected.py "$R/tokenizer" --fsdp build-gpu/fsdp > "$R/tokenizer.log" 2>&1
   echo "tokenizer rc=$?"; tail -3 "$R/tokenizer.log"
 fi
