@@ -418,6 +418,8 @@ def parse_args(spec):
     t.add_argument("--reshard-after-forward", type=int, choices=(0, 1), default=1,
                    help="reshard_after_forward of the blocks (the root keeps its default)")
     t.add_argument("--compile", action="store_true", help="torch.compile each block")
+    t.add_argument("--activation-checkpointing", choices=("none", "full"), default="none",
+                   help="full: every block recomputes its forward in backward")
     t.add_argument("--init-from", default=None, help="safetensors with Hugging Face Llama names")
     t.add_argument("--seed", type=int, default=1, help="the sampler's seed (and the init's without --init-from)")
     d = p.add_argument_group("data and output")
@@ -484,6 +486,12 @@ def main(spec=None):
         load_initial_weights(model, a.init_from, a, spec)
     else:
         spec.init_weights(model, a)
+    if a.activation_checkpointing == "full":
+        # Per block, as torchtitan's full AC: each block keeps its input and recomputes its
+        # forward in backward (checkpoint_wrapper, applied before compile and fully_shard).
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+        for i, block in enumerate(model.layers):
+            model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
     if a.compile:
         for block in model.layers:
             block.compile()
@@ -577,6 +585,7 @@ def main(spec=None):
             "param_dtype": a.param_dtype,
             "reduce_dtype": "fp32",
             "compile": a.compile,
+            "activation_checkpointing": a.activation_checkpointing,
             "steps": a.steps,
             "bench_warmup": a.bench_warmup,
             "seed": a.seed,
