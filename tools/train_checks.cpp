@@ -103,6 +103,7 @@ void resolve_defaults(TrainOptions& o) {
   runtime::TrainConfig& c = o.config;
   c.param_dtype = parse_dtype(o.param_dtype);
   c.reduce_dtype = parse_dtype(o.reduce_dtype);
+  c.activation_checkpoint = nn::parse_activation_checkpoint(o.activation_checkpointing);
   c.reshard_after_forward = o.reshard_after_forward != 0;
   c.reshard_after_forward_size = o.reshard_after_forward >= 2 ? o.reshard_after_forward : 0;
   c.separate_rs_group = o.separate_rs_group != 0;
@@ -275,6 +276,7 @@ void check_writable(const std::string& flag, const std::string& path) {
 // command line spells otherwise; any other name is its flag with '_' as '-'.
 std::string flag_of(const std::string& option) {
   static const std::map<std::string, std::string> flags{
+      {"activation_checkpoint", "--activation-checkpointing"},
       {"hsdp_replicas", "--hsdp"},
       {"reduce_scatter_max_input_buffers", "--rs-max-input-buffers"},
       {"reshard_after_forward_size", "--reshard-after-forward"},

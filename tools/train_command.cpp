@@ -82,6 +82,11 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "0 | 1: free each block's gathered params after its forward; N >= 2: keep 1/N "
                  "of them, for a backward all-gather over N ranks (N divides the shard size)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--activation-checkpointing", o.activation_checkpointing,
+                 "none | full | every:N | selective: blocks keep only their input and recompute "
+                 "in backward (full: every block; every:N: blocks 0, N, 2N, ...), or keep the "
+                 "GEMM and attention outputs and recompute the norms and SwiGLU (selective; "
+                 "docs/memory.md)");
   // ---- HSDP (docs/hsdp.md)
   app.add_option("--hsdp", o.config.hsdp_replicas,
                  "R: HSDP, params sharded over world / R consecutive ranks and replicated R "
@@ -193,6 +198,7 @@ nlohmann::json settings_json(const runtime::TrainConfig& c) {
       {"optimizer_in_forward", c.optimizer_in_forward},
       {"prefetch_next_step", c.prefetch_next_step},
       {"rs_max_input_buffers", c.rs_max_input_buffers},
+      {"activation_checkpointing", c.activation_checkpoint.to_string()},
       {"separate_rs_group", c.separate_rs_group},
       {"ep", c.model.ep}};
 }

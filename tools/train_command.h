@@ -26,6 +26,7 @@ struct TrainOptions {
   int nproc = 0;  // 0: every visible GPU
   std::string param_dtype = "fp32";
   std::string reduce_dtype = "fp32";
+  std::string activation_checkpointing = "none";  // none | full | every:N | selective
   // Flags whose default depends on others (Note [Command defaults]): unset until given.
   std::optional<double> lr, min_lr;
   std::optional<int> warmup_steps;

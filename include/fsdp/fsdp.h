@@ -1,6 +1,7 @@
 // The public FSDP API: fully_shard() and the FsdpModule handle, with FSDP2's names.
 //
 //   Mesh world("dp", device, world_comm);  // device, world_comm: from run_cpu_ranks (launch.h)
+//   nn::apply_activation_checkpointing(model, {.mode = ActivationCheckpoint::Full});  // optional
 //   for (Module* block : model.blocks()) fully_shard(*block, world, {.mp_policy = mp});
 //   FsdpModule& root = fully_shard(model, world, {.mp_policy = mp});
 //   root.set_reduce_scatter_max_input_buffers(2);

@@ -75,6 +75,27 @@ class Param {
   mutable ParamInit make_init_;  // empty once made (or for values given up front)
 };
 
+// Note [Activation checkpointing]
+// What a module's forward keeps for its backward (FSDP2 leaves this to
+// torch.utils.checkpoint; torchtitan's activation_checkpoint mode names the choices):
+// - None: everything its backward reads (the default).
+// - Full: only its input. Its backward first runs forward_impl again on that input, then
+//   backward_impl. Between the module's pre-backward and post-backward hooks, so under FSDP
+//   the recompute reads the params the backward's all-gather brought (or that stayed
+//   gathered): no all-gather of its own, the same collectives as without checkpointing, and
+//   the unit stays unsharded from its recompute to its post-backward.
+// - Selective: keeps what a GEMM or the attention op made (costly to make again) and drops what
+//   cheap elementwise work made (a norm's output, SwiGLU's output); backward_impl remakes
+//   what it finds dropped, just before it needs it, with the same forward kernels. Only
+//   modules that say what is cheap drop anything (the transformer's blocks: docs/memory.md).
+// The recompute runs the same kernels on the same inputs, so on the CPU backend losses and
+// gradients are bitwise those without checkpointing. It applies to a module run through
+// forward() and backward(), whose descendants have no FSDP hooks of their own (a unit's
+// recompute must not gather). A module's drop_own_saved says what it frees; one that does
+// not override it keeps its saved tensors (correct, but nothing saved).
+enum class ActivationCheckpoint : uint8_t { None, Full, Selective };
+const char* activation_checkpoint_name(ActivationCheckpoint mode);  // "none", "full", "selective"
+
 struct ModuleHooks {
   virtual ~ModuleHooks() = default;
   virtual void pre_forward(RunContext& ctx) = 0;
@@ -108,11 +129,23 @@ class Module {
   // "phase fqn what" (e.g. "fwd layers.3 gemm"), made once and kept for the timeline.
   const char* op_label(const char* phase, const char* what) const;
 
+  // Note [Activation checkpointing]: how forward() keeps what backward() needs (None by
+  // default). Set it on a block before its first forward.
+  void set_activation_checkpoint(ActivationCheckpoint mode) { checkpoint_ = mode; }
+  ActivationCheckpoint activation_checkpoint() const { return checkpoint_; }
+  // Drops what forward kept for backward in this module and its descendants: all of it
+  // (Full, their checkpointed inputs too), or what each one's backward remakes (Selective).
+  void drop_saved(ActivationCheckpoint what);
+
   ModuleHooks* hooks = nullptr;  // set by fully_shard; owned by owned_hooks below
 
  protected:
   virtual Tensor forward_impl(RunContext& ctx, const Tensor& x) = 0;
   virtual Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) = 0;
+  // This module's own part of drop_saved (its children get their own call): Full drops
+  // every tensor forward_impl kept for backward_impl; Selective only those backward_impl
+  // makes again when it finds them missing. Default: nothing.
+  virtual void drop_own_saved(ActivationCheckpoint) {}
 
   Param& add_param(std::string name, std::vector<int64_t> shape, std::vector<float> init);
   Param& add_param(std::string name, std::vector<int64_t> shape, ParamInit init);
@@ -127,7 +160,11 @@ class Module {
 
  private:
   void set_fqn(const std::string& fqn);
+  // Full: runs forward_impl again on the kept input (its output is not needed).
+  void recompute_forward(RunContext& ctx);
 
+  ActivationCheckpoint checkpoint_ = ActivationCheckpoint::None;
+  Tensor checkpoint_input_;  // Full: forward's input, from forward() to backward()
   std::string type_;
   std::string fqn_;
   std::string local_name_;

@@ -54,6 +54,18 @@ FsdpModule& ModelFamily::parallelize(nn::Model& model, ParallelizeContext& ctx) 
   return fully_shard(model, ctx.mesh, root);
 }
 
+double ModelFamily::block_saved_bytes_per_token(const nn::ModelConfig& config, int, DType act,
+                                                ActivationCheckpoint mode) const {
+  if (mode == ActivationCheckpoint::Full) return static_cast<double>(config.dim * dtype_size(act));
+  return saved_bytes_per_token(config, act);  // selective: refused where the family has none
+}
+
+std::string ModelFamily::selective_checkpoint_refusal() const {
+  return detail::concat("the ", name_, " model's blocks have no selective policy (which of "
+                        "their outputs are cheap to make again); full and every:N checkpoint "
+                        "any model's blocks");
+}
+
 nlohmann::json ModelFamily::shape_fields(const nn::ModelConfig& m) const {
   return {{"kind", m.kind},       {"layers", m.layers},   {"dim", m.dim},
           {"hidden", m.hidden},   {"experts", m.experts}, {"classes", m.classes},

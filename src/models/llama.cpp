@@ -46,6 +46,18 @@ double attention_saved_bytes_per_token(const nn::TransformerConfig& c, DType act
   return (2 * d + 2 * qkv + static_cast<double>(c.heads) * hd) * a + static_cast<double>(c.heads) * 4;
 }
 
+double dense_block_saved_bytes_per_token(const nn::TransformerConfig& c, DType act) {
+  // Attention's, then the FFN norm's output, w13's output (SwiGLU's input), SwiGLU's output
+  // (w2's input), the block's output.
+  const double d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
+  return attention_saved_bytes_per_token(c, act) + (2 * d + 3 * f) * static_cast<double>(dtype_size(act));
+}
+
+double selective_dropped_bytes_per_token(const nn::TransformerConfig& c, double swiglu_width,
+                                         DType act) {
+  return (2 * static_cast<double>(c.dim) + swiglu_width) * static_cast<double>(dtype_size(act));
+}
+
 nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig& m) {
   nlohmann::json j = f.ModelFamily::shape_fields(m);
   j["heads"] = m.heads;
@@ -71,13 +83,17 @@ struct LlamaFamily final : ModelFamily {
     return decoder_attention_flops_per_token(nn::transformer_config(m));
   }
   double saved_bytes_per_token(const nn::ModelConfig& m, DType act) const override {
-    const nn::TransformerConfig c = nn::transformer_config(m);
-    // Attention's, then the FFN norm's output, w13's output (SwiGLU's input), SwiGLU's output
-    // (w2's input), the block's output.
-    const double d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
-    return attention_saved_bytes_per_token(c, act) +
-           (2 * d + 3 * f) * static_cast<double>(dtype_size(act));
+    return dense_block_saved_bytes_per_token(nn::transformer_config(m), act);
   }
+  double block_saved_bytes_per_token(const nn::ModelConfig& m, int layer, DType act,
+                                     ActivationCheckpoint mode) const override {
+    if (mode != ActivationCheckpoint::Selective)
+      return ModelFamily::block_saved_bytes_per_token(m, layer, act, mode);
+    const nn::TransformerConfig c = nn::transformer_config(m);
+    return dense_block_saved_bytes_per_token(c, act) -
+           selective_dropped_bytes_per_token(c, static_cast<double>(c.ffn_dim), act);
+  }
+  std::string selective_checkpoint_refusal() const override { return {}; }
   nlohmann::json shape_fields(const nn::ModelConfig& m) const override {
     return decoder_shape_fields(*this, m);
   }

@@ -15,6 +15,13 @@ void add_decoder_embedding(nn::Model& root, const nn::TransformerConfig& c);
 void add_decoder_head(nn::Model& root, const nn::TransformerConfig& c);
 double decoder_attention_flops_per_token(const nn::TransformerConfig& c);
 double attention_saved_bytes_per_token(const nn::TransformerConfig& c, DType act);
+// A dense decoder block's (attention, then the SwiGLU FFN).
+double dense_block_saved_bytes_per_token(const nn::TransformerConfig& c, DType act);
+// What selective checkpointing drops from a decoder block, per token (Note [Activation
+// checkpointing]): the two norms' outputs and SwiGLU's output, `swiglu_width` wide (ffn_dim,
+// or top_k x an expert's for an MoE layer's routed copies).
+double selective_dropped_bytes_per_token(const nn::TransformerConfig& c, double swiglu_width,
+                                         DType act);
 nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig& m);
 
 }  // namespace fsdp::models

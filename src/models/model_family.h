@@ -10,7 +10,8 @@
 //     gradient divide factor;
 //   - its batches (features or token sequences), whether a CUDA graph can capture it, and
 //     the fields that decide its params' shapes (a checkpoint compares them on resume);
-//   - what its blocks keep for backward per token (the memory estimate).
+//   - what its blocks keep for backward per token (the memory estimate), under each
+//     activation checkpointing mode, and whether its blocks have a selective policy.
 // Param counts and FLOPs per token are not written per family: they are read from a built
 // model (Note [Lazy initial values] makes building one cost no memory), so they cannot drift
 // from what trains.
@@ -75,6 +76,15 @@ class ModelFamily {
   // Bytes that one block's forward keeps for its backward, per token of a micro-batch, with
   // activations of `act` (the memory estimate, docs/memory.md).
   virtual double saved_bytes_per_token(const nn::ModelConfig& config, DType act) const = 0;
+  // The same for block `layer` under activation checkpointing `mode` (Note [Activation
+  // checkpointing]), for the estimate and a planner: None is saved_bytes_per_token (by
+  // default; its mean over blocks), Full the block's input alone, Selective what the
+  // family's selective policy keeps.
+  virtual double block_saved_bytes_per_token(const nn::ModelConfig& config, int layer, DType act,
+                                             ActivationCheckpoint mode) const;
+  // Why selective checkpointing cannot run on this family's blocks (they do not say which of
+  // their outputs are cheap to make again); empty: it can. Full runs on every family's.
+  virtual std::string selective_checkpoint_refusal() const;
   // The config fields that decide a param's shape (a checkpoint compares them on resume).
   virtual nlohmann::json shape_fields(const nn::ModelConfig& config) const;
   // Which modules hold a rank's E / ep experts (Note [Expert params in checkpoints]); the

@@ -71,20 +71,33 @@ struct MoeLlamaFamily final : ModelFamily {
     return decoder_attention_flops_per_token(nn::transformer_config(m));
   }
   double saved_bytes_per_token(const nn::ModelConfig& config, DType act) const override {
-    // The mean over blocks: dense blocks as the transformer's; MoE blocks keep the router's
-    // logits and probabilities and, per routed copy of a token (K of them), the experts'
-    // input, w13's output and SwiGLU's output.
+    // The mean over blocks.
+    double sum = 0;
+    for (int i = 0; i < config.layers; ++i)
+      sum += block_saved_bytes_per_token(config, i, act, ActivationCheckpoint::None);
+    return sum / config.layers;
+  }
+  double block_saved_bytes_per_token(const nn::ModelConfig& config, int layer, DType act,
+                                     ActivationCheckpoint mode) const override {
+    if (mode == ActivationCheckpoint::Full)
+      return ModelFamily::block_saved_bytes_per_token(config, layer, act, mode);
+    // Dense blocks as the transformer's; MoE blocks keep the router's logits and
+    // probabilities and, per routed copy of a token (K of them), the experts' input, w13's
+    // output and SwiGLU's output.
     const nn::TransformerConfig c = nn::transformer_config(config);
     const nn::MoeConfig m = nn::moe_config(config);
+    const bool moe_layer = nn::is_moe_layer(layer, config.moe_every);
     const double a = static_cast<double>(dtype_size(act)), d = static_cast<double>(c.dim);
-    const double dense = (2 * d + 3 * static_cast<double>(c.ffn_dim)) * a;
     const double moe = 2 * d * a + 2 * m.experts * 4.0 +
                        m.top_k * (d + 3 * static_cast<double>(m.expert_ffn_dim)) * a + d * a;
-    int moe_layers = 0;
-    for (int i = 0; i < c.layers; ++i) moe_layers += nn::is_moe_layer(i, config.moe_every);
-    const double share = static_cast<double>(moe_layers) / c.layers;
-    return attention_saved_bytes_per_token(c, act) + share * moe + (1 - share) * dense;
+    const double all = moe_layer ? attention_saved_bytes_per_token(c, act) + moe
+                                 : dense_block_saved_bytes_per_token(c, act);
+    if (mode == ActivationCheckpoint::None) return all;
+    const double swiglu = moe_layer ? m.top_k * static_cast<double>(m.expert_ffn_dim)
+                                    : static_cast<double>(c.ffn_dim);
+    return all - selective_dropped_bytes_per_token(c, swiglu, act);
   }
+  std::string selective_checkpoint_refusal() const override { return {}; }
   nlohmann::json shape_fields(const nn::ModelConfig& m) const override {
     // Not ep: a checkpoint holds every expert (any ep loads it).
     nlohmann::json j = decoder_shape_fields(*this, m);

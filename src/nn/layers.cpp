@@ -125,6 +125,17 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out, bool input_g
   return dx;
 }
 
+void Linear::restore_saved_input(Tensor x) {
+  FSDP_CHECK(x.cols == in_, "Linear ", fqn(), ": a remade input of ", x.cols, " features, not ", in_);
+  saved_x_ = std::move(x);
+}
+
+void Linear::drop_own_saved(ActivationCheckpoint what) {
+  if (what != ActivationCheckpoint::Full) return;
+  saved_x_ = Tensor{};
+  saved_y_ = Tensor{};
+}
+
 void Linear::flush_deferred_grads(RunContext& ctx) {
   if (!deferred_dy_.defined()) return;
   weight_grads(ctx, deferred_x_, deferred_dy_);
@@ -150,6 +161,10 @@ Tensor Act::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
                                   dy.numel());
   saved_x_ = Tensor{};
   return dx;
+}
+
+void Act::drop_own_saved(ActivationCheckpoint what) {
+  if (what == ActivationCheckpoint::Full) saved_x_ = Tensor{};
 }
 
 // ---- Sequential

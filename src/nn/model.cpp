@@ -39,6 +39,59 @@ int64_t Model::param_count() {
   return n;
 }
 
+ActivationCheckpoint ActivationCheckpointConfig::of_block(int layer) const {
+  if (mode != ActivationCheckpoint::Full) return mode;
+  return every >= 1 && layer % every == 0 ? ActivationCheckpoint::Full
+                                                : ActivationCheckpoint::None;
+}
+
+std::string ActivationCheckpointConfig::to_string() const {
+  if (mode == ActivationCheckpoint::Full && every > 1) return "every:" + std::to_string(every);
+  return activation_checkpoint_name(mode);
+}
+
+namespace {
+
+[[noreturn]] void bad_activation_checkpoint(const std::string& text) {
+  throw OptionError("activation_checkpoint",
+                    " must be none, full, every:N (N >= 1: every N-th block) or selective, got '" +
+                        text + "'");
+}
+
+}  // namespace
+
+ActivationCheckpointConfig parse_activation_checkpoint(const std::string& text) {
+  ActivationCheckpointConfig c;
+  if (text == "none") return c;
+  if (text == "full" || text == "selective") {
+    c.mode = text == "full" ? ActivationCheckpoint::Full : ActivationCheckpoint::Selective;
+    return c;
+  }
+  const std::string prefix = "every:";
+  if (text.rfind(prefix, 0) != 0) bad_activation_checkpoint(text);
+  const std::string n = text.substr(prefix.size());
+  // Digits only, at most 9 of them (no sign, no spaces, no overflow).
+  if (n.empty() || n.size() > 9 || n.find_first_not_of("0123456789") != std::string::npos)
+    bad_activation_checkpoint(text);
+  c.mode = ActivationCheckpoint::Full;
+  c.every = std::stoi(n);
+  if (c.every < 1) bad_activation_checkpoint(text);
+  return c;
+}
+
+void check_activation_checkpoint(const ActivationCheckpointConfig& c) {
+  if (c.mode == ActivationCheckpoint::Full && c.every < 1)
+    throw OptionError("activation_checkpoint",
+                      detail::concat(" every:N needs N >= 1 (every N-th block), got ", c.every));
+}
+
+void apply_activation_checkpointing(Model& model, const ActivationCheckpointConfig& config) {
+  check_activation_checkpoint(config);
+  const std::vector<Module*>& blocks = model.blocks();
+  for (size_t i = 0; i < blocks.size(); ++i)
+    blocks[i]->set_activation_checkpoint(config.of_block(static_cast<int>(i)));
+}
+
 Tensor Model::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor h = x;
   if (embedding_) h = embedding_->forward(ctx, h);

@@ -41,18 +41,57 @@ void Param::set_grad(RunContext& ctx, Tensor g) {
   }
 }
 
+const char* activation_checkpoint_name(ActivationCheckpoint mode) {
+  switch (mode) {
+    case ActivationCheckpoint::None: return "none";
+    case ActivationCheckpoint::Full: return "full";
+    case ActivationCheckpoint::Selective: return "selective";
+  }
+  return "?";
+}
+
 Tensor Module::forward(RunContext& ctx, const Tensor& x) {
+  // The recompute must not run FSDP's hooks again (no all-gather, no post-forward reshard):
+  // refused before any of this forward's work.
+  if (checkpoint_ == ActivationCheckpoint::Full)
+    for (auto& c : children_)
+      c->visit([&](Module& m) {
+        FSDP_USER_CHECK(!m.hooks, "module '", fqn_, "' is checkpointed (full) but '", m.fqn(),
+                        "' inside it is an FSDP unit of its own, whose hooks its recompute "
+                        "would run again: checkpoint the inner unit instead");
+      });
   if (hooks) hooks->pre_forward(ctx);
   Tensor y = forward_impl(ctx, x);
+  // Note [Activation checkpointing]: the drop comes before the post-forward reshard; the
+  // tensors freed here are stream-ordered on the compute stream, as backward would free them.
+  if (checkpoint_ != ActivationCheckpoint::None) {
+    drop_saved(checkpoint_);
+    if (checkpoint_ == ActivationCheckpoint::Full) checkpoint_input_ = x;
+  }
   if (hooks) hooks->post_forward(ctx);
   return y;
 }
 
 Tensor Module::backward(RunContext& ctx, const Tensor& dy, bool input_grad) {
   if (hooks) hooks->pre_backward(ctx);
+  if (checkpoint_ == ActivationCheckpoint::Full) recompute_forward(ctx);
   Tensor dx = backward_impl(ctx, dy, input_grad);
   if (hooks) hooks->post_backward(ctx);
   return dx;
+}
+
+void Module::recompute_forward(RunContext& ctx) {
+  FSDP_CHECK(checkpoint_input_.defined(), "module '", fqn_,
+             "' is checkpointed (full) but its backward came without a forward before it");
+  Tensor input = std::move(checkpoint_input_);
+  (void)forward_impl(ctx, input);
+}
+
+void Module::drop_saved(ActivationCheckpoint what) {
+  if (what == ActivationCheckpoint::None) return;
+  drop_own_saved(what);
+  if (what == ActivationCheckpoint::Full) checkpoint_input_ = Tensor{};
+  for (auto& c : children_) c->drop_saved(what);
 }
 
 void Module::visit(const std::function<void(Module&)>& fn) {

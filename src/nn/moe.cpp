@@ -38,6 +38,12 @@ bool MoeBlock::is_expert_param(const Module& owner) {
   return f.find("experts.") != std::string::npos;
 }
 
+void MoeBlock::drop_own_saved(ActivationCheckpoint what) {
+  if (what != ActivationCheckpoint::Full) return;
+  probs_ = Tensor{};
+  expert_out_.clear();
+}
+
 Tensor MoeBlock::forward_impl(RunContext& ctx, const Tensor& x_in) {
   Device& d = *ctx.device;
   const Tensor& x_res = x_in;

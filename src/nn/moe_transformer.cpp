@@ -113,6 +113,11 @@ Tensor GroupedExperts::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Param& p2 = *params()[1];
   Tensor dw13 = empty_tensor(d, ctx.compute, t, p13.rows(), p13.cols(), MemTag::Grad);
   Tensor dw2 = empty_tensor(d, ctx.compute, t, p2.rows(), p2.cols(), MemTag::Grad);
+  if (rows > 0 && !saved_act_.defined()) {  // Note [Activation checkpointing]: selective
+    saved_act_ = new_act(ctx, rows, ffn_);
+    d.set_label(op_label("recompute", "expert swiglu"));
+    d.swiglu_forward(ctx.compute, saved_h_.data, t, rows, ffn_, saved_act_.data);
+  }
   Tensor dact = new_act(ctx, rows, ffn_), dh = new_act(ctx, rows, 2 * ffn_), dx = new_act(ctx, rows, dim_);
   // Weight grads: one group per local expert, k = its rows (0 rows: a zero grad, which FSDP
   // reduces like any other). Input grads: m = its rows.
@@ -152,6 +157,11 @@ Tensor GroupedExperts::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
     p13.set_grad(ctx, std::move(dw13));
   }
   return dx;
+}
+
+void GroupedExperts::drop_own_saved(ActivationCheckpoint what) {
+  if (what == ActivationCheckpoint::Selective) saved_act_ = Tensor{};
+  if (what == ActivationCheckpoint::Full) saved_x_ = saved_h_ = saved_act_ = Tensor{};
 }
 
 void GroupedExperts::release_held_grads(RunContext& ctx) {
@@ -332,6 +342,15 @@ Tensor MoeFeedForward::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   return dx;
 }
 
+void MoeFeedForward::drop_own_saved(ActivationCheckpoint what) {
+  if (what != ActivationCheckpoint::Full) return;  // selective keeps the routing and the rows
+  routing_ = Device::MoeRouting{};
+  chosen_ = weights_ = slots_ = aux_grad_ = probs_ = combined_ = send_tokens_ = send_weights_ =
+      Tensor{};
+  plan_ = RoutePlan{};
+  std::vector<float>().swap(probs_host_);
+}
+
 // Dropless: the router's gradient on the host, from the weights' gradients read back.
 Tensor MoeFeedForward::router_grad_on_host(RunContext& ctx, const Tensor& dweight, int64_t tokens) {
   Device& d = *ctx.device;
@@ -392,12 +411,22 @@ Tensor MoeTransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
   return out;
 }
 
+void MoeTransformerBlock::drop_own_saved(ActivationCheckpoint what) {
+  if (what != ActivationCheckpoint::Selective) return;
+  attention_->input_projection().drop_saved_input();  // attention_norm's output
+  moe_->router().drop_saved_input();                  // ffn_norm's output
+}
+
 Tensor MoeTransformerBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Device& d = *ctx.device;
+  // A norm output that a selective checkpoint dropped is made again just before its
+  // branch's backward.
+  ffn_norm_->remake_output_for(ctx, moe_->router());
   Tensor g = ffn_norm_->backward(ctx, moe_->backward(ctx, dy));
   Tensor dh = new_act(ctx, dy.rows, dy.cols);
   d.set_label(op_label("bwd", "residual"));
   d.add(ctx.compute, dh.data, dy.data, g.data, ctx.act_dtype, dh.numel());
+  attention_norm_->remake_output_for(ctx, attention_->input_projection());
   g = attention_norm_->backward(ctx, attention_->backward(ctx, dh));
   Tensor dx = new_act(ctx, dy.rows, dy.cols);
   d.set_label(op_label("bwd", "residual"));

@@ -97,6 +97,10 @@ Tensor Embedding::forward_impl(RunContext& ctx, const Tensor& ids) {
   return y;
 }
 
+void Embedding::drop_own_saved(ActivationCheckpoint what) {
+  if (what == ActivationCheckpoint::Full) saved_ids_ = Tensor{};
+}
+
 Tensor Embedding::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   Tensor dw = empty_tensor(*ctx.device, ctx.compute, ctx.act_dtype, vocab_, dim_, MemTag::Grad);
   ctx.device->set_label(op_label("bwd", "embedding"));
@@ -143,6 +147,25 @@ Tensor RMSNorm::forward_add(RunContext& ctx, const Tensor& x, const Tensor& resi
   saved_rstd_ = std::move(rstd);
   if (hooks) hooks->post_forward(ctx);
   return y;
+}
+
+void RMSNorm::drop_own_saved(ActivationCheckpoint what) {
+  if (what != ActivationCheckpoint::Full) return;
+  saved_x_ = Tensor{};
+  saved_rstd_ = Tensor{};
+}
+
+void RMSNorm::remake_output_for(RunContext& ctx, Linear& consumer) {
+  if (consumer.has_saved_input()) return;
+  FSDP_CHECK(saved_x_.defined(), "RMSNorm ", fqn(), ": no kept input to remake the output from");
+  Device& d = *ctx.device;
+  Tensor y = new_act(ctx, saved_x_.rows, dim_);
+  Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, saved_x_.rows, 1, MemTag::Activation);
+  d.set_label(op_label("recompute", "rmsnorm"));
+  d.rms_norm_forward(ctx.compute, saved_x_.data, weight().value.data, ctx.act_dtype,
+                     saved_x_.rows, dim_, eps_, y.data, rstd.as<float>());
+  saved_rstd_ = std::move(rstd);  // the same values as the one it replaces
+  consumer.restore_saved_input(std::move(y));
 }
 
 Tensor RMSNorm::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
@@ -199,7 +222,19 @@ Tensor FeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
   return w2_->forward(ctx, act);
 }
 
+void FeedForward::drop_own_saved(ActivationCheckpoint what) {
+  if (what == ActivationCheckpoint::Full) saved_h13_ = Tensor{};
+  if (what == ActivationCheckpoint::Selective) w2_->drop_saved_input();
+}
+
 Tensor FeedForward::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) {
+  if (!w2_->has_saved_input()) {  // Note [Activation checkpointing]: selective dropped it
+    Tensor act = new_act(ctx, dy.rows, ffn_dim_);
+    ctx.device->set_label(op_label("recompute", "swiglu"));
+    ctx.device->swiglu_forward(ctx.compute, saved_h13_.data, ctx.act_dtype, dy.rows, ffn_dim_,
+                               act.data);
+    w2_->restore_saved_input(std::move(act));
+  }
   Tensor dact = w2_->backward(ctx, dy);
   Tensor dh13 = new_act(ctx, dy.rows, 2 * ffn_dim_);
   ctx.device->set_label(op_label("bwd", "swiglu"));
@@ -236,11 +271,20 @@ Tensor TransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
   return out;
 }
 
+void TransformerBlock::drop_own_saved(ActivationCheckpoint what) {
+  if (what != ActivationCheckpoint::Selective) return;
+  attention_->input_projection().drop_saved_input();     // attention_norm's output
+  feed_forward_->input_projection().drop_saved_input();  // ffn_norm's output
+}
+
 Tensor TransformerBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   // Every branch needs its input's gradient (the norms' weight grads come with it), so the
   // block's d(input) costs nothing extra and is always returned. Each residual add's backward
-  // (dh = dy + ..., dx = dh + ...) runs inside the norm's backward.
+  // (dh = dy + ..., dx = dh + ...) runs inside the norm's backward. A norm output that a
+  // selective checkpoint dropped is made again just before its branch's backward.
+  ffn_norm_->remake_output_for(ctx, feed_forward_->input_projection());
   Tensor dh = ffn_norm_->backward_add(ctx, feed_forward_->backward(ctx, dy), dy);
+  attention_norm_->remake_output_for(ctx, attention_->input_projection());
   return attention_norm_->backward_add(ctx, attention_->backward(ctx, dh), dh);
 }
 

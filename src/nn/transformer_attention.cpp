@@ -64,6 +64,13 @@ Tensor Attention::forward_impl(RunContext& ctx, const Tensor& x) {
   return wo_->forward(ctx, out);
 }
 
+void Attention::drop_own_saved(ActivationCheckpoint what) {
+  // Selective keeps all three: RoPE rotates wqkv's output in place, so the rotated q and k
+  // are the GEMM's output itself and cost nothing beyond it.
+  if (what != ActivationCheckpoint::Full) return;
+  saved_qkv_ = saved_out_ = saved_lse_ = Tensor{};
+}
+
 Tensor Attention::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) {
   Device& d = *ctx.device;
   const int64_t tokens = dy.rows, batch = tokens / seq_len_;

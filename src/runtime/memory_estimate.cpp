@@ -57,16 +57,27 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& c, int shard_ranks) {
   const int64_t rs_inputs = world > 1 ? c.rs_max_input_buffers * largest * r : 0;
   const double tokens = static_cast<double>(c.tokens);
   const double act = static_cast<double>(p);
-  const double block = tokens * family.saved_bytes_per_token(model_config, c.param_dtype);
+  // What every block keeps under its checkpointing mode (Note [Activation checkpointing]),
+  // and the last block's whole set, which its backward holds (made again first when it is
+  // checkpointed).
+  const int layers = model_config.layers;
+  double kept = 0;
+  for (int i = 0; i < layers; ++i)
+    kept += family.block_saved_bytes_per_token(model_config, i, c.param_dtype,
+                                               c.activation_checkpoint.of_block(i));
+  const double last_kept = family.block_saved_bytes_per_token(
+      model_config, layers - 1, c.param_dtype, c.activation_checkpoint.of_block(layers - 1));
+  const double last_whole = family.block_saved_bytes_per_token(
+      model_config, layers - 1, c.param_dtype, ActivationCheckpoint::None);
   // The root's output and its gradient, and the loss's fp32 work per output; the first
   // block's input, and the gradient that backward passes from block to block with the one it
   // makes.
   const double d = static_cast<double>(model_config.dim);
   const double head = tokens * static_cast<double>(model->output_dim()) * (2 * act + 4);
   const double passed = tokens * 3 * d * act;
-  // The peak comes in the last block's backward: every block's saved activations, of which
-  // that block has freed about half by the time its grads are all made.
-  const double activations = (static_cast<double>(model_config.layers) - 0.5) * block + head + passed;
+  // The peak comes in the last block's backward: every other block's saved activations, and
+  // the last block's, about half of which it has freed by the time its grads are all made.
+  const double activations = tokens * (kept - last_kept + 0.5 * last_whole) + head + passed;
   MemoryEstimate e;
   e.device_bytes = sharded + (gathered + largest) * p + rs_inputs + static_cast<int64_t>(activations);
   e.host_bytes = total * 4;  // each param's fp32 initial values, made while sharding

@@ -37,6 +37,7 @@ ParallelModel parallelize_model(Device& device, std::shared_ptr<Comm> world,
   if (out.ep > 1) out.ep_comm = w.split(rank / out.ep, rank, "ep");
   out.model = models::build_model(model_config);
   out.model->set_expert_comm(out.ep_comm.get());
+  nn::apply_activation_checkpointing(*out.model, config.activation_checkpoint);
   // HSDP (docs/hsdp.md): every mesh is replicate x shard, the same ranks in each role.
   const int replicas = config.hsdp_replicas;
   auto make_mesh = [&device, &w, replicas](const std::string& name, std::shared_ptr<Comm> one_d) {

@@ -32,6 +32,13 @@ void check_train_config(const TrainConfig& c, int world_size) {
   if (family.batch_kind() == models::BatchKind::Tokens)
     option_check(c.tokens % model.seq_len == 0, "tokens", " (", c.tokens,
                  ") must be a multiple of the sequence length (", model.seq_len, ")");
+  // Note [Activation checkpointing]: full on any family's blocks, selective where the
+  // family says what is cheap to make again.
+  nn::check_activation_checkpoint(c.activation_checkpoint);
+  if (c.activation_checkpoint.mode == ActivationCheckpoint::Selective) {
+    const std::string why = family.selective_checkpoint_refusal();
+    option_check(why.empty(), "activation_checkpoint", " selective: ", why);
+  }
   if (c.cuda_graph) {
     const std::string why = family.capture_refusal(model);  // Note [Captured steps]
     FSDP_USER_CHECK(why.empty(), why);

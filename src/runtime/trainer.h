@@ -53,6 +53,9 @@ struct TrainConfig {
   int rs_max_input_buffers = 1;
   bool separate_rs_group = false;
   bool experts_on_own_mesh = true;  // moe: expert params shard over a second mesh
+  // Which blocks keep only their input for backward and recompute the rest there, or keep
+  // their GEMMs' outputs only (Note [Activation checkpointing]).
+  nn::ActivationCheckpointConfig activation_checkpoint;
   optim::OptimizerConfig optimizer;  // optimizer.max_grad_norm > 0: clipping
   optim::LrSchedule schedule;        // around the optimizer's lr (its peak)
   // Inputs of each micro-batch (Note [Batch sources]); empty: the synthetic features.

@@ -33,10 +33,17 @@ class Linear : public Module {
   // the output instead of three. No bias.
   bool fused_relu = false;
   void flush_deferred_grads(RunContext& ctx);
+  // The input forward kept for the weight grad. A selective checkpoint (Note [Activation
+  // checkpointing]) drops it when its producer is cheap to run again, and hands the remade
+  // input back before this backward.
+  bool has_saved_input() const { return saved_x_.defined(); }
+  void drop_saved_input() { saved_x_ = Tensor{}; }
+  void restore_saved_input(Tensor x);
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   void weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy);
@@ -53,6 +60,7 @@ class Act : public Module {
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   Activation f_;
@@ -115,6 +123,7 @@ class MoeBlock : public Module {
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   int experts_;

@@ -107,6 +107,29 @@ class Model : public Module {
   bool cross_entropy_ = false;
 };
 
+// Which blocks of a Model are checkpointed, and how (Note [Activation checkpointing] in
+// fsdp/module.h), after torchtitan's activation_checkpoint: mode full checkpoints every block,
+// or one block in N (its layer-level option N; here blocks 0, N, 2N, ..., i.e. block i when
+// i % N == 0, so the last block, whose backward comes first and holds its whole set at the
+// peak anyway, is checkpointed only when N divides L - 1); mode selective is its op-level
+// policy on every block.
+struct ActivationCheckpointConfig {
+  ActivationCheckpoint mode = ActivationCheckpoint::None;
+  int every = 1;  // mode Full: every N-th block (>= 1)
+  // The mode of block `layer` (0-based).
+  ActivationCheckpoint of_block(int layer) const;
+  // "none", "full", "every:N" (N > 1) or "selective": what parse_activation_checkpoint reads.
+  std::string to_string() const;
+  friend bool operator==(const ActivationCheckpointConfig&, const ActivationCheckpointConfig&) = default;
+};
+// Reads none | full | every:N | selective; an OptionError naming activation_checkpoint
+// otherwise (Note [Options checked once]).
+ActivationCheckpointConfig parse_activation_checkpoint(const std::string& text);
+// The rule for a config given as a struct: every >= 1 (an OptionError otherwise).
+void check_activation_checkpoint(const ActivationCheckpointConfig& config);
+// Sets each block's mode (Module::set_activation_checkpoint); before the first forward.
+void apply_activation_checkpointing(Model& model, const ActivationCheckpointConfig& config);
+
 // Training data: row r of the global batch of a step is Uniform(-sqrt 3, sqrt 3) (unit
 // variance) from include/fsdp/synthetic.h, made on the device by Device::synthetic_batch.
 // Every row depends only on (seed, step, global row), so a single-rank reference can rebuild

@@ -126,6 +126,8 @@ class GroupedExperts : public Module {
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  // Selective: SwiGLU's output, remade from w13's output in backward.
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   int64_t dim_, ffn_;
@@ -145,10 +147,13 @@ class MoeFeedForward : public Module {
   // inside a step.
   const float* stats() const { return stats_.as<float>(); }
   GroupedExperts& experts() const { return *experts_; }
+  // Its input (the router's), which a selective checkpoint drops and hands back (Linear's).
+  Linear& router() const { return *router_; }
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   void route_on_device(RunContext& ctx, int64_t tokens);  // capacity factor > 0
@@ -172,7 +177,9 @@ class MoeFeedForward : public Module {
   bool padded_ = false;  // static shapes (capacity factor > 0)
 };
 
-// h = x + attention(attention_norm(x)); out = h + moe(ffn_norm(h)).
+// h = x + attention(attention_norm(x)); out = h + moe(ffn_norm(h)). Selective checkpointing
+// (Note [Activation checkpointing]) drops the two norms' outputs and the experts' SwiGLU
+// output; the dispatched rows stay, so its recompute exchanges nothing over ep.
 class MoeTransformerBlock : public Module {
  public:
   MoeTransformerBlock(const TransformerConfig& c, const MoeConfig& m, int layer);
@@ -184,11 +191,12 @@ class MoeTransformerBlock : public Module {
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
-  Module* attention_norm_;
-  Module* attention_;
-  Module* ffn_norm_;
+  RMSNorm* attention_norm_;
+  Attention* attention_;
+  RMSNorm* ffn_norm_;
   MoeFeedForward* moe_;
 };
 

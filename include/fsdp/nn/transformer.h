@@ -66,6 +66,7 @@ class Embedding : public Module {
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& ids) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   int64_t vocab_, dim_;
@@ -84,10 +85,16 @@ class RMSNorm : public Module {
   // backward() whose input gradient also takes the residual path's gradient: returns
   // dresidual + d(norm)/dh. Pairs with either forward.
   Tensor backward_add(RunContext& ctx, const Tensor& dy, const Tensor& dresidual);
+  // A selective checkpoint (Note [Activation checkpointing]) dropped this norm's output, the
+  // saved input of `consumer`: make it again from the norm's kept input and hand it back. The
+  // same kernel, so the same values (the fused residual add stores h rounded before
+  // normalizing it, as the plain norm reads it). Nothing when consumer still has it.
+  void remake_output_for(RunContext& ctx, Linear& consumer);
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   Tensor backward_common(RunContext& ctx, const Tensor& dy, const Tensor* dresidual);
@@ -101,10 +108,13 @@ class RMSNorm : public Module {
 class Attention : public Module {
  public:
   Attention(const TransformerConfig& c, int layer);
+  // Its input (wqkv's), which a selective checkpoint drops and hands back (Linear's).
+  Linear& input_projection() const { return *wqkv_; }
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   int64_t heads_, kv_heads_, head_dim_, seq_len_;
@@ -120,10 +130,14 @@ class Attention : public Module {
 class FeedForward : public Module {
  public:
   FeedForward(int64_t dim, int64_t ffn_dim, uint64_t seed, float w2_std);
+  // Its input (w13's), which a selective checkpoint drops and hands back (Linear's).
+  Linear& input_projection() const { return *w13_; }
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  // Selective: SwiGLU's output (w2's input), remade from w13's output in backward.
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   int64_t ffn_dim_;
@@ -134,6 +148,9 @@ class FeedForward : public Module {
 
 // h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)). The first residual
 // add runs fused into ffn_norm, and both backward residual adds into the norms' backward.
+// Selective checkpointing (Note [Activation checkpointing]) drops the two norms' outputs (the
+// attention's and the FFN's inputs) and SwiGLU's output, and keeps the GEMMs' and attention's
+// outputs, the residual sum and the block's input (docs/memory.md).
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const TransformerConfig& c, int layer);
@@ -141,13 +158,15 @@ class TransformerBlock : public Module {
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+  void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
   RMSNorm* attention_norm_;
-  Module* attention_;
+  Attention* attention_;
   RMSNorm* ffn_norm_;
-  Module* feed_forward_;
+  FeedForward* feed_forward_;
 };
+
 
 // The seed of one parameter's init: distinct streams for each (layer, role) from the model's
 // seed. Layer -1 is the root (embedding, head).
