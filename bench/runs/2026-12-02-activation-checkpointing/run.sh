@@ -4,9 +4,12 @@
 # --activation-checkpointing none, full and selective, beside PyTorch FSDP2 without and with
 # per-block checkpointing (bench/torch_llama.py --activation-checkpointing full), one call:
 #   bash bench/runs/2026-12-02-activation-checkpointing/run.sh
+# (first the GPU tests of checkpointing: tests/gpu/test_cuda_activation_checkpointing.cpp)
 set -u
 source bench/gpu_call.sh
-gpu_call_begin activation-checkpointing fsdp_tool
+gpu_call_begin activation-checkpointing fsdp_tool fsdp_gpu_tests
+timeout 120 build-gpu/fsdp_gpu_tests --gtest_filter='*ctivation*' > "$R/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$R/gpu_tests.log" | tr '\n' ' ')"
 SHAPE="--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn-dim 8192 --seq-len 8192 --vocab 32000"
 RECIPE="--lr 3e-4 --min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 5"
 ours() {  # NAME POLICY
