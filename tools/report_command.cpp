@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 
 #if FSDP_HAVE_ZLIB
@@ -16,6 +16,7 @@
 #endif
 
 #include "fsdp/error.h"
+#include "io/file_io.h"
 #include "svg_timeline.h"
 
 namespace fsdp::tools {
@@ -118,28 +119,47 @@ CLI::Validator non_negative_count() {
       "N >= 0");
 }
 
+// Traces are read whole, and parsed whole into memory: a limit on both sides of gzip (a
+// small .gz can hold a lot of text). A run's trace is ~200 bytes per op: 100 MB for 8 ranks of
+// a few hundred steps.
+constexpr uint64_t kMaxTraceBytes = uint64_t{1} << 30;
+
 // The whole file, gunzipped when it is gzip-compressed (zlib reads plain files as they are).
 std::string read_maybe_gzipped(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
     FSDP_FAIL("'", path, "' is a directory; give the trace file that `fsdp train --trace FILE` wrote");
   if (!std::filesystem::exists(path, ec)) FSDP_FAIL("trace file '", path, "' does not exist");
+  const io::ReadFile file(path);  // Note [Reading files]: a regular file, or an error
 #if FSDP_HAVE_ZLIB
-  gzFile in = gzopen(path.c_str(), "rb");
-  if (!in) FSDP_FAIL("cannot read trace file '", path, "': ", std::strerror(errno));
+  FSDP_USER_CHECK(file.bytes() <= kMaxTraceBytes, "trace file '", path, "' holds ",
+                  io::size_text(file.bytes()), ", more than the ", io::size_text(kMaxTraceBytes),
+                  " that `fsdp report` reads");
+  const int fd = ::dup(file.fd());
+  FSDP_USER_CHECK(fd >= 0, "cannot read trace file '", path, "': ", std::strerror(errno));
+  gzFile in = gzdopen(fd, "rb");
+  if (!in) {
+    ::close(fd);
+    FSDP_FAIL("cannot read trace file '", path, "': ", std::strerror(errno));
+  }
   std::string text;
   char buf[1 << 16];
   int n;
-  while ((n = gzread(in, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  while ((n = gzread(in, buf, sizeof buf)) > 0) {
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > kMaxTraceBytes) {
+      gzclose(in);
+      FSDP_USER_FAIL("trace file '", path, "' decompresses to more than the ",
+                     io::size_text(kMaxTraceBytes), " that `fsdp report` reads");
+    }
+  }
   int code = Z_OK;
   const std::string why = n < 0 ? gzerror(in, &code) : "";
   gzclose(in);
   if (n != 0) FSDP_FAIL("trace file '", path, "' could not be decompressed: ", why);
   return text;
 #else
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot read trace file '", path, "'");
-  std::string text{std::istreambuf_iterator<char>(in), {}};
+  const std::string text = file.read_all(kMaxTraceBytes, "a trace file");
   FSDP_CHECK(text.size() < 2 || static_cast<unsigned char>(text[0]) != 0x1f ||
                  static_cast<unsigned char>(text[1]) != 0x8b,
              "trace file '", path, "' is gzip-compressed and this build has no zlib: gunzip it first");
@@ -251,11 +271,7 @@ int run_report(const ReportOptions& o) {
     FSDP_CHECK(it != ranks.end(), "--rank ", o.rank, ": the trace has ranks 0..",
                ranks.back().rank);
     const std::string svg = render_report_svg(*it, o.step, o.trace_path);
-    std::ofstream out(o.svg_path);
-    FSDP_CHECK(out.good(), "cannot write --svg file '", o.svg_path, "'");
-    out << svg;
-    out.flush();
-    FSDP_CHECK(out.good(), "writing --svg file '", o.svg_path, "' failed");
+    io::write_file_atomic(o.svg_path, svg);  // Note [Output paths]
     std::printf("\nwrote %s (rank %d)\n", o.svg_path.c_str(), o.rank);
   }
   return 0;

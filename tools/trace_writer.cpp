@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
 
 #include "fsdp/error.h"
+#include "io/file_io.h"
 #include "train_command.h"
 
 namespace fsdp::tools {
@@ -194,12 +194,7 @@ nlohmann::json build_trace_json(const std::vector<runtime::RankResult>& ranks) {
 }
 
 void write_trace_file(const std::string& path, const std::vector<runtime::RankResult>& ranks) {
-  const nlohmann::json trace = build_trace_json(ranks);
-  std::ofstream out(path);
-  FSDP_CHECK(out.good(), "cannot write --trace file '", path, "'");
-  out << trace.dump() << "\n";
-  out.flush();
-  FSDP_CHECK(out.good(), "writing --trace file '", path, "' failed");
+  io::write_file_atomic(path, build_trace_json(ranks).dump() + "\n");  // Note [Output paths]
 }
 
 std::vector<TracedRank> parse_trace(const nlohmann::json& trace) {
@@ -262,12 +257,12 @@ std::vector<TracedRank> parse_trace(const nlohmann::json& trace) {
 }
 
 std::vector<TracedRank> read_trace_file(const std::string& path) {
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "cannot read trace file '", path, "'");
+  // Note [Reading files]: a regular file of at most 1 GiB (traces are parsed whole).
+  const std::string text = io::read_bounded_file(path, uint64_t{1} << 30, "a trace file");
   nlohmann::json trace;
   try {
-    trace = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
+    trace = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
     FSDP_FAIL("trace file '", path, "' is not valid JSON: ", e.what());
   }
   return parse_trace(trace);

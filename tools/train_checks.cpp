@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
+#include "io/file_io.h"
 #include "launch/launch_env.h"
 #include "models/model_family.h"
 #include "runtime/launch_cuda.h"
@@ -67,7 +68,6 @@ void check_ranges(const TrainOptions& o) {
   const nn::ModelConfig& m = c.model;
   FSDP_USER_CHECK(o.world_size >= 1, "--world-size must be >= 1, got ", o.world_size);
   FSDP_USER_CHECK(o.nproc >= 0, "--nproc must be >= 0 (0: every GPU), got ", o.nproc);
-  FSDP_USER_CHECK(m.hidden >= 0, "--hidden must be >= 1 (or 0 for the default), got ", m.hidden);
   FSDP_USER_CHECK(m.experts >= 1, "--experts must be >= 1, got ", m.experts);
   FSDP_USER_CHECK(m.classes >= 1, "--classes must be >= 1, got ", m.classes);
   FSDP_USER_CHECK(c.warmup >= 0 && c.warmup < c.steps, "--warmup must be in [0, --steps), got ",
@@ -258,6 +258,11 @@ void check_writable(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   FSDP_USER_CHECK(!fs::is_directory(path, ec), flag, " '", path, "' is a directory, not a file");
+  try {
+    io::check_output_path(path);  // Note [Output paths]
+  } catch (const UserError& e) {
+    FSDP_USER_FAIL(flag, ": ", e.what());
+  }
   if (fs::exists(path, ec)) {
     FSDP_USER_CHECK(::access(path.c_str(), W_OK) == 0, "cannot write ", flag, " file '", path,
                     "': ", std::strerror(errno));
