@@ -235,6 +235,23 @@ TEST(HostilePaths, MetadataFilesLargerThanTheirLimitAreRefusedBeforeReading) {
                         {init, "safetensors header of 20.0 MiB, more than the 16.0 MiB"});
 }
 
+// prepare-data proves its --out writable with a file it makes itself: what it finds there under
+// the probe's old name, a FIFO (whose open would block) or a symlink (whose open would
+// truncate what it names), is never opened. The missing input then ends the run.
+TEST(HostilePaths, PrepareDataNeverOpensWhatItFindsInItsOutputDirectory) {
+  const std::string dir = fresh_dir("paths_prepare_out");
+  const std::string victim = fresh_dir("paths_prepare_victim") + "/keep.txt";
+  spill(victim, "not yours");
+  const std::string run = "prepare-data --vocab 300 --input " + dir + "/missing.txt --out " + dir;
+  ASSERT_EQ(::symlink(victim.c_str(), (dir + "/.prepare-data-probe").c_str()), 0);
+  expect_one_line_error(run_bounded(run), {"missing.txt does not exist"});
+  EXPECT_EQ(slurp(victim), "not yours");
+  fs::remove(dir + "/.prepare-data-probe");
+  make_fifo_at(dir + "/.prepare-data-probe");
+  expect_one_line_error(run_bounded(run), {"missing.txt does not exist"});
+  EXPECT_TRUE(is_kind(dir + "/.prepare-data-probe", S_IFIFO));
+}
+
 TEST(HostilePaths, AbsurdModelSizesAreRefusedBeforeAnyAllocation) {
   for (const std::string flags :
        {"--layers 2147483647", "--dim 9223372036854775807", "--tokens 4611686018427387904",

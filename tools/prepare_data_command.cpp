@@ -10,15 +10,18 @@
 // with neither is refused.
 #include "prepare_data_command.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "fsdp/data.h"
@@ -133,11 +136,14 @@ void prepare_out_dir(const std::string& dir) {
     FSDP_USER_FAIL("prepare-data: --out ", dir, " exists and is not a directory");
   fs::create_directories(dir, ec);
   if (ec) FSDP_USER_FAIL("prepare-data: cannot create --out ", dir, ": ", ec.message());
-  const fs::path probe = fs::path(dir) / ".prepare-data-probe";
-  std::ofstream out(probe);
-  if (!out) FSDP_USER_FAIL("prepare-data: --out ", dir, " is not writable");
-  out.close();
-  fs::remove(probe, ec);
+  // A file of our own, made here: never one that was there (a FIFO would block the open, a
+  // symlink would truncate what it names; Note [Output paths]).
+  const std::string probe = (fs::path(dir) / ".prepare-data-probe-").string() + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    FSDP_USER_FAIL("prepare-data: --out ", dir, " is not writable: ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 void write_bytes(const fs::path& path, const std::string& bytes) {

@@ -198,6 +198,8 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
   FSDP_USER_CHECK(cuda::compiled_with_cuda(),
                   "--backend cuda: this build has no CUDA backend (nvcc or NCCL missing at build time)");
   FSDP_USER_CHECK(!chaos_given, "--chaos applies to the CPU backend only");
+  FSDP_USER_CHECK(o.cpu_memory_mib == 0, "--cpu-memory-mib applies to the CPU backend only (a GPU "
+                  "has the memory it has)");
   if (gpus < 0) gpus = runtime::visible_gpu_count();
   FSDP_USER_CHECK(gpus > 0, "--backend cuda: no GPU is visible");
   // Where the ranks come from (Note [Launch environments]): one-line errors before any starts.
