@@ -25,7 +25,7 @@ void expect_one_line_error(const CommandResult& r, const std::vector<std::string
                            int code = 1) {
   EXPECT_EQ(r.code, code) << r.output;
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
-  EXPECT_EQ(r.output.find("(src/"), std::string::npos) << "a source location: " << r.output;
+  EXPECT_EQ(r.output.find(".cpp:"), std::string::npos) << "a source location: " << r.output;
   for (const std::string& e : expect)
     EXPECT_NE(r.output.find(e), std::string::npos) << e << ": " << r.output;
 }

@@ -43,9 +43,11 @@ struct TracedRank {
   nlohmann::json stored_metrics;         // otherData's metrics object, or null
 };
 
-// Rebuilds each rank's Timeline from the events; ranks in increasing order. Throws
-// fsdp::Error naming what is wrong when `trace` is not a trace of this format.
-std::vector<TracedRank> parse_trace(const nlohmann::json& trace);
+// Rebuilds each rank's Timeline from the events; ranks in increasing order. Every field is
+// checked (Note [Checked JSON]): a trace that is not of this format is a one-line UserError
+// naming `file` and the event's place ("traceEvents[12].tid must be an integer in ...").
+std::vector<TracedRank> parse_trace(const nlohmann::json& trace,
+                                    const std::string& file = "the trace");
 std::vector<TracedRank> read_trace_file(const std::string& path);
 
 // compute_metrics with the conventions the writer and the report share: the stream named
