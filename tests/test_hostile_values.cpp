@@ -65,6 +65,13 @@ TEST(HostileValues, SaveSettingsWithNowhereToSaveAreRefused) {
                         {"--save-every must be >= 0"});
 }
 
+// A bad value is named as itself, not as another flag it makes look wrong.
+TEST(HostileValues, ABadValueIsNamedAsItself) {
+  expect_one_line_error(run_bounded("train --backend cpu --quiet --steps 0"), {"--steps must be >= 1, got 0"});
+  expect_one_line_error(run_bounded(kTrain + "--model moe-transformer --capacity-factor nan"),
+                        {"--capacity-factor must be a finite number, got nan"});
+}
+
 // The library refuses the same in its own terms (an OptionError naming the API's option), so a
 // program that is not the command line gets the same protection.
 std::string option_refused(const runtime::TrainConfig& c) {

@@ -151,6 +151,32 @@ TEST(TrainData, ATokenFileTruncatedWhileTrainingStopsTheRunAtThatStep) {
   }
 }
 
+// The same for a file of the uint32 layout (Llama 3's): its windows are 4-byte tokens.
+TEST(TrainData, AUint32TokenFileTruncatedWhileTrainingStopsTheRunAtThatStep) {
+  const std::filesystem::path dir = corpus_copy("truncated_uint32", 4000);
+  const std::string path = (dir / "train.bin").string();
+  {
+    const data::TokenFile narrow(path, 65536);
+    data::write_token_file(path, narrow.read_all(), data::TokenDtype::kUint32);
+  }
+  runtime::TrainConfig c = corpus_config();
+  c.steps = 5;
+  c.batch_source = runtime::token_file_batches(path, c.model, c.seed);
+  c.after_step = [&](runtime::TrainState& s) {
+    if (s.next_step == 2) std::filesystem::resize_file(path, 1024 + 4 * 100);
+  };
+  try {
+    run_fsdp(1, c);  // one rank: no other rank's host may still be reading an earlier step
+    ADD_FAILURE() << "the run went on";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    const auto* step = dynamic_cast<const runtime::StepError*>(&e);
+    EXPECT_TRUE(step && step->step() == 2) << m;
+    EXPECT_EQ(m.rfind("step 3: cannot read '" + path + "' at byte ", 0), 0u) << m;
+    EXPECT_NE(m.find("it holds 1424 bytes now, 17024 when it was opened"), std::string::npos) << m;
+  }
+}
+
 // The command: one line naming the file and the step, exit 1, and the JSON summary of the
 // steps before it. The file is cut while the run goes (after its first step line); it fails at
 // whichever step reads next, on whichever rank.

@@ -70,8 +70,9 @@ void check_ranges(const TrainOptions& o) {
   FSDP_USER_CHECK(o.nproc >= 0, "--nproc must be >= 0 (0: every GPU), got ", o.nproc);
   FSDP_USER_CHECK(m.experts >= 1, "--experts must be >= 1, got ", m.experts);
   FSDP_USER_CHECK(m.classes >= 1, "--classes must be >= 1, got ", m.classes);
-  FSDP_USER_CHECK(c.warmup >= 0 && c.warmup < c.steps, "--warmup must be in [0, --steps), got ",
-                  c.warmup);
+  // (--steps itself is the library's to refuse: check_train_config)
+  FSDP_USER_CHECK(c.warmup >= 0 && (c.steps < 1 || c.warmup < c.steps),
+                  "--warmup must be in [0, --steps), got ", c.warmup);
   FSDP_USER_CHECK(!o.lr || (std::isfinite(*o.lr) && *o.lr > 0),
                   "--lr must be a positive number, got ", o.lr.value_or(0));
   FSDP_USER_CHECK(!o.min_lr || (std::isfinite(*o.min_lr) && *o.min_lr >= 0),

@@ -106,9 +106,10 @@ void check_sizes(const nn::ModelConfig& c) {
   at_most("vocab", c.vocab, kMaxModelVocab);
   at_most("seq_len", c.seq_len, kMaxSeqLen);
   // Past experts / top-k every routed token fits: a larger factor only sizes buffers from it.
-  size_check(std::isfinite(c.capacity_factor) && c.capacity_factor <= kMaxCapacityFactor,
-             "capacity_factor", " ", c.capacity_factor, " is beyond any real model: at most ",
-             kMaxCapacityFactor);
+  size_check(std::isfinite(c.capacity_factor), "capacity_factor", " must be a finite number, got ",
+             c.capacity_factor);
+  size_check(c.capacity_factor <= kMaxCapacityFactor, "capacity_factor", " ", c.capacity_factor,
+             " is beyond any real model: at most ", kMaxCapacityFactor);
   const double dim = static_cast<double>(c.dim);
   const double width = static_cast<double>(
       std::max({4 * c.dim, c.hidden, c.ffn_dim, c.expert_ffn_dim}));  // the defaults are < 4 dim
