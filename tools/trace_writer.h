@@ -13,6 +13,9 @@
 //  - otherData.fsdp: {"version": 1, "ranks": [{"rank", "host_schedule_us_per_unit",
 //    "metrics": <metrics_to_json>}]}. The metrics are those of Note [Trace metrics], as
 //    compute_metrics gives them for the whole recorded timeline of that rank.
+//  - Read back (parse_trace), every field is checked (Note [Checked JSON]): tid in [0, 1024],
+//    pid in [0, 2^20], ts and dur in [0, 1e15] us, args an object; a trace read whole is at
+//    most 1 GiB, before and after gunzip.
 // Includes of sibling tool headers are relative to this folder so that tests can compile the
 // tool sources directly (see tests/test_trace.cpp).
 #pragma once
