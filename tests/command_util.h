@@ -14,8 +14,8 @@ struct CommandResult {
   std::string output;
 };
 
-inline CommandResult run_fsdp_command(const std::string& args) {
-  const std::string cmd = std::string(FSDP_BINARY) + " " + args + " 2>&1";
+inline CommandResult run_fsdp_command_prefixed(const std::string& prefix, const std::string& args) {
+  const std::string cmd = prefix + std::string(FSDP_BINARY) + " " + args + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -23,5 +23,7 @@ inline CommandResult run_fsdp_command(const std::string& args) {
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
+
+inline CommandResult run_fsdp_command(const std::string& args) { return run_fsdp_command_prefixed("", args); }
 
 }  // namespace fsdp::testing

@@ -55,7 +55,7 @@ std::vector<std::vector<float>> load_and_gather(
     FsdpModule& root = fully_shard(*model, mesh);
     const Stream s = device.create_stream("load", StreamPriority::Normal);
     device.synchronize();
-    checkpoint::load_full_weights(path, checkpoint::collect_sharded_state(root, nullptr), device, s);
+    checkpoint::load_full_weights(path, checkpoint::collect_sharded_state(root, nullptr), &device, s);
     auto full = gather_full_params(root, s);
     device.synchronize();
     if (rank == 0) out = std::move(full);

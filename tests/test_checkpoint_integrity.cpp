@@ -6,12 +6,15 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <functional>
 
 #include "checkpoint/checkpoint_format.h"
 #include "checkpoint/full_weights.h"
+#include "checkpoint/row_reader.h"
 #include "fsdp/error.h"
 #include "io/file_io.h"
+#include "io/safetensors.h"
 #include "test_checkpoint_util.h"
 
 namespace fsdp::testing {
@@ -72,14 +75,14 @@ WeightsFile weights_file(const std::string& name) {
 
 std::vector<float> rows(const checkpoint::RowReader& r, const std::string& name, int64_t b, int64_t e) {
   std::vector<float> out(static_cast<size_t>((e - b) * kCols));
-  r.read_rows(name, b, e, out.data());
+  r.read_rows(name, r.file().at(name).rows(), kCols, b, e, out);
   return out;
 }
 
 TEST(CheckpointIntegrity, ACorruptLastChunkFailsTheReadsThatCoverItAndNoOther) {
   const WeightsFile f = weights_file("last_chunk");
   xor_byte(f.path, f.big_at + 2 * kChunkBytes + 12345);  // inside the last (short) chunk
-  const checkpoint::RowReader r(f.path, /*require_crcs=*/true);
+  const checkpoint::RowReader r(f.path);
   EXPECT_NO_THROW(rows(r, "big", 0, 512));  // chunks 0 and 1 only
   EXPECT_NO_THROW(rows(r, "small", 0, 3));
   EXPECT_ERROR_HAS(rows(r, "big", 600, 640),
@@ -91,7 +94,7 @@ TEST(CheckpointIntegrity, ACorruptFirstOrMiddleChunkFailsTheReadsThatCoverIt) {
   for (uint64_t chunk : {0u, 1u}) {
     const WeightsFile f = weights_file("chunk_" + std::to_string(chunk));
     xor_byte(f.path, f.big_at + chunk * kChunkBytes + 7);
-    const checkpoint::RowReader r(f.path, true);
+    const checkpoint::RowReader r(f.path);
     const int64_t row = static_cast<int64_t>(chunk) * 256;
     EXPECT_NO_THROW(rows(r, "big", chunk ? 0 : 256, chunk ? 256 : 512));
     EXPECT_ERROR_HAS(rows(r, "big", row, row + 1),
@@ -103,7 +106,7 @@ TEST(CheckpointIntegrity, ACorruptFirstOrMiddleChunkFailsTheReadsThatCoverIt) {
 TEST(CheckpointIntegrity, ACorruptOneChunkTensorFailsItsReads) {
   const WeightsFile f = weights_file("one_chunk");
   xor_byte(f.path, f.small_at + 3 * kCols * 4 - 1);  // its last byte
-  const checkpoint::RowReader r(f.path, true);
+  const checkpoint::RowReader r(f.path);
   EXPECT_NO_THROW(rows(r, "big", 0, 640));
   EXPECT_ERROR_HAS(rows(r, "small", 0, 1), "checksum mismatch in tensor 'small' at bytes [0, 12288)");
 }
@@ -120,16 +123,19 @@ std::string file_with_crcs(const std::string& name, const std::string* crcs) {
 
 std::string crc_list(const std::vector<uint32_t>& v) { return nlohmann::json(v).dump(); }
 
-TEST(CheckpointIntegrity, ARankFileWithoutChunkChecksumsIsRefusedWhereTheyAreRequired) {
+TEST(CheckpointIntegrity, AFileWithoutChunkChecksumsReadsAsAFileFromElsewhere) {
   const std::string path = file_with_crcs("none", nullptr);
-  EXPECT_ERROR_HAS(checkpoint::RowReader(path, true), "has no chunk checksums (fsdp.chunk_crc32)");
-  EXPECT_NO_THROW(checkpoint::RowReader(path, false));  // a file from elsewhere
+  const checkpoint::RowReader r(path);
+  EXPECT_FALSE(r.has_crcs());
+  std::vector<float> a(10);
+  r.read_rows("a", 10, 1, 0, 10, a);
+  EXPECT_EQ(a, std::vector<float>(10, 1.0f));
 }
 
 TEST(CheckpointIntegrity, ATensorWithoutItsChunkChecksumsIsRefused) {
   const std::vector<float> a(10, 1.0f);
   const std::string only_a = "{\"a\":" + crc_list(checkpoint::chunk_crcs(a.data(), 40)) + "}";
-  EXPECT_ERROR_HAS(checkpoint::RowReader(file_with_crcs("missing", &only_a), false),
+  EXPECT_ERROR_HAS(checkpoint::RowReader(file_with_crcs("missing", &only_a)),
                    "has no chunk checksums for tensor 'b'");
 }
 
@@ -137,16 +143,16 @@ TEST(CheckpointIntegrity, AWrongNumberOfChunkChecksumsIsRefused) {
   const std::vector<float> a(10, 1.0f), b(4, 2.0f);
   const std::string two = "{\"a\":" + crc_list(checkpoint::chunk_crcs(a.data(), 40)) + ",\"b\":" +
                           crc_list({checkpoint::chunk_crcs(b.data(), 16)[0], 0u}) + "}";
-  EXPECT_ERROR_HAS(checkpoint::RowReader(file_with_crcs("count", &two), false),
-                   "has the wrong number of chunk checksums for tensor 'b'");
+  EXPECT_ERROR_HAS(checkpoint::RowReader(file_with_crcs("count", &two)),
+                   "b holds 2 chunk checksums, the tensor's 16 bytes need 1");
 }
 
 TEST(CheckpointIntegrity, UnreadableChunkChecksumsAreRefused) {
   const std::string not_json = "[1, 2", wrong_type = "{\"a\":\"x\",\"b\":[1]}";
-  EXPECT_ERROR_HAS(checkpoint::RowReader(file_with_crcs("not_json", &not_json), false),
+  EXPECT_ERROR_HAS(checkpoint::RowReader(file_with_crcs("not_json", &not_json)),
                    "is corrupt: not valid JSON");
-  EXPECT_ERROR_HAS(checkpoint::RowReader(file_with_crcs("wrong_type", &wrong_type), false),
-                   "has corrupt chunk checksums");
+  EXPECT_ERROR_HAS(checkpoint::RowReader(file_with_crcs("wrong_type", &wrong_type)),
+                   "a must be an array, not a string");
 }
 
 // ---- a sharded checkpoint: COMPLETE, index.json and the rank files' headers
@@ -280,6 +286,33 @@ TEST(CheckpointIntegrity, ARankFileOfAnotherSizeThanCompleteSaysIsRefused) {
   EXPECT_ERROR_HAS(run_fsdp(2, resume_from(dir)),
                    "rank-00001.safetensors' holds " + std::to_string(bytes) + " bytes, COMPLETE says " +
                        std::to_string(bytes + 1));
+}
+
+// A checkpoint's rank files must carry chunk checksums: one rewritten without them (the same
+// tensors, COMPLETE's record of it made to match) is refused by the resume.
+TEST(CheckpointIntegrity, ARankFileWithoutChunkChecksumsIsRefusedByTheResume) {
+  const std::string dir = copy_of_saved("no_crcs");
+  const std::string path = dir + "/rank-00000.safetensors";
+  std::vector<std::vector<char>> data;
+  std::vector<io::TensorToWrite> tensors;
+  {
+    const io::SafetensorsFile f(path);
+    for (const io::TensorEntry& t : f.tensors()) {
+      data.emplace_back(t.end - t.begin);
+      f.read(t, 0, t.end - t.begin, data.back().data());
+    }
+    for (size_t i = 0; i < f.tensors().size(); ++i) {
+      const io::TensorEntry& t = f.tensors()[i];
+      tensors.push_back({t.name, t.dtype, t.shape, data[i].data()});
+    }
+    std::filesystem::remove(path);
+    const io::WrittenFile w = io::write_safetensors(path, tensors, {{"format", "pt"}});
+    edit_marker(dir, [&](checkpoint::CompleteMarker& m) {
+      m.files["rank-00000.safetensors"] = {w.bytes, w.header_bytes, w.header_crc};
+    });
+  }
+  EXPECT_ERROR_HAS(run_fsdp(2, resume_from(dir)),
+                   "rank-00000.safetensors' has no chunk checksums (fsdp.chunk_crc32)");
 }
 
 TEST(CheckpointIntegrity, ACorruptRankFileChunkFailsTheResume) {

@@ -188,7 +188,9 @@ TEST(ResumeData, TransformerContinuesBitwiseInsideTheSecondEpochOfTokenFiles) {
   const data::TokenFile corpus(std::string(FSDP_SOURCE_DIR) + "/data/pydocs-4k/train.bin", 65536);
   const std::string dir = fresh_dir("resume_data_corpus");
   const std::string path = dir + "/train.bin";
-  data::write_token_file(path, corpus.tokens().subspan(0, 200));
+  std::vector<uint32_t> first(200);
+  corpus.read(0, 200, first.data());
+  data::write_token_file(path, first, data::TokenDtype::kUint16);
   runtime::TrainConfig c = small_config("transformer");
   c.model.vocab = 4096;
   c.model.seq_len = 4;

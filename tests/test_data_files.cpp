@@ -84,8 +84,7 @@ TEST(DataTokenFile, RoundTripKeepsEveryTokenAndTheLlmcHeader) {
 
   TokenFile f(path, 65536, 1000);
   EXPECT_EQ(f.size(), 1000);
-  ASSERT_EQ(f.tokens().size(), tokens.size());
-  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), f.tokens().begin()));
+  EXPECT_EQ(f.read_all(), std::vector<uint32_t>(tokens.begin(), tokens.end()));
 }
 
 TEST(DataTokenFile, EmptyFileRoundTrips) {
@@ -114,8 +113,7 @@ TEST(DataTokenFile, Uint32RoundTripKeepsEveryTokenAndTheLlama3Header) {
   TokenFile f(path, int64_t{1} << 31, 1000);
   EXPECT_EQ(f.dtype(), fsdp::data::TokenDtype::kUint32);
   EXPECT_EQ(f.size(), 1000);
-  ASSERT_EQ(f.tokens32().size(), tokens.size());
-  EXPECT_TRUE(std::equal(tokens.begin(), tokens.end(), f.tokens32().begin()));
+  EXPECT_EQ(f.read_all(), tokens);
   for (int64_t i : {0, 3, 17, 999}) EXPECT_EQ(f.token(i), tokens[static_cast<size_t>(i)]) << i;
 }
 
@@ -325,9 +323,109 @@ TEST(DataTokenFile, CorpusMetaFromBeforeUint32FilesReadsAsUint16) {
     fsdp::data::read_corpus_meta(path);
     FAIL() << "a token_dtype of int8 was accepted";
   } catch (const fsdp::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("token_dtype 'int8' is neither uint16 nor uint32"),
+    EXPECT_NE(std::string(e.what()).find("token_dtype must be \"uint16\" or \"uint32\", not \"int8\""),
               std::string::npos)
         << e.what();
+  }
+}
+
+// Reads are preads, not a mapping (whose read past a truncation is a SIGBUS): a file cut or
+// rewritten after it was opened is a one-line error naming it.
+TEST(DataTokenFile, AFileCutOrRewrittenAfterOpeningIsAnErrorNotASignal) {
+  const std::string path = temp_path("cut.bin");
+  fsdp::data::write_token_file(path, counting_tokens(1000, 100));
+  TokenFile f(path, 100);
+  std::vector<uint32_t> window(11);
+  f.read(900, 11, window.data());
+  EXPECT_EQ(window[0], (900 * 7) % 100);
+  std::filesystem::resize_file(path, 1024 + 2 * 500);
+  try {
+    f.read(900, 11, window.data());
+    ADD_FAILURE() << "read past the end";
+  } catch (const fsdp::UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot read '" + path + "' at byte 2824: it holds 2024 bytes now, "
+                                     "3024 when it was opened (truncated while in use?)");
+  }
+  // Rewritten in place with a token past the vocabulary (the open's check is long past).
+  std::filesystem::resize_file(path, 1024 + 2 * 1000);
+  {
+    std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(1024 + 2 * 905);
+    const uint16_t big = 5000;
+    out.write(reinterpret_cast<const char*>(&big), 2);
+  }
+  try {
+    f.read(900, 11, window.data());
+    ADD_FAILURE() << "a token past the vocabulary was read";
+  } catch (const fsdp::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("token 5000 at position 905 is >= the vocabulary size 100"),
+              std::string::npos) << e.what();
+  }
+}
+
+// The same for the uint32 layout (Llama 3's): its reads are preads of 4-byte tokens.
+TEST(DataTokenFile, AUint32FileCutOrRewrittenAfterOpeningIsAnErrorNotASignal) {
+  const std::string path = temp_path("cut32.bin");
+  std::vector<uint32_t> tokens(1000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 70000 + static_cast<uint32_t>(i);
+  fsdp::data::write_token_file(path, tokens, fsdp::data::TokenDtype::kUint32);
+  TokenFile f(path, 80000);
+  std::vector<uint32_t> window(11);
+  f.read(900, 11, window.data());
+  EXPECT_EQ(window[0], 70900u);
+  EXPECT_EQ(f.token(999), 70999u);
+  std::filesystem::resize_file(path, 1024 + 4 * 500);
+  try {
+    f.read(900, 11, window.data());
+    ADD_FAILURE() << "read past the end";
+  } catch (const fsdp::UserError& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot read '" + path + "' at byte 4624: it holds 3024 bytes now, "
+                                     "5024 when it was opened (truncated while in use?)");
+  }
+  std::filesystem::resize_file(path, 1024 + 4 * 1000);
+  {
+    std::fstream out(path, std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(1024 + 4 * 905);
+    const uint32_t big = 90000;
+    out.write(reinterpret_cast<const char*>(&big), 4);
+  }
+  try {
+    f.read(900, 11, window.data());
+    ADD_FAILURE() << "a token past the vocabulary was read";
+  } catch (const fsdp::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("token 90000 at position 905 is >= the vocabulary size 80000"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(DataTokenFile, CorpusMetaWithMistypedOrMissingFieldsIsNamedInPlainWords) {
+  const std::string path = temp_path("bad_meta.json");
+  for (const auto& [text, expect] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"vocab": "4096"})", "vocab must be an integer in [1, 2147483648], not a string"},
+           {R"({"vocab": 3000000000})", "vocab must be an integer in [1, 2147483648]"},
+           {R"({"vocab": 4096, "train_tokens": 1, "val_tokens": 1, "unigram_entropy_nats": 1,
+                "unigram_entropy_bits": 1, "val_unigram_cross_entropy_nats": 1,
+                "tokenizer": "../../etc/passwd"})",
+            "tokenizer must name a file in the corpus directory"},
+           {R"({"vocab": 4096, "train_tokens": 1, "val_tokens": 1, "unigram_entropy_nats": 1,
+                "unigram_entropy_bits": 1, "val_unigram_cross_entropy_nats": 1,
+                "token_dtype": 16})",
+            "token_dtype must be a string, not the integer 16"},
+           {R"({"vocab": 4096})", "train_tokens is missing"},
+           {R"([1, 2])", "the top level must be an object"},
+           {R"({"vocab": 4096, "train_tokens": 1, "val_tokens": 1, "unigram_entropy_nats": "x"})",
+            "unigram_entropy_nats must be a number, not a string"},
+           {"{\"vocab\": ", "is corrupt: not valid JSON"}}) {
+    std::ofstream(path, std::ios::trunc) << text;
+    try {
+      fsdp::data::read_corpus_meta(path);
+      ADD_FAILURE() << text;
+    } catch (const fsdp::UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(path), std::string::npos) << m;
+      EXPECT_NE(m.find(expect), std::string::npos) << m;
+      EXPECT_EQ(m.find("json.exception"), std::string::npos) << m;
+    }
   }
 }
 

@@ -92,8 +92,11 @@ TEST(DataPrepare, SmallCorpusRoundTripsThroughTheTokenFiles) {
   EXPECT_EQ(sp.GetPieceSize(), 320);
   fsdp::data::TokenFile train(dir + "/out/train.bin", 320);
   fsdp::data::TokenFile val(dir + "/out/val.bin", 320);
-  const std::vector<std::string> train_parts = decode_parts(sp, train.tokens());
-  const std::vector<std::string> val_parts = decode_parts(sp, val.tokens());
+  const std::vector<uint32_t> train_wide = train.read_all(), val_wide = val.read_all();
+  const std::vector<uint16_t> train_tokens(train_wide.begin(), train_wide.end());
+  const std::vector<uint16_t> val_tokens(val_wide.begin(), val_wide.end());
+  const std::vector<std::string> train_parts = decode_parts(sp, train_tokens);
+  const std::vector<std::string> val_parts = decode_parts(sp, val_tokens);
   ASSERT_EQ(train_parts.size(), 2u);
   ASSERT_EQ(val_parts.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
@@ -109,8 +112,8 @@ TEST(DataPrepare, SmallCorpusRoundTripsThroughTheTokenFiles) {
   EXPECT_EQ(meta.vocab, 320);
   EXPECT_EQ(meta.train_tokens, train.size());
   EXPECT_EQ(meta.val_tokens, val.size());
-  std::vector<uint16_t> all(train.tokens().begin(), train.tokens().end());
-  all.insert(all.end(), val.tokens().begin(), val.tokens().end());
+  std::vector<uint16_t> all = train_tokens;
+  all.insert(all.end(), val_tokens.begin(), val_tokens.end());
   EXPECT_DOUBLE_EQ(meta.unigram_entropy_nats, fsdp::data::unigram_entropy_nats(all));
   EXPECT_NEAR(meta.unigram_entropy_bits, meta.unigram_entropy_nats / std::log(2.0), 1e-12);
   EXPECT_GT(meta.unigram_entropy_nats, 1.0);

@@ -195,10 +195,12 @@ std::vector<std::string> entries(const std::string& dir) {
   return names;
 }
 
-// A launcher (a child here, with TMPDIR of its own) whose 2 ranks are running is sent
-// SIGTERM: it must end them, remove its results directory, and end by SIGTERM itself.
-// `launch(fd)` runs the launcher; each rank writes its pid to fd once it runs, then waits.
-void expect_sigterm_to_clean_up(const std::string& name, const std::function<void(int)>& launch) {
+// A launcher (a child here, with TMPDIR of its own) whose 2 ranks are running is sent `sig`
+// (SIGTERM, or SIGHUP as when its terminal closes): it must end them, remove its results
+// directory, and end by that signal itself. `launch(fd)` runs the launcher; each rank writes
+// its pid to fd once it runs, then waits.
+void expect_signal_to_clean_up(const std::string& name, const std::function<void(int)>& launch,
+                               int sig = SIGTERM) {
   const std::string tmp = ::testing::TempDir() + name + "_" + std::to_string(::getpid());
   ASSERT_EQ(std::system(("rm -rf " + tmp + " && mkdir -p " + tmp).c_str()), 0);
   int started[2];
@@ -209,6 +211,7 @@ void expect_sigterm_to_clean_up(const std::string& name, const std::function<voi
   if (launcher == 0) {
     ::close(started[0]);
     ::setenv("TMPDIR", tmp.c_str(), 1);
+    ::signal(sig, SIG_DFL);  // as a terminal's process has it (not nohup's SIG_IGN)
     try {
       launch(started[1]);
     } catch (...) {
@@ -226,10 +229,10 @@ void expect_sigterm_to_clean_up(const std::string& name, const std::function<voi
   }
   ::close(started[0]);
   EXPECT_EQ(entries(tmp).size(), 1u);  // the results directory, while the ranks run
-  ASSERT_EQ(::kill(launcher, SIGTERM), 0);
+  ASSERT_EQ(::kill(launcher, sig), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(launcher, &status, 0), launcher);
-  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGTERM) << status;
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == sig) << status;
   EXPECT_EQ(entries(tmp), std::vector<std::string>{});
   for (pid_t rank : ranks) {
     const bool gone = ::kill(rank, 0) != 0 && errno == ESRCH;
@@ -246,7 +249,7 @@ void expect_sigterm_to_clean_up(const std::string& name, const std::function<voi
 }
 
 TEST(StoreAccess, SigtermEndsTheRanksAndRemovesTheirFiles) {
-  expect_sigterm_to_clean_up("sigterm_node_ranks", [](int fd) {
+  expect_signal_to_clean_up("sigterm_node_ranks", [](int fd) {
     LaunchFlags f;
     f.nproc = 2;
     run_node_ranks(resolve_launch(f, lookup({})), kLong,
@@ -257,11 +260,36 @@ TEST(StoreAccess, SigtermEndsTheRanksAndRemovesTheirFiles) {
 // The same for CPU ranks as processes (their files: $TMPDIR/fsdp-cpu-ranks-*).
 TEST(StoreAccess, SigtermEndsCpuRankProcessesAndRemovesTheirFiles) {
   if (!cpu_processes_built()) GTEST_SKIP() << "this build has no Gloo (libgloo-dev)";
-  expect_sigterm_to_clean_up("sigterm_cpu_ranks", [](int fd) {
+  expect_signal_to_clean_up("sigterm_cpu_ranks", [](int fd) {
     CpuProcessOptions o;
     o.timeout_s = 30;
     run_cpu_processes(2, [fd](int, Device&, std::shared_ptr<Comm>) { report_and_wait(fd); }, o);
   });
+}
+
+// SIGHUP (the terminal of `fsdp train --nproc 2` closed) ends both launchers the same way.
+TEST(StoreAccess, SighupEndsTheRanksAndRemovesTheirFiles) {
+  expect_signal_to_clean_up(
+      "sighup_node_ranks",
+      [](int fd) {
+        LaunchFlags f;
+        f.nproc = 2;
+        run_node_ranks(resolve_launch(f, lookup({})), kLong,
+                       [fd](const LaunchEnv&, Store&) -> std::string { report_and_wait(fd); });
+      },
+      SIGHUP);
+}
+
+TEST(StoreAccess, SighupEndsCpuRankProcessesAndRemovesTheirFiles) {
+  if (!cpu_processes_built()) GTEST_SKIP() << "this build has no Gloo (libgloo-dev)";
+  expect_signal_to_clean_up(
+      "sighup_cpu_ranks",
+      [](int fd) {
+        CpuProcessOptions o;
+        o.timeout_s = 30;
+        run_cpu_processes(2, [fd](int, Device&, std::shared_ptr<Comm>) { report_and_wait(fd); }, o);
+      },
+      SIGHUP);
 }
 
 // With every CPU rank on this host the launcher's store listens on loopback alone (each rank

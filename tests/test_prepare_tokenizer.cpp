@@ -32,11 +32,7 @@ std::string temp_dir(const std::string& name) {
   return dir;
 }
 
-Ids file_ids(const fsdp::data::TokenFile& f) {
-  Ids ids(static_cast<size_t>(f.size()));
-  for (int64_t i = 0; i < f.size(); ++i) ids[static_cast<size_t>(i)] = f.token(i);
-  return ids;
-}
+Ids file_ids(const fsdp::data::TokenFile& f) { return f.read_all(); }
 
 // docs/data.md's split: the last `fraction` of a file, cut at the first line break at or
 // after that point, is its val share.

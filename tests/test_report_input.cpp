@@ -1,13 +1,17 @@
 // `fsdp report`'s input: gzip-compressed traces read directly, and short one-line errors for a
-// directory given as the trace and for a negative count.
+// directory given as the trace, for a negative count, and for a trace whose fields are not
+// what the writer writes (Note [Checked JSON]).
 #include <gtest/gtest.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "command_util.h"
 
@@ -87,6 +91,54 @@ TEST(ReportInput, NegativeCountsAreRefusedBriefly) {
     EXPECT_EQ(count_lines(r.output), 1) << flag << ": " << r.output;
     EXPECT_LT(r.output.size(), 120u) << flag << ": " << r.output;
     EXPECT_NE(r.output.find(">= 0"), std::string::npos) << flag << ": " << r.output;
+  }
+}
+
+// A trace edited by hand or by anyone: every field is checked where it is read, so a bad one is
+// one line naming the file and the event, never an allocation sized from it (a tid of 2^31
+// made 2^31 stream names), an internal error in the JSON library's words, or a source line.
+TEST(ReportInput, TracesWithFieldsOfTheWrongKindOrSizeAreOneLineErrors) {
+  const nlohmann::json good = nlohmann::json::parse(read_file(small_trace()));
+  auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json t = good;
+    edit(t);
+    return t.dump();
+  };
+  auto first_x = [](nlohmann::json& t) -> nlohmann::json& {
+    for (nlohmann::json& e : t["traceEvents"])
+      if (e["ph"] == "X") return e;
+    return t;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {edited([](nlohmann::json& t) {
+         t["traceEvents"].push_back(
+             {{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", 2000000000}, {"args", {{"name", "x"}}}});
+       }),
+       "tid must be an integer in [0, 1024]"},
+      {edited([](nlohmann::json& t) {
+         t["traceEvents"].push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 0}, {"tid", 2}, {"args", 5}});
+       }),
+       "args must be an object"},
+      {edited([&](nlohmann::json& t) { first_x(t)["dur"] = -1e300; }), "dur must be a time"},
+      {edited([&](nlohmann::json& t) { first_x(t)["cat"] = "gizmo"; }), "cat is 'gizmo', not one of"},
+      {edited([&](nlohmann::json& t) { first_x(t)["pid"] = "zero"; }), "pid must be an integer"},
+      {edited([](nlohmann::json& t) { t["traceEvents"] = 5; }), "traceEvents must be an array"},
+      {edited([](nlohmann::json& t) { t["otherData"]["fsdp"]["ranks"] = {{{"rank", "x"}}}; }),
+       "rank must be an integer"},
+      {"{\"traceEvents\": [", "is corrupt: not valid JSON"},
+      {std::string(100000, '['), "nests deeper than 32 levels"},
+  };
+  const std::string path = ::testing::TempDir() + "report_input_edited.json";
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(i);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << cases[i].first;
+    const CommandResult r = run_fsdp_command("report " + path + " --svg " + path + ".svg");
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_EQ(count_lines(r.output), 1) << r.output;
+    EXPECT_NE(r.output.find(path), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(cases[i].second), std::string::npos) << r.output;
+    for (const char* crash : {"internal error", "json.exception", ".cpp:"})
+      EXPECT_EQ(r.output.find(crash), std::string::npos) << r.output;
   }
 }
 

@@ -7,10 +7,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <thread>
 
 #include "fsdp/error.h"
 #include "io/file_io.h"
 #include "io/safetensors.h"
+#include "checkpoint/row_reader.h"
+#include "io/checked_json.h"
 
 namespace fsdp::io {
 namespace {
@@ -88,11 +92,11 @@ TEST(Safetensors, EveryMalformedHeaderIsRefusedNamingTheFile) {
   };
   const std::vector<Case> cases = {
       {"not_json", "{not json", 0, "not valid JSON"},
-      {"not_object", "[1,2]", 0, "not a JSON object"},
+      {"not_object", "[1,2]", 0, "must be an object"},
       {"unknown_dtype", R"({"t":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", 1,
        "unknown dtype"},
       {"negative_shape", R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4,
-       "not a non-negative integer"},
+       "t.shape[0] must be an integer in [0, "},
       {"size_mismatch", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8,
        "shape and dtype F32 need 12"},
       {"out_of_range", R"({"t":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8,
@@ -103,8 +107,8 @@ TEST(Safetensors, EveryMalformedHeaderIsRefusedNamingTheFile) {
                R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]}})", 12, "hole"},
       {"trailing", ok, 20, "trailing bytes"},
       {"truncated", ok, 12, "outside the 12 data bytes"},
-      {"missing_fields", R"({"t":{"dtype":"F32","shape":[1]}})", 0, "needs dtype, shape"},
-      {"bad_metadata", R"({"__metadata__":{"k":1}})", 0, "is not a string"},
+      {"missing_fields", R"({"t":{"dtype":"F32","shape":[1]}})", 0, "t.data_offsets is missing"},
+      {"bad_metadata", R"({"__metadata__":{"k":1}})", 0, "__metadata__.k must be a string"},
   };
   for (const Case& c : cases) {
     const std::string path = write_raw(c.name + ".safetensors", c.header, c.data);
@@ -129,7 +133,7 @@ TEST(AtomicFile, AFailedWriteLeavesTheOldFileAndNoTempFile) {
   set_write_budget_for_testing(4);  // a disk with 4 bytes free
   EXPECT_THROW(write_file_atomic(path, "new content"), Error);
   set_write_budget_for_testing(-1);
-  EXPECT_EQ(read_whole_file(path), "old");
+  EXPECT_EQ(read_bounded_file(path, 1024, "a test file"), "old");
   for (const auto& e : std::filesystem::directory_iterator(temp_path("")))
     EXPECT_EQ(e.path().filename().string().find("atomic.txt.tmp"), std::string::npos)
         << e.path();
@@ -137,14 +141,91 @@ TEST(AtomicFile, AFailedWriteLeavesTheOldFileAndNoTempFile) {
     AtomicFile f(path);
     f.write("abandoned", 9);
   }  // never committed
-  EXPECT_EQ(read_whole_file(path), "old");
+  EXPECT_EQ(read_bounded_file(path, 1024, "a test file"), "old");
   write_file_atomic(path, "new");
-  EXPECT_EQ(read_whole_file(path), "new");
+  EXPECT_EQ(read_bounded_file(path, 1024, "a test file"), "new");
 }
 
 TEST(AtomicFile, CrcIsZlibCrc32) {
   EXPECT_EQ(crc32_of("123456789", 9), 0xCBF43926u);  // the standard check value
   EXPECT_EQ(crc32_of("56789", 5, crc32_of("1234", 4)), 0xCBF43926u);
+}
+
+// Note [Shared readers]: rank threads that read one file share one parse of its header, for
+// as long as any of them holds it; a file changed since is parsed anew.
+TEST(Safetensors, ThreadsReadingOneFileShareOneParsedHeader) {
+  const std::string path = temp_path("shared.safetensors");
+  std::vector<float> a(64, 1.0f);
+  write_safetensors(path, {{"a", "F32", {8, 8}, a.data()}}, {{"format", "pt"}});
+  const uint64_t before = safetensors_headers_parsed();
+  std::vector<std::shared_ptr<const checkpoint::RowReader>> readers(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < readers.size(); ++i)
+    threads.emplace_back([&, i] { readers[i] = checkpoint::RowReader::open(path); });
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(safetensors_headers_parsed() - before, 1u);
+  for (const auto& r : readers) EXPECT_EQ(r.get(), readers[0].get());
+  readers.clear();  // no one holds it: the next open parses again
+  auto again = checkpoint::RowReader::open(path);
+  EXPECT_EQ(safetensors_headers_parsed() - before, 2u);
+  std::vector<float> b(32, 2.0f);
+  write_safetensors(path, {{"a", "F32", {4, 8}, b.data()}}, {{"format", "pt"}});  // a new file
+  auto changed = checkpoint::RowReader::open(path);
+  EXPECT_NE(changed.get(), again.get());
+  EXPECT_EQ(changed->file().at("a").rows(), 4);
+}
+
+// The one reader of rows checks the file's dims against the destination's.
+TEST(Safetensors, RowsAreReadOnlyIntoADestinationOfTheirShape) {
+  const std::string path = temp_path("rows.safetensors");
+  std::vector<float> a(16 * 1024, 0.5f);
+  write_safetensors(path, {{"w", "F32", {16, 1024}, a.data()}}, {});
+  const checkpoint::RowReader r(path);
+  std::vector<float> dst(16 * 32);
+  std::string err;
+  try {
+    r.read_rows("w", 16, 32, 0, 16, dst);
+  } catch (const Error& e) {
+    err = e.what();
+  }
+  EXPECT_EQ(err, "'" + path + "': tensor 'w' has shape [16, 1024], expected 16 rows of 32 (another "
+                 "model shape, or a damaged or crafted file)");
+  EXPECT_THROW(r.read_rows("w", 16, 1024, 8, 17, std::span<float>(a).subspan(0, 9 * 1024)), UserError);
+  std::vector<float> row(1024);
+  r.read_rows("w", 16, 1024, 3, 4, row);
+  EXPECT_EQ(row, std::vector<float>(1024, 0.5f));
+}
+
+std::string json_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(CheckedJson, EveryErrorNamesTheFileAndTheKeyInPlainWords) {
+  const JsonDocument doc = parse_json(R"({"a": {"b": [1, -2, "x"]}, "s": 5, "k\nl": 1})", "f.json");
+  const JsonField root = doc.root();
+  EXPECT_EQ(json_error([&] { root["missing"]; }), "'f.json': missing is missing");
+  EXPECT_EQ(json_error([&] { root["a"]["b"].integers(8, 0, 10); }),
+            "'f.json': a.b[1] must be an integer in [0, 10], not the integer -2");
+  EXPECT_EQ(json_error([&] { root["s"].string(); }), "'f.json': s must be a string, not the integer 5");
+  EXPECT_EQ(json_error([&] { root["a"]["b"].elements(2); }),
+            "'f.json': a.b has 3 elements, more than the 2 it may have");
+  EXPECT_EQ(json_error([&] { root["s"]["t"]; }), "'f.json': s must be an object, not the integer 5");
+  EXPECT_EQ(json_error([&] { root["k\nl"].string(); }), "'f.json': k\\x0al must be a string, not the integer 1");
+  EXPECT_EQ(json_error([&] { root["a"]["b"].elements(3)[2].unsigned_integer(9); }),
+            "'f.json': a.b[2] must be an integer in [0, 9], not a string");
+  EXPECT_EQ(root["a"]["b"].elements(3)[0].integer(0, 1), 1);
+  // Text: invalid, too deep for a recursive reader, numbers past a double.
+  EXPECT_NE(json_error([] { parse_json("{\"a\": ", "g.json"); }).find("'g.json' is corrupt: not valid JSON (at byte "), std::string::npos);
+  EXPECT_EQ(json_error([] { parse_json(std::string(40, '[') + std::string(40, ']'), "g.json"); }),
+            "'g.json' is corrupt: its JSON nests deeper than 32 levels");
+  EXPECT_EQ(json_error([] { parse_json("\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\"", "g.json"); }), "");
+  EXPECT_NE(json_error([] { parse_json("[1e999]", "g.json"); }).find("'g.json' is corrupt: not valid JSON"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -3,7 +3,10 @@
 // line naming the file. The corpus is the one `make run` uses (data/pydocs-4k).
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -11,6 +14,7 @@
 
 #include "command_util.h"
 #include "fsdp/data.h"
+#include "fsdp/error.h"
 #include "runtime/token_file_source.h"
 #include "test_util.h"
 
@@ -105,6 +109,109 @@ TEST(TrainData, BadDataFailsAtStartInOneLine) {
   expect_one_line("train --backend cpu --model mlp --data " + dir.string(), "--model transformer");
   expect_one_line("train --backend cpu --model transformer --data /nonexistent", "/nonexistent");
   expect_one_line("train --backend cpu --model transformer --eval-every 2", "--eval-every needs --data");
+}
+
+// A copy of the corpus's first `tokens` training tokens, with its meta.json and val.bin.
+std::filesystem::path corpus_copy(const std::string& name, int64_t tokens) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::ifstream in(kCorpus + "/train.bin", std::ios::binary);
+  std::string bytes(static_cast<size_t>(data::kTokenFileHeaderBytes + 2 * tokens), '\0');
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const int32_t count = static_cast<int32_t>(tokens);
+  std::memcpy(bytes.data() + 8, &count, 4);  // the header's token count
+  std::ofstream(dir / "train.bin", std::ios::binary) << bytes;
+  fs::copy_file(kCorpus + "/meta.json", dir / "meta.json");
+  fs::copy_file(kCorpus + "/val.bin", dir / "val.bin");
+  return dir;
+}
+
+// Note [Unreadable steps]: the file shrinks after step 2; reading step 3's batch is an error
+// naming the step and the file (once a SIGBUS from the mapping: no message, no summary).
+TEST(TrainData, ATokenFileTruncatedWhileTrainingStopsTheRunAtThatStep) {
+  const std::string path = (corpus_copy("truncated_in_process", 4000) / "train.bin").string();
+  runtime::TrainConfig c = corpus_config();
+  c.steps = 5;
+  c.batch_source = runtime::token_file_batches(path, c.model, c.seed);
+  c.after_step = [&](runtime::TrainState& s) {
+    if (s.next_step == 2) std::filesystem::resize_file(path, 1024);  // the header alone
+  };
+  try {
+    run_fsdp(1, c);
+    ADD_FAILURE() << "the run went on";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    const auto* step = dynamic_cast<const runtime::StepError*>(&e);
+    EXPECT_TRUE(step && step->step() == 2) << m;
+    EXPECT_EQ(m.rfind("step 3: cannot read '" + path + "' at byte ", 0), 0u) << m;
+    EXPECT_NE(m.find("it holds 1024 bytes now, 9024 when it was opened"), std::string::npos) << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+}
+
+// The same for a file of the uint32 layout (Llama 3's): its windows are 4-byte tokens.
+TEST(TrainData, AUint32TokenFileTruncatedWhileTrainingStopsTheRunAtThatStep) {
+  const std::filesystem::path dir = corpus_copy("truncated_uint32", 4000);
+  const std::string path = (dir / "train.bin").string();
+  {
+    const data::TokenFile narrow(path, 65536);
+    data::write_token_file(path, narrow.read_all(), data::TokenDtype::kUint32);
+  }
+  runtime::TrainConfig c = corpus_config();
+  c.steps = 5;
+  c.batch_source = runtime::token_file_batches(path, c.model, c.seed);
+  c.after_step = [&](runtime::TrainState& s) {
+    if (s.next_step == 2) std::filesystem::resize_file(path, 1024 + 4 * 100);
+  };
+  try {
+    run_fsdp(1, c);  // one rank: no other rank's host may still be reading an earlier step
+    ADD_FAILURE() << "the run went on";
+  } catch (const UserError& e) {
+    const std::string m = e.what();
+    const auto* step = dynamic_cast<const runtime::StepError*>(&e);
+    EXPECT_TRUE(step && step->step() == 2) << m;
+    EXPECT_EQ(m.rfind("step 3: cannot read '" + path + "' at byte ", 0), 0u) << m;
+    EXPECT_NE(m.find("it holds 1424 bytes now, 17024 when it was opened"), std::string::npos) << m;
+  }
+}
+
+// The command: one line naming the file and the step, exit 1, and the JSON summary of the
+// steps before it. The file is cut while the run goes (after its first step line); it fails at
+// whichever step reads next, on whichever rank.
+TEST(TrainData, ATokenFileTruncatedWhileTrainingEndsInOneLineWithTheSummaryWritten) {
+  const std::filesystem::path dir = corpus_copy("truncated_cli", 20000);
+  const std::string json = (dir / "run.json").string(), train = (dir / "train.bin").string();
+  const std::string cmd = "timeout -k 5 120 " + std::string(FSDP_BINARY) +
+                          " train --backend cpu --world-size 2 --model transformer --layers 1 --dim 16"
+                          " --heads 2 --seq-len 16 --tokens 32 --steps 1000000 --eval-every 0"
+                          " --log-every 1 --data " + dir.string() + " --json " + json + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::vector<std::string> lines;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe)) {
+    lines.emplace_back(buf);
+    if (lines.back().rfind("step ", 0) == 0 && std::filesystem::file_size(train) > 1024)
+      std::filesystem::resize_file(train, 1024);
+  }
+  const int status = pclose(pipe);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by a signal: " << (lines.empty() ? "" : lines.back());
+  EXPECT_EQ(WEXITSTATUS(status), 1) << (lines.empty() ? "" : lines.back());
+  ASSERT_FALSE(lines.empty());
+  const std::string& last = lines.back();
+  EXPECT_EQ(last.rfind("fsdp: error: step ", 0), 0u) << last;
+  EXPECT_NE(last.find("cannot read '" + train + "'"), std::string::npos) << last;
+  std::ifstream in(json);
+  ASSERT_TRUE(in.good()) << "no summary written";
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_NE(j["error"].get<std::string>().find(train), std::string::npos) << j["error"];
+  const int failed = j["failed_step"].get<int>();
+  EXPECT_GE(failed, 2);
+  EXPECT_EQ(j["error"].get<std::string>().rfind("step " + std::to_string(failed) + ": ", 0), 0u) << j["error"];
+  EXPECT_GE(j["steps_done"].get<int>(), 1);
+  EXPECT_EQ(j["losses"].size(), j["steps_done"].get<size_t>());
 }
 
 }  // namespace

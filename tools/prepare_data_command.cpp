@@ -10,20 +10,25 @@
 // with neither is refused.
 #include "prepare_data_command.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "fsdp/data.h"
 #include "fsdp/error.h"
+#include "io/file_io.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/cli_validators.h"
 
 namespace fsdp::tools {
 
@@ -49,6 +54,7 @@ CLI::App* add_prepare_data_command(CLI::App& app, PrepareDataOptions& o) {
                   "share of each file (its last lines) that goes to val.bin, 0..0.5")
       ->capture_default_str();
   CLI::Option* seed = cmd->add_option("--seed", o.seed, "seed of the tokenizer's line sampling")
+                          ->check(uint64_text())
                           ->capture_default_str();
   CLI::Option* lines = cmd->add_option("--max-training-lines", o.max_training_lines,
                                        "the tokenizer trains on at most this many lines (sampled)")
@@ -92,18 +98,19 @@ std::string megabytes(size_t bytes) {
   return buf;
 }
 
+// Inputs are read whole (the tokenizer trains on their lines): regular files (Note [Reading
+// files]) of at most 16 GiB each.
+constexpr uint64_t kMaxInputBytes = uint64_t{16} << 30;
+
 std::string read_input(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " does not exist");
   if (fs::is_directory(path, ec)) FSDP_USER_FAIL("prepare-data: input ", path, " is a directory");
-  if (!fs::is_regular_file(path, ec))
-    FSDP_USER_FAIL("prepare-data: input ", path, " is not a regular file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) FSDP_USER_FAIL("prepare-data: cannot read input ", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) FSDP_USER_FAIL("prepare-data: cannot read input ", path);
-  return std::move(text).str();
+  try {
+    return io::read_bounded_file(path, kMaxInputBytes, "an input of prepare-data");
+  } catch (const UserError& e) {
+    FSDP_USER_FAIL("prepare-data: ", e.what());
+  }
 }
 
 // The last `fraction` of a file, cut at the first line break at or after that point.
@@ -129,22 +136,18 @@ void prepare_out_dir(const std::string& dir) {
     FSDP_USER_FAIL("prepare-data: --out ", dir, " exists and is not a directory");
   fs::create_directories(dir, ec);
   if (ec) FSDP_USER_FAIL("prepare-data: cannot create --out ", dir, ": ", ec.message());
-  const fs::path probe = fs::path(dir) / ".prepare-data-probe";
-  std::ofstream out(probe);
-  if (!out) FSDP_USER_FAIL("prepare-data: --out ", dir, " is not writable");
-  out.close();
-  fs::remove(probe, ec);
+  // A file of our own, made here: never one that was there (a FIFO would block the open, a
+  // symlink would truncate what it names; Note [Output paths]).
+  const std::string probe = (fs::path(dir) / ".prepare-data-probe-").string() + std::to_string(::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0)
+    FSDP_USER_FAIL("prepare-data: --out ", dir, " is not writable: ", std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 void write_bytes(const fs::path& path, const std::string& bytes) {
-  const fs::path tmp = path.string() + ".tmp";
-  std::ofstream out(tmp, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  std::error_code ec;
-  if (!out) FSDP_USER_FAIL("cannot write ", path.string());
-  fs::rename(tmp, path, ec);
-  if (ec) FSDP_USER_FAIL("cannot write ", path.string(), ": ", ec.message());
+  io::write_file_atomic(path.string(), bytes);  // Note [Atomic files], Note [Output paths]
 }
 
 data::TokenDtype choose_dtype(const std::string& flag, int64_t vocab) {

@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <filesystem>
-#include <fstream>
 #include <iterator>
 
 #if FSDP_HAVE_ZLIB
@@ -16,6 +16,8 @@
 #endif
 
 #include "fsdp/error.h"
+#include "io/checked_json.h"
+#include "io/file_io.h"
 #include "svg_timeline.h"
 
 namespace fsdp::tools {
@@ -118,31 +120,50 @@ CLI::Validator non_negative_count() {
       "N >= 0");
 }
 
+// Traces are read whole, and parsed whole into memory: a limit on both sides of gzip (a
+// small .gz can hold a lot of text). A run's trace is ~200 bytes per op: 100 MB for 8 ranks of
+// a few hundred steps.
+constexpr uint64_t kMaxTraceBytes = uint64_t{1} << 30;
+
 // The whole file, gunzipped when it is gzip-compressed (zlib reads plain files as they are).
 std::string read_maybe_gzipped(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec))
-    FSDP_FAIL("'", path, "' is a directory; give the trace file that `fsdp train --trace FILE` wrote");
-  if (!std::filesystem::exists(path, ec)) FSDP_FAIL("trace file '", path, "' does not exist");
+    FSDP_USER_FAIL("'", path, "' is a directory; give the trace file that `fsdp train --trace FILE` wrote");
+  if (!std::filesystem::exists(path, ec)) FSDP_USER_FAIL("trace file '", path, "' does not exist");
+  const io::ReadFile file(path);  // Note [Reading files]: a regular file, or an error
 #if FSDP_HAVE_ZLIB
-  gzFile in = gzopen(path.c_str(), "rb");
-  if (!in) FSDP_FAIL("cannot read trace file '", path, "': ", std::strerror(errno));
+  FSDP_USER_CHECK(file.bytes() <= kMaxTraceBytes, "trace file '", path, "' holds ",
+                  io::size_text(file.bytes()), ", more than the ", io::size_text(kMaxTraceBytes),
+                  " that `fsdp report` reads");
+  const int fd = ::dup(file.fd());
+  FSDP_USER_CHECK(fd >= 0, "cannot read trace file '", path, "': ", std::strerror(errno));
+  gzFile in = gzdopen(fd, "rb");
+  if (!in) {
+    ::close(fd);
+    FSDP_USER_FAIL("cannot read trace file '", path, "': ", std::strerror(errno));
+  }
   std::string text;
   char buf[1 << 16];
   int n;
-  while ((n = gzread(in, buf, sizeof buf)) > 0) text.append(buf, static_cast<size_t>(n));
+  while ((n = gzread(in, buf, sizeof buf)) > 0) {
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > kMaxTraceBytes) {
+      gzclose(in);
+      FSDP_USER_FAIL("trace file '", path, "' decompresses to more than the ",
+                     io::size_text(kMaxTraceBytes), " that `fsdp report` reads");
+    }
+  }
   int code = Z_OK;
   const std::string why = n < 0 ? gzerror(in, &code) : "";
   gzclose(in);
-  if (n != 0) FSDP_FAIL("trace file '", path, "' could not be decompressed: ", why);
+  if (n != 0) FSDP_USER_FAIL("trace file '", path, "' could not be decompressed: ", why);
   return text;
 #else
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot read trace file '", path, "'");
-  std::string text{std::istreambuf_iterator<char>(in), {}};
-  FSDP_CHECK(text.size() < 2 || static_cast<unsigned char>(text[0]) != 0x1f ||
-                 static_cast<unsigned char>(text[1]) != 0x8b,
-             "trace file '", path, "' is gzip-compressed and this build has no zlib: gunzip it first");
+  const std::string text = file.read_all(kMaxTraceBytes, "a trace file");
+  FSDP_USER_CHECK(text.size() < 2 || static_cast<unsigned char>(text[0]) != 0x1f ||
+                      static_cast<unsigned char>(text[1]) != 0x8b,
+                  "trace file '", path, "' is gzip-compressed and this build has no zlib: gunzip it first");
   return text;
 #endif
 }
@@ -150,14 +171,8 @@ std::string read_maybe_gzipped(const std::string& path) {
 }  // namespace
 
 std::vector<TracedRank> read_report_trace(const std::string& path) {
-  const std::string text = read_maybe_gzipped(path);
-  nlohmann::json trace;
-  try {
-    trace = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    FSDP_FAIL("trace file '", path, "' is not valid JSON: ", e.what());
-  }
-  return parse_trace(trace);
+  // Note [Checked JSON]: one-line errors for text that is not JSON, or is nested too deep.
+  return parse_trace(io::parse_json(read_maybe_gzipped(path), path).value, path);
 }
 
 CLI::App* add_report_command(CLI::App& app, ReportOptions& o) {
@@ -175,8 +190,8 @@ CLI::App* add_report_command(CLI::App& app, ReportOptions& o) {
 }
 
 std::string format_report(const std::vector<TracedRank>& ranks, int top) {
-  FSDP_CHECK(!ranks.empty(), "the trace has no ranks");
-  FSDP_CHECK(top >= 0, "--top must be >= 0, got ", top);
+  FSDP_USER_CHECK(!ranks.empty(), "the trace has no ranks");
+  FSDP_USER_CHECK(top >= 0, "--top must be >= 0, got ", top);
   std::vector<runtime::TimelineMetrics> metrics;
   for (const TracedRank& r : ranks)
     metrics.push_back(metrics_of_timeline(r.timeline, r.host_schedule_us_per_unit, top));
@@ -207,13 +222,13 @@ std::string format_report(const std::vector<TracedRank>& ranks, int top) {
 
 std::string render_report_svg(const TracedRank& rank, int step, const std::string& source) {
   const Timeline& t = rank.timeline;
-  FSDP_CHECK(!t.ops.empty(), "rank ", rank.rank, " recorded no ops: nothing to draw");
+  FSDP_USER_CHECK(!t.ops.empty(), "rank ", rank.rank, " recorded no ops: nothing to draw");
   const std::vector<runtime::StepWindow> steps =
       runtime::find_steps(t, runtime::find_stream(t, "compute"));
   runtime::StepWindow window;
   std::string which;
   if (steps.empty()) {
-    FSDP_CHECK(step <= 0, "--step ", step, ": rank ", rank.rank,
+    FSDP_USER_CHECK(step <= 0, "--step ", step, ": rank ", rank.rank,
                " recorded no optimizer op, so the trace has no steps to pick from");
     window.start_us = t.ops.front().start_us;
     window.end_us = t.ops.front().end_us;
@@ -224,7 +239,7 @@ std::string render_report_svg(const TracedRank& rank, int step, const std::strin
     which = "the whole timeline (no optimizer op recorded)";
   } else {
     const int index = step < 0 ? static_cast<int>(steps.size()) - 1 : step;
-    FSDP_CHECK(index < static_cast<int>(steps.size()), "--step ", step, ": rank ", rank.rank,
+    FSDP_USER_CHECK(index < static_cast<int>(steps.size()), "--step ", step, ": rank ", rank.rank,
                " recorded steps 0..", steps.size() - 1);
     window = steps[index];
     which = "recorded step " + std::to_string(index) + " of 0.." + std::to_string(steps.size() - 1);
@@ -236,7 +251,7 @@ std::string render_report_svg(const TracedRank& rank, int step, const std::strin
 
 int run_report(const ReportOptions& o) {
   const std::vector<TracedRank> ranks = read_report_trace(o.trace_path);
-  FSDP_CHECK(!ranks.empty(), "trace file '", o.trace_path, "' has no ranks");
+  FSDP_USER_CHECK(!ranks.empty(), "trace file '", o.trace_path, "' has no ranks");
   size_t max_steps = 0;
   for (const TracedRank& r : ranks)
     max_steps = std::max(
@@ -248,14 +263,10 @@ int run_report(const ReportOptions& o) {
   if (!o.svg_path.empty()) {
     auto it = std::find_if(ranks.begin(), ranks.end(),
                            [&](const TracedRank& r) { return r.rank == o.rank; });
-    FSDP_CHECK(it != ranks.end(), "--rank ", o.rank, ": the trace has ranks 0..",
+    FSDP_USER_CHECK(it != ranks.end(), "--rank ", o.rank, ": the trace has ranks 0..",
                ranks.back().rank);
     const std::string svg = render_report_svg(*it, o.step, o.trace_path);
-    std::ofstream out(o.svg_path);
-    FSDP_CHECK(out.good(), "cannot write --svg file '", o.svg_path, "'");
-    out << svg;
-    out.flush();
-    FSDP_CHECK(out.good(), "writing --svg file '", o.svg_path, "' failed");
+    io::write_file_atomic(o.svg_path, svg);  // Note [Output paths]
     std::printf("\nwrote %s (rank %d)\n", o.svg_path.c_str(), o.rank);
   }
   return 0;

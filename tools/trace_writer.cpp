@@ -4,10 +4,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <map>
+#include <memory>
+#include <optional>
 
 #include "fsdp/error.h"
+#include "io/checked_json.h"
+#include "io/file_io.h"
 #include "train_command.h"
 
 namespace fsdp::tools {
@@ -30,11 +33,10 @@ const char* trace_kind_name(OpKind kind) {
   return kKindNames[static_cast<int>(kind)];
 }
 
-OpKind trace_kind_from_name(const std::string& name) {
+std::optional<OpKind> trace_kind_from_name(const std::string& name) {
   for (size_t i = 0; i < std::size(kKindNames); ++i)
     if (name == kKindNames[i]) return static_cast<OpKind>(i);
-  FSDP_FAIL("trace event has unknown category '", name, "' (expected one of kernel, copy, ",
-            "collective, wait, optimizer, host)");
+  return std::nullopt;
 }
 
 // Host first, then the streams people look at first; the rest in creation order.
@@ -116,14 +118,26 @@ void add_rank_events(const runtime::RankResult& r, const runtime::TimelineMetric
                       {"args", {{"bytes", m.bytes}}}});
 }
 
-template <typename T>
-T field(const nlohmann::json& e, const char* key, size_t index) {
-  FSDP_CHECK(e.contains(key), "trace event ", index, " has no '", key, "': ", e.dump());
-  try {
-    return e.at(key).get<T>();
-  } catch (const nlohmann::json::exception&) {
-    FSDP_FAIL("trace event ", index, " has a '", key, "' of the wrong type: ", e.dump());
-  }
+// Note [Checked JSON]: a trace is input like any other file. Bounds past any trace we write:
+// tracks (tid 0 is the host's, then one per stream), ranks, events.
+constexpr int64_t kMaxTraceTid = 1024;
+constexpr int64_t kMaxTraceRank = 1 << 20;
+constexpr size_t kMaxTraceEvents = size_t{1} << 27;
+
+double time_field(const io::JsonField& e, const char* key) {
+  const io::JsonField f = e[key];
+  const double v = f.number();
+  if (!(v >= 0 && v <= 1e15)) f.fail("must be a time in [0, 1e15] microseconds");
+  return v;
+}
+
+// args.<key> as a string, "" when args or the key is absent.
+std::string arg_string(const io::JsonField& e, const char* key) {
+  const std::optional<io::JsonField> args = e.find("args");
+  if (!args) return "";
+  if (!args->is_object()) args->fail("must be an object");
+  const std::optional<io::JsonField> v = args->find(key);
+  return v ? v->string(4096) : "";
 }
 
 }  // namespace
@@ -148,8 +162,8 @@ nlohmann::json metrics_to_json(const runtime::TimelineMetrics& m) {
 runtime::TimelineMetrics metrics_of_timeline(const Timeline& t, double host_schedule_us_per_unit,
                                              int top_stalls) {
   const int compute = runtime::find_stream(t, "compute");
-  FSDP_CHECK(compute >= 0, "the timeline has no stream named 'compute' (it has ",
-             t.stream_names.size(), " streams)");
+  FSDP_USER_CHECK(compute >= 0, "the timeline has no stream named 'compute' (it has ",
+                  t.stream_names.size(), " streams)");
   const size_t steps = runtime::find_steps(t, compute).size();
   runtime::TimelineMetrics m = runtime::compute_metrics(
       t, compute, static_cast<double>(std::max<size_t>(steps, 1)), top_stalls);
@@ -194,83 +208,90 @@ nlohmann::json build_trace_json(const std::vector<runtime::RankResult>& ranks) {
 }
 
 void write_trace_file(const std::string& path, const std::vector<runtime::RankResult>& ranks) {
-  const nlohmann::json trace = build_trace_json(ranks);
-  std::ofstream out(path);
-  FSDP_CHECK(out.good(), "cannot write --trace file '", path, "'");
-  out << trace.dump() << "\n";
-  out.flush();
-  FSDP_CHECK(out.good(), "writing --trace file '", path, "' failed");
+  io::write_file_atomic(path, build_trace_json(ranks).dump() + "\n");  // Note [Output paths]
 }
 
-std::vector<TracedRank> parse_trace(const nlohmann::json& trace) {
-  FSDP_CHECK(trace.is_object() && trace.contains("traceEvents") && trace["traceEvents"].is_array(),
-             "not a Chrome trace: expected an object with a 'traceEvents' array");
+std::vector<TracedRank> parse_trace(const nlohmann::json& trace, const std::string& file) {
+  const io::JsonField root(trace, std::make_shared<const std::string>(file));
+  if (!root.is_object() || !root.find("traceEvents"))
+    root.fail("is not a Chrome trace: expected an object with a 'traceEvents' array");
   std::map<int, TracedRank> ranks;
-  auto rank_entry = [&](int pid) -> TracedRank& {
-    TracedRank& r = ranks[pid];
-    r.rank = pid;
+  auto rank_entry = [&](const io::JsonField& pid) -> TracedRank& {
+    const int rank = static_cast<int>(pid.integer(0, kMaxTraceRank));
+    TracedRank& r = ranks[rank];
+    r.rank = rank;
     return r;
   };
-  const nlohmann::json& events = trace["traceEvents"];
-  for (size_t i = 0; i < events.size(); ++i) {
-    const nlohmann::json& e = events[i];
-    const std::string ph = field<std::string>(e, "ph", i);
+  auto stream_of = [](const io::JsonField& e) {
+    return stream_of_tid(static_cast<int>(e["tid"].integer(0, kMaxTraceTid)));
+  };
+  for (const io::JsonField& e : root["traceEvents"].elements(kMaxTraceEvents)) {
+    if (!e.is_object()) e.fail("must be an object (a trace event)");
+    const std::string ph = e["ph"].string(16);
     if (ph != "X" && ph != "C" && ph != "M") continue;  // other event types are not ours
-    TracedRank& r = rank_entry(field<int>(e, "pid", i));
-    const std::string name = field<std::string>(e, "name", i);
+    TracedRank& r = rank_entry(e["pid"]);
+    const std::string name = e["name"].string(4096);
     if (ph == "M") {
       if (name != "thread_name") continue;
-      const int stream = stream_of_tid(field<int>(e, "tid", i));
+      const int stream = stream_of(e);
       if (stream < 0) continue;  // the host track has no stream name
       auto& names = r.timeline.stream_names;
       if (static_cast<int>(names.size()) <= stream) names.resize(stream + 1);
-      names[stream] = e.value("args", nlohmann::json::object()).value("name", "");
+      names[stream] = arg_string(e, "name");
     } else if (ph == "C") {
       if (name != "allocated bytes") continue;
-      const nlohmann::json args = e.value("args", nlohmann::json::object());
-      r.timeline.memory.push_back({field<double>(e, "ts", i), args.value("bytes", int64_t{0})});
+      const std::optional<io::JsonField> args = e.find("args");
+      int64_t value = 0;
+      if (args) {
+        if (!args->is_object()) args->fail("must be an object");
+        if (const std::optional<io::JsonField> b = args->find("bytes"))
+          value = b->integer(0, int64_t{1} << 60);
+      }
+      r.timeline.memory.push_back({time_field(e, "ts"), value});
     } else {
       TimelineOp op;
-      op.kind = trace_kind_from_name(field<std::string>(e, "cat", i));
-      op.stream = stream_of_tid(field<int>(e, "tid", i));
-      op.start_us = field<double>(e, "ts", i);
-      op.end_us = op.start_us + field<double>(e, "dur", i);
+      const io::JsonField cat = e["cat"];
+      const std::string cat_name = cat.string(64);
+      const std::optional<OpKind> kind = trace_kind_from_name(cat_name);
+      if (!kind)
+        cat.fail("is '" + io::printable(cat_name) +
+                 "', not one of kernel, copy, collective, wait, optimizer, host");
+      op.kind = *kind;
+      op.stream = stream_of(e);
+      op.start_us = time_field(e, "ts");
+      op.end_us = op.start_us + time_field(e, "dur");
       if (op.kind == OpKind::Wait) {
-        const nlohmann::json args = e.value("args", nlohmann::json::object());
-        op.label = args.value("label", "");
-        op.waited_for = args.value("waited_for", "");
+        op.label = arg_string(e, "label");
+        op.waited_for = arg_string(e, "waited_for");
       } else {
         op.label = name;
       }
       r.timeline.ops.push_back(std::move(op));
     }
   }
-  const nlohmann::json* fsdp = nullptr;
-  if (trace.contains("otherData") && trace["otherData"].is_object() &&
-      trace["otherData"].contains("fsdp"))
-    fsdp = &trace["otherData"]["fsdp"];
-  if (fsdp && fsdp->contains("ranks")) {
-    for (const nlohmann::json& entry : (*fsdp)["ranks"]) {
-      TracedRank& r = rank_entry(entry.value("rank", 0));
-      r.host_schedule_us_per_unit = entry.value("host_schedule_us_per_unit", 0.0);
-      if (entry.contains("metrics")) r.stored_metrics = entry["metrics"];
+  const std::optional<io::JsonField> other = root.find("otherData");
+  const std::optional<io::JsonField> fsdp =
+      other && other->is_object() ? other->find("fsdp") : std::nullopt;
+  if (fsdp && fsdp->is_object())
+    if (const std::optional<io::JsonField> entries = fsdp->find("ranks")) {
+      for (const io::JsonField& entry : entries->elements(static_cast<size_t>(kMaxTraceRank))) {
+        if (!entry.is_object()) entry.fail("must be an object (a rank's data)");
+        const std::optional<io::JsonField> rank = entry.find("rank");
+        TracedRank& r = rank ? rank_entry(*rank) : ranks[0];
+        if (const std::optional<io::JsonField> h = entry.find("host_schedule_us_per_unit"))
+          r.host_schedule_us_per_unit = h->number();
+        if (const std::optional<io::JsonField> m = entry.find("metrics")) r.stored_metrics = m->raw();
+      }
     }
-  }
   std::vector<TracedRank> out;
   for (auto& [pid, r] : ranks) out.push_back(std::move(r));
   return out;
 }
 
 std::vector<TracedRank> read_trace_file(const std::string& path) {
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "cannot read trace file '", path, "'");
-  nlohmann::json trace;
-  try {
-    trace = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    FSDP_FAIL("trace file '", path, "' is not valid JSON: ", e.what());
-  }
-  return parse_trace(trace);
+  // Note [Reading files]: a regular file of at most 1 GiB (traces are parsed whole).
+  const std::string text = io::read_bounded_file(path, uint64_t{1} << 30, "a trace file");
+  return parse_trace(io::parse_json(text, path).value, path);  // Note [Checked JSON]
 }
 
 }  // namespace fsdp::tools

@@ -13,6 +13,9 @@
 //  - otherData.fsdp: {"version": 1, "ranks": [{"rank", "host_schedule_us_per_unit",
 //    "metrics": <metrics_to_json>}]}. The metrics are those of Note [Trace metrics], as
 //    compute_metrics gives them for the whole recorded timeline of that rank.
+//  - Read back (parse_trace), every field is checked (Note [Checked JSON]): tid in [0, 1024],
+//    pid in [0, 2^20], ts and dur in [0, 1e15] us, args an object; a trace read whole is at
+//    most 1 GiB, before and after gunzip.
 // Includes of sibling tool headers are relative to this folder so that tests can compile the
 // tool sources directly (see tests/test_trace.cpp).
 #pragma once
@@ -43,9 +46,11 @@ struct TracedRank {
   nlohmann::json stored_metrics;         // otherData's metrics object, or null
 };
 
-// Rebuilds each rank's Timeline from the events; ranks in increasing order. Throws
-// fsdp::Error naming what is wrong when `trace` is not a trace of this format.
-std::vector<TracedRank> parse_trace(const nlohmann::json& trace);
+// Rebuilds each rank's Timeline from the events; ranks in increasing order. Every field is
+// checked (Note [Checked JSON]): a trace that is not of this format is a one-line UserError
+// naming `file` and the event's place ("traceEvents[12].tid must be an integer in ...").
+std::vector<TracedRank> parse_trace(const nlohmann::json& trace,
+                                    const std::string& file = "the trace");
 std::vector<TracedRank> read_trace_file(const std::string& path);
 
 // compute_metrics with the conventions the writer and the report share: the stream named

@@ -22,6 +22,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
+#include "io/file_io.h"
 #include "launch/launch_env.h"
 #include "models/model_family.h"
 #include "runtime/launch_cuda.h"
@@ -67,11 +68,11 @@ void check_ranges(const TrainOptions& o) {
   const nn::ModelConfig& m = c.model;
   FSDP_USER_CHECK(o.world_size >= 1, "--world-size must be >= 1, got ", o.world_size);
   FSDP_USER_CHECK(o.nproc >= 0, "--nproc must be >= 0 (0: every GPU), got ", o.nproc);
-  FSDP_USER_CHECK(m.hidden >= 0, "--hidden must be >= 1 (or 0 for the default), got ", m.hidden);
   FSDP_USER_CHECK(m.experts >= 1, "--experts must be >= 1, got ", m.experts);
   FSDP_USER_CHECK(m.classes >= 1, "--classes must be >= 1, got ", m.classes);
-  FSDP_USER_CHECK(c.warmup >= 0 && c.warmup < c.steps, "--warmup must be in [0, --steps), got ",
-                  c.warmup);
+  // (--steps itself is the library's to refuse: check_train_config)
+  FSDP_USER_CHECK(c.warmup >= 0 && (c.steps < 1 || c.warmup < c.steps),
+                  "--warmup must be in [0, --steps), got ", c.warmup);
   FSDP_USER_CHECK(!o.lr || (std::isfinite(*o.lr) && *o.lr > 0),
                   "--lr must be a positive number, got ", o.lr.value_or(0));
   FSDP_USER_CHECK(!o.min_lr || (std::isfinite(*o.min_lr) && *o.min_lr >= 0),
@@ -199,6 +200,8 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
   FSDP_USER_CHECK(cuda::compiled_with_cuda(),
                   "--backend cuda: this build has no CUDA backend (nvcc or NCCL missing at build time)");
   FSDP_USER_CHECK(!chaos_given, "--chaos applies to the CPU backend only");
+  FSDP_USER_CHECK(o.cpu_memory_mib == 0, "--cpu-memory-mib applies to the CPU backend only (a GPU "
+                  "has the memory it has)");
   if (gpus < 0) gpus = runtime::visible_gpu_count();
   FSDP_USER_CHECK(gpus > 0, "--backend cuda: no GPU is visible");
   // Where the ranks come from (Note [Launch environments]): one-line errors before any starts.
@@ -259,6 +262,11 @@ void check_writable(const std::string& flag, const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   FSDP_USER_CHECK(!fs::is_directory(path, ec), flag, " '", path, "' is a directory, not a file");
+  try {
+    io::check_output_path(path);  // Note [Output paths]
+  } catch (const UserError& e) {
+    FSDP_USER_FAIL(flag, ": ", e.what());
+  }
   if (fs::exists(path, ec)) {
     FSDP_USER_CHECK(::access(path.c_str(), W_OK) == 0, "cannot write ", flag, " file '", path,
                     "': ", std::strerror(errno));

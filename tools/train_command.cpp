@@ -2,18 +2,20 @@
 #include "tools/train_command.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "fsdp/error.h"
+#include "fsdp/out_of_memory.h"
+#include "io/file_io.h"
 #include "models/model_family.h"
 #include "runtime/launch.h"
 #include "runtime/launch_cuda.h"
+#include "runtime/rank_result_fields.h"
 #include "runtime/rank_result_json.h"
+#include "tools/cli_validators.h"
 #include "tools/step_printer.h"
 #include "tools/trace_writer.h"
 
@@ -73,7 +75,7 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--steps", o.config.steps, "training steps");
   app.add_option("--warmup", o.config.warmup,
                  "steps left out of the timing statistics (the lr warm-up is --warmup-steps)");
-  app.add_option("--seed", o.config.seed, "seed for init and data");
+  app.add_option("--seed", o.config.seed, "seed for init and data")->check(uint64_text());
   app.add_option("--param-dtype", o.param_dtype, "bf16 | fp32")->check(CLI::IsMember({"bf16", "fp32"}));
   app.add_option("--reduce-dtype", o.reduce_dtype,
                  "bf16 | fp32: the dtype gradients are reduce-scattered (and averaged) in")
@@ -120,6 +122,10 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       ->check(CLI::Range(0, 1));
   app.add_option("--chaos", o.chaos_seed,
                                "CPU backend: inject random delays with this seed (>= 0)");
+  app.add_option("--cpu-memory-mib", o.cpu_memory_mib,
+                 "CPU backend: each rank's device memory in MiB; an allocation past it fails as "
+                 "on a full GPU (0: no limit)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   app.add_option("--json", o.json_path, "write a summary object to this file");
   app.add_option("--trace", o.trace_path, "write a Chrome trace of the timed steps");
   app.add_option("--log-every", o.log_every, "print the step line every N steps (and the last)");
@@ -237,17 +243,28 @@ void add_ruled_fields(const std::vector<runtime::RankResult>& ranks, nlohmann::j
   });
 }
 
-// Writes `text` to `path`; a failed write (a full disk, /dev/full) is an error.
+// Writes `text` to `path` (Note [Output paths]); a failed write (a full disk, /dev/full) is an
+// error.
 void write_text(const std::string& flag, const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  FSDP_USER_CHECK(out.good(), "cannot write ", flag, " file '", path, "': ", std::strerror(errno));
-  out << text;
-  out.flush();
-  FSDP_USER_CHECK(out.good(), "writing ", flag, " file '", path, "' failed: ",
-                  std::strerror(errno));
-  out.close();
-  FSDP_USER_CHECK(!out.fail(), "writing ", flag, " file '", path, "' failed: ",
-                  std::strerror(errno));
+  try {
+    io::write_file_atomic(path, text);
+  } catch (const UserError& e) {
+    FSDP_USER_FAIL(flag, ": ", e.what());
+  }
+}
+
+// Note [Unreadable steps]: rank 0's result of a run that an error ended, from the steps it
+// reported before.
+runtime::RankResult result_of_failed_run(const std::vector<runtime::StepReport>& reported,
+                                         const std::string& error, int failed_step) {
+  runtime::RankResult r;
+  for (const runtime::StepReport& step : reported) {
+    runtime::append_step(r, step);
+    if (step.val_loss >= 0) r.val_losses.push_back({step.step, step.val_loss});
+  }
+  r.error = error;
+  r.failed_step = failed_step >= 0 ? failed_step : static_cast<int>(reported.size());
+  return r;
 }
 
 }  // namespace
@@ -326,6 +343,7 @@ nlohmann::json summarize_results(const std::string& backend, int world,
 int run_train(TrainOptions& o) {
   std::string why;
   const std::string backend = check_train_options(o, why);
+  set_option_spelling(flag_of);  // Note [Out of memory]: advice in the flags' names
   o.config.checkpoint.verbose = !o.quiet;
   o.config.return_on_nonfinite = true;  // the summary is written first, then the error
   if (!why.empty()) std::printf("backend: %s (--backend auto: %s)\n", backend.c_str(), why.c_str());
@@ -339,7 +357,9 @@ int run_train(TrainOptions& o) {
     po.peak_tflops = o.peak_tflops;
   }
   StepPrinter printer(po, stdout);
+  std::vector<runtime::StepReport> reported;  // for the summary of a run that fails
   auto on_step = [&](const runtime::StepReport& r) {
+    reported.push_back(r);
     printer(r);
     if (r.val_loss >= 0 && !o.quiet) {
       std::printf("  validation loss after step %d: %.4f nats/token (unigram entropy of the corpus: "
@@ -347,31 +367,48 @@ int run_train(TrainOptions& o) {
       std::fflush(stdout);
     }
   };
+  auto write_summary = [&](nlohmann::json summary) {
+    summary.update(settings_json(o.config));
+    if (o.config.eval_every > 0) summary["unigram_entropy_nats"] = o.unigram_entropy_nats;
+    write_text("--json", o.json_path, summary.dump(2) + "\n");
+  };
   std::vector<runtime::RankResult> results;
-  if (backend == "cpu") {
-    cpu::CpuOptions cpu_options;
-    cpu_options.chaos = o.chaos_seed.has_value();
-    cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
-    cpu_options.collective_timeout_s = o.timeout_s;  // threads and processes alike
-    if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
-      results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
-      if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
-        if (!results.empty())
-          std::printf("ranks %d..%d finished\n", results.front().rank, results.back().rank);
-        return 0;
+  try {
+    if (backend == "cpu") {
+      cpu::CpuOptions cpu_options;
+      cpu_options.chaos = o.chaos_seed.has_value();
+      cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
+      cpu_options.collective_timeout_s = o.timeout_s;  // threads and processes alike
+      cpu_options.memory_capacity_bytes = static_cast<size_t>(o.cpu_memory_mib) << 20;
+      if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
+        results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
+        if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
+          if (!results.empty())
+            std::printf("ranks %d..%d finished\n", results.front().rank, results.back().rank);
+          return 0;
+        }
+      } else {
+        results.resize(o.world_size);
+        runtime::run_cpu_ranks(o.world_size, cpu_options,
+                               [&](int rank, Device& device, std::shared_ptr<Comm> world) {
+                                 results[rank] = runtime::train_rank(
+                                     device, world, o.config,
+                                     rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
+                                               : nullptr);
+                               });
       }
     } else {
-      results.resize(o.world_size);
-      runtime::run_cpu_ranks(o.world_size, cpu_options,
-                             [&](int rank, Device& device, std::shared_ptr<Comm> world) {
-                               results[rank] = runtime::train_rank(
-                                   device, world, o.config,
-                                   rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
-                                             : nullptr);
-                             });
+      results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
     }
-  } else {
-    results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
+  } catch (const Error& e) {
+    // Note [Unreadable steps]: the run ended on an error; its summary is still written.
+    const auto* step_error = dynamic_cast<const runtime::StepError*>(&e);
+    if (!o.json_path.empty()) {
+      const runtime::RankResult r0 =
+          result_of_failed_run(reported, e.what(), step_error ? step_error->step() : -1);
+      write_summary(summarize_results(backend, o.effective_world, o.config, {r0}, o.peak_tflops));
+    }
+    throw;
   }
   nlohmann::json summary =
       summarize_results(backend, o.effective_world, o.config, results, o.peak_tflops);
@@ -387,16 +424,12 @@ int run_train(TrainOptions& o) {
                 summary["loss_last"].get<double>());
     std::fflush(stdout);
   }
-  if (!o.json_path.empty()) {
-    summary.update(settings_json(o.config));
-    if (o.config.eval_every > 0) summary["unigram_entropy_nats"] = o.unigram_entropy_nats;
-    write_text("--json", o.json_path, summary.dump(2) + "\n");
-  }
+  if (!o.json_path.empty()) write_summary(std::move(summary));
   if (!o.trace_path.empty()) {
     try {
       write_trace_file(o.trace_path, results);
-    } catch (const Error&) {
-      FSDP_USER_FAIL("writing --trace file '", o.trace_path, "' failed: ", std::strerror(errno));
+    } catch (const UserError& e) {
+      FSDP_USER_FAIL("--trace: ", e.what());
     }
   }
   if (!error.empty()) throw UserError(error);

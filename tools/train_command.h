@@ -35,6 +35,7 @@ struct TrainOptions {
   int reshard_after_forward = 1, separate_rs_group = 0, prefetch_next_step = 1, norm = 1;
   double clip_grad_norm = 1.0, weight_decay = 0.01;
   std::optional<int64_t> chaos_seed;
+  int64_t cpu_memory_mib = 0;  // --cpu-memory-mib: each CPU rank's device memory (0: no limit)
   std::string json_path, trace_path;
   // --data DIR: token files of `fsdp prepare-data` (train_data.cpp).
   std::string data_dir;
@@ -87,5 +88,8 @@ void attach_token_data(TrainOptions& options);
 int64_t estimate_rank_bytes(const runtime::TrainConfig& c, int world);
 // Fails with a one-line error if `path` cannot be written (checked before training).
 void check_writable(const std::string& flag, const std::string& path);
+// The flag that sets the API's option `option` ("micro_batches" -> "--micro-batches"; Note
+// [Options checked once]).
+std::string flag_of(const std::string& option);
 
 }  // namespace fsdp::tools

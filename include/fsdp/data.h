@@ -1,4 +1,4 @@
-// Training data: llm.c token files, memory-mapped and validated at open, and the batch
+// Training data: llm.c token files, validated at open and read by windows, and the batch
 // sampler that gives each rank its slice of each global batch (docs/data.md).
 //
 // Note [Batch sampler]
@@ -50,11 +50,14 @@ void write_token_file(const std::string& path, std::span<const uint16_t> tokens)
 // (the caller picks the layout from the vocabulary, token_dtype_for_vocab).
 void write_token_file(const std::string& path, std::span<const uint32_t> tokens, TokenDtype dtype);
 
-// A token file of either layout, mapped read-only. The constructor validates it before
-// mapping; every failure is one line naming the file and the problem: not a regular file, not
+// A token file of either layout, open for reading. The constructor validates it; every failure
+// is one line naming the file and the problem: not a regular file (Note [Reading files]), not
 // a token file (magic), a version that does not go with the magic, truncated or overlong
-// (size != header + token bytes * count), then, mapped, a token >= vocab, fewer than
-// min_tokens tokens.
+// (size != header + token bytes * count), a token >= vocab, fewer than min_tokens tokens.
+// Reads are preads, not a mapping: a file truncated while training would make a read of its
+// mapping a SIGBUS, with no message; a pread that comes up short is a one-line error naming
+// the file and its sizes, and every token read is checked against the vocabulary again (a
+// file rewritten in place).
 class TokenFile {
  public:
   // vocab: tokens must be below it (1..2^31). min_tokens: the fewest tokens a use needs
@@ -69,23 +72,18 @@ class TokenFile {
   int64_t size() const { return count_; }
   int64_t vocab() const { return vocab_; }
   TokenDtype dtype() const { return dtype_; }
-  // Token i (0 <= i < size()), of either layout.
-  uint32_t token(int64_t i) const {
-    return dtype_ == TokenDtype::kUint16 ? static_cast<const uint16_t*>(tokens_)[i]
-                                         : static_cast<const uint32_t*>(tokens_)[i];
-  }
-  // The tokens of a uint16 file / of a uint32 file (the other layout: an internal error).
-  std::span<const uint16_t> tokens() const;
-  std::span<const uint32_t> tokens32() const;
+  // Tokens [first, first + count) into `out`, of either layout; safe from any thread.
+  void read(int64_t first, int64_t count, uint32_t* out) const;
+  std::vector<uint32_t> read_all() const;
+  uint32_t token(int64_t i) const;  // one read: for checks, not for loops
 
  private:
   std::string path_;
   int64_t vocab_ = 0;
   int64_t count_ = 0;
   TokenDtype dtype_ = TokenDtype::kUint16;
-  void* map_ = nullptr;
-  size_t map_bytes_ = 0;
-  const void* tokens_ = nullptr;
+  struct Handle;  // the open file
+  std::unique_ptr<Handle> handle_;
 };
 
 // The largest token in `tokens` (0 when empty). A branch-free max over the array, which the

@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
+#include <optional>
+#include <set>
 
-#include "fsdp/dtype.h"
 #include "fsdp/error.h"
 #include "io/file_io.h"
+#include "io/shared_by_identity.h"
 
 namespace fsdp::checkpoint {
 
@@ -39,14 +40,6 @@ std::vector<uint32_t> chunk_crcs(const void* data, uint64_t bytes) {
 
 namespace {
 
-nlohmann::json parse_json(const std::string& text, const std::string& path) {
-  try {
-    return nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception&) {
-    FSDP_USER_FAIL("'", path, "' is corrupt: not valid JSON");
-  }
-}
-
 nlohmann::json marker_body(const CompleteMarker& m) {
   nlohmann::json files = nlohmann::json::object();
   for (const auto& [name, r] : m.files)
@@ -75,25 +68,26 @@ std::string complete_marker_text(const CompleteMarker& m) {
 
 CompleteMarker read_complete_marker(const std::string& dir) {
   const std::string path = join_path(dir, kCompleteFile);
-  nlohmann::json j = parse_json(io::read_whole_file(path), path);
-  try {
-    FSDP_USER_CHECK(j.is_object() && j.value("format", "") == kFormat, "'", path,
-               "' is not an fsdp checkpoint marker");
-    const uint32_t crc = j.at("crc32").get<uint32_t>();
-    j.erase("crc32");
-    const std::string body = j.dump();
-    FSDP_USER_CHECK(io::crc32_of(body.data(), body.size()) == crc, "'", path,
-               "' is corrupt: checksum mismatch");
-    CompleteMarker m;
-    m.step = j.at("step").get<int64_t>();
-    m.world = j.at("world_size").get<int>();
-    for (const auto& [name, r] : j.at("files").items())
-      m.files[name] = {r.at("bytes").get<uint64_t>(), r.at("crc_bytes").get<uint64_t>(),
-                       r.at("crc32").get<uint32_t>()};
-    return m;
-  } catch (const nlohmann::json::exception&) {
-    FSDP_USER_FAIL("'", path, "' is corrupt: missing or mistyped fields");
-  }
+  const io::JsonDocument doc =
+      io::parse_json(io::read_bounded_file(path, kMaxMarkerBytes, "a checkpoint's COMPLETE marker"), path);
+  const io::JsonField j = doc.root();
+  const std::optional<io::JsonField> format = j.is_object() ? j.find("format") : std::nullopt;
+  FSDP_USER_CHECK(format && format->is_string() && format->raw() == kFormat, "'", path,
+                  "' is not an fsdp checkpoint marker");
+  const uint32_t crc = static_cast<uint32_t>(j["crc32"].unsigned_integer(0xffffffffu));
+  nlohmann::json body = doc.value;
+  body.erase("crc32");
+  const std::string text = body.dump();
+  FSDP_USER_CHECK(io::crc32_of(text.data(), text.size()) == crc, "'", path,
+                  "' is corrupt: checksum mismatch");
+  CompleteMarker m;
+  m.step = j["step"].integer(0, kMaxStep);
+  m.world = static_cast<int>(j["world_size"].integer(1, kMaxWorldSize));
+  for (const auto& [name, r] : j["files"].members(static_cast<size_t>(m.world) + 1))
+    m.files[name] = {r["bytes"].unsigned_integer(kMaxFileBytes),
+                     r["crc_bytes"].unsigned_integer(kMaxFileBytes),
+                     static_cast<uint32_t>(r["crc32"].unsigned_integer(0xffffffffu))};
+  return m;
 }
 
 std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& save_dir,
@@ -129,6 +123,56 @@ std::string resolve_checkpoint_dir(const std::string& dir) {
             "directories in it");
 }
 
+namespace {
+
+// Note [Checkpoint index checks].
+IndexTensor index_tensor(const io::JsonField& e, int world) {
+  IndexTensor t;
+  t.name = e["name"].string(4096);
+  const io::JsonField shape = e["shape"];
+  t.shape = shape.integers(16, 0, kMaxDimSize);
+  t.rows = t.shape.empty() ? 1 : t.shape[0];
+  for (size_t d = 1; d < t.shape.size(); ++d) {
+    if (t.shape[d] != 0 && t.cols > kMaxDimSize / t.shape[d])
+      shape.fail("holds more than 2^48 elements");
+    t.cols *= t.shape[d];
+  }
+  if (t.cols != 0 && t.rows > kMaxDimSize / t.cols) shape.fail("holds more than 2^48 elements");
+  t.dtype = e["dtype"].string(64);
+  const io::JsonField ranks = e["ranks"];
+  const std::vector<io::JsonField> list = ranks.elements(static_cast<size_t>(world));
+  if (static_cast<int>(list.size()) != world)
+    ranks.fail("lists " + std::to_string(list.size()) + " ranks, the checkpoint has " +
+               std::to_string(world));
+  for (const io::JsonField& r : list) {
+    const std::vector<int64_t> range = r.integers(2, 0, t.rows);
+    if (range.size() != 2 || range[0] > range[1])
+      r.fail("must be a row range [begin, end) with 0 <= begin <= end <= " + std::to_string(t.rows));
+    t.ranks.emplace_back(range[0], range[1]);
+  }
+  // The ranks' rows, sorted, tile [0, rows) exactly: every row is in one rank file.
+  std::vector<std::pair<int64_t, int64_t>> sorted;
+  for (const auto& r : t.ranks)
+    if (r.first < r.second) sorted.push_back(r);
+  std::sort(sorted.begin(), sorted.end());
+  int64_t covered = 0;
+  for (const auto& [b, end] : sorted) {
+    if (b != covered)
+      ranks.fail(detail::concat("leave rows of '", io::printable(t.name), "' (shape rows ", t.rows,
+                                ") ", b > covered ? "uncovered" : "covered twice", " at row ",
+                                std::min(b, covered)));
+    covered = end;
+  }
+  if (covered != t.rows)
+    ranks.fail(detail::concat("cover rows [0, ", covered, ") of '", io::printable(t.name),
+                              "', whose shape has ", t.rows, " rows"));
+  if (std::optional<io::JsonField> steps = e.find("optimizer_step"))
+    t.optimizer_step = steps->integer(0, int64_t{1} << 53);
+  return t;
+}
+
+}  // namespace
+
 CheckpointIndex open_checkpoint(const std::string& dir) {
   CheckpointIndex c;
   c.dir = dir;
@@ -136,88 +180,47 @@ CheckpointIndex open_checkpoint(const std::string& dir) {
   const std::string path = join_path(dir, kIndexFile);
   auto rec = c.complete.files.find(kIndexFile);
   FSDP_USER_CHECK(rec != c.complete.files.end(), "'", join_path(dir, kCompleteFile),
-             "' lists no index.json");
-  const std::string text = io::read_whole_file(path);
+                  "' lists no index.json");
+  const std::string text = io::read_bounded_file(path, kMaxIndexBytes, "a checkpoint's index.json");
   FSDP_USER_CHECK(text.size() == rec->second.bytes, "'", path, "' holds ", text.size(),
-             " bytes, COMPLETE says ", rec->second.bytes, " (truncated or changed)");
+                  " bytes, COMPLETE says ", rec->second.bytes, " (truncated or changed)");
   FSDP_USER_CHECK(io::crc32_of(text.data(), text.size()) == rec->second.crc, "'", path,
-             "' is corrupt: checksum mismatch");
-  c.index = parse_json(text, path);
-  FSDP_USER_CHECK(c.index.is_object() && c.index.value("format", "") == kFormat &&
-                 c.index.value("version", 0) == kFormatVersion,
-             "'", path, "' is not an fsdp checkpoint index of version ", kFormatVersion);
-  FSDP_USER_CHECK(c.index.value("step", int64_t{-1}) == c.complete.step, "'", path,
-             "' is for step ", c.index.value("step", int64_t{-1}), ", COMPLETE for step ",
-             c.complete.step);
+                  "' is corrupt: checksum mismatch");
+  c.index = io::parse_json(text, path);
+  const io::JsonField j = c.index.root();
+  auto field_is = [&](const char* key, const nlohmann::json& want) {
+    if (!j.is_object()) return false;
+    const std::optional<io::JsonField> f = j.find(key);
+    return f && f->raw() == want;
+  };
+  FSDP_USER_CHECK(field_is("format", kFormat) && field_is("version", kFormatVersion), "'", path,
+                  "' is not an fsdp checkpoint index of version ", kFormatVersion);
+  const int64_t step = j["step"].integer(0, kMaxStep);
+  FSDP_USER_CHECK(step == c.complete.step, "'", path, "' is for step ", step, ", COMPLETE for step ",
+                  c.complete.step);
+  if (std::optional<io::JsonField> world = j.find("world_size"))
+    FSDP_USER_CHECK(world->integer(1, kMaxWorldSize) == c.complete.world, "'", path,
+                    "' is for world size ", world->raw().dump(), ", COMPLETE for ", c.complete.world);
+  std::set<std::string> names;
+  for (const io::JsonField& e : j["tensors"].elements(1 << 20)) {
+    c.tensors.push_back(index_tensor(e, c.complete.world));
+    if (!names.insert(c.tensors.back().name).second)
+      e["name"].fail("'" + io::printable(c.tensors.back().name) + "' names a param twice");
+  }
+  if (std::optional<io::JsonField> states = j.find("state_names"))
+    c.state_names = states->strings(16, 64);
+  if (std::optional<io::JsonField> ts = j.find("train_state"))
+    if (!ts->is_object()) ts->fail("must be an object");
   return c;
 }
 
-RowReader::RowReader(const std::string& path, bool require_crcs)
-    : file_(std::make_unique<io::SafetensorsFile>(path)) {
-  auto it = file_->metadata().find(kChunkCrcKey);
-  if (it == file_->metadata().end()) {
-    FSDP_USER_CHECK(!require_crcs, "'", path, "' has no chunk checksums (", kChunkCrcKey, ")");
-    return;
-  }
-  nlohmann::json j = parse_json(it->second, path + "' metadata '" + kChunkCrcKey);
-  try {
-    for (const auto& [name, list] : j.items()) crcs_[name] = list.get<std::vector<uint32_t>>();
-  } catch (const nlohmann::json::exception&) {
-    FSDP_USER_FAIL("'", path, "' has corrupt chunk checksums");
-  }
-  for (const io::TensorEntry& t : file_->tensors()) {
-    auto c = crcs_.find(t.name);
-    FSDP_USER_CHECK(c != crcs_.end(), "'", path, "' has no chunk checksums for tensor '", t.name, "'");
-    const uint64_t bytes = t.end - t.begin;
-    FSDP_USER_CHECK(c->second.size() == (bytes + kChunkBytes - 1) / kChunkBytes, "'", path,
-               "' has the wrong number of chunk checksums for tensor '", t.name, "'");
-  }
-}
-
-void RowReader::read_rows(const std::string& name, int64_t begin, int64_t end, float* dst) const {
-  const io::TensorEntry& t = file_->at(name);
-  const std::string& path = file_->path();
-  FSDP_USER_CHECK(t.dtype == "F32" || t.dtype == "BF16", "'", path, "': tensor '", name,
-             "' has dtype ", t.dtype, "; expected F32 or BF16");
-  FSDP_USER_CHECK(begin >= 0 && begin <= end && end <= t.rows(), "'", path, "': tensor '", name,
-             "' has ", t.rows(), " rows; rows [", begin, ", ", end, ") were asked for");
-  if (begin == end) return;
-  const uint64_t rb = t.row_bytes(), lo = begin * rb, hi = end * rb;
-  const uint64_t n = (end - begin) * (rb / io::safetensors_dtype_size(t.dtype));
-  std::vector<char> buf;
-  const char* src = nullptr;
-  auto c = crcs_.find(name);
-  if (c != crcs_.end()) {
-    // Whole chunks, each verified (Note [Checkpoint checksums]).
-    const uint64_t c0 = lo / kChunkBytes, c1 = (hi + kChunkBytes - 1) / kChunkBytes;
-    const uint64_t first = c0 * kChunkBytes, last = std::min(c1 * kChunkBytes, t.end - t.begin);
-    buf.resize(last - first);
-    file_->read(t, first, last - first, buf.data());
-    for (uint64_t k = c0; k < c1; ++k) {
-      const uint64_t at = k * kChunkBytes - first;
-      const uint64_t len = std::min(kChunkBytes, last - first - at);
-      FSDP_USER_CHECK(io::crc32_of(buf.data() + at, len) == c->second[k], "'", path,
-                 "' is corrupt: checksum mismatch in tensor '", name, "' at bytes [",
-                 k * kChunkBytes, ", ", k * kChunkBytes + len, ")");
-    }
-    src = buf.data() + (lo - first);
-  } else if (t.dtype == "F32") {
-    file_->read(t, lo, hi - lo, dst);
-    return;
-  } else {
-    buf.resize(hi - lo);
-    file_->read(t, lo, hi - lo, buf.data());
-    src = buf.data();
-  }
-  if (t.dtype == "F32") {
-    std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    for (uint64_t i = 0; i < n; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      dst[i] = bf16_to_float(h);
-    }
-  }
+std::shared_ptr<const CheckpointIndex> open_checkpoint_shared(const std::string& dir) {
+  auto make = [&] { return std::make_shared<const CheckpointIndex>(open_checkpoint(dir)); };
+  io::FileIdentity marker, index;
+  if (!io::identity_of_path(join_path(dir, kCompleteFile), marker) ||
+      !io::identity_of_path(join_path(dir, kIndexFile), index))
+    return make();  // its error
+  return io::shared_by_identity<CheckpointIndex>(dir, {marker, index}, make);
 }
 
 namespace {

@@ -12,6 +12,23 @@
 //     that hold them, whole, and verifies each; it never reads the rest of the file.
 // Exported weights carry the same chunk CRCs; files from elsewhere have none and are read
 // with the header checks of Note [Safetensors validation] only.
+// The CRCs catch accidents (a torn write, bit rot, a truncated or swapped file), not intent:
+// anyone can write a file with valid CRCs (CRC-32 is no secret and has no key). So nothing a
+// load does relies on them for its safety: every field of COMPLETE and index.json is checked
+// for type and range (Note [Checked JSON]), index.json's shapes and row ranges for
+// consistency (Note [Checkpoint index checks]), and every tensor read against the memory it
+// is read into (RowReader::read_rows, row_reader.h). A crafted checkpoint gets a one-line
+// error, or loads what it holds.
+//
+// Note [Checkpoint index checks]
+// open_checkpoint() checks every param of index.json before anything trusts it: a unique
+// name; a shape of at most 16 dims, each in [0, 2^48], whose product is at most 2^48; a row
+// range [begin, end) with 0 <= begin <= end <= rows for each of the checkpoint's ranks; and
+// the non-empty ranges, sorted, tile [0, rows) exactly (no hole, no overlap), so that the
+// rank files together hold every row once. Each rank file's tensor must then hold exactly its
+// range's rows, of the shape's row width (checked where it is read, and by export for every
+// rank before it allocates the whole tensor): what export allocates is bounded by what the
+// files hold.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +39,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "io/safetensors.h"
+#include "io/checked_json.h"
 
 namespace fsdp::checkpoint {
 
@@ -62,27 +79,35 @@ std::vector<std::pair<int64_t, std::string>> list_step_dirs(const std::string& s
 // ("not a checkpoint", "incomplete checkpoint", "no complete checkpoint").
 std::string resolve_checkpoint_dir(const std::string& dir);
 
-// A checkpoint's index.json, verified against COMPLETE.
+// Limits on what a checkpoint may hold (Note [Reading files], Note [Checkpoint index checks]).
+inline constexpr uint64_t kMaxMarkerBytes = 32 << 20;  // COMPLETE: ~100 bytes per rank
+inline constexpr uint64_t kMaxIndexBytes = 256 << 20;  // index.json: ~30 bytes per param per rank
+inline constexpr int kMaxWorldSize = 1 << 20;
+inline constexpr int64_t kMaxStep = int64_t{1} << 50;
+inline constexpr uint64_t kMaxFileBytes = uint64_t{1} << 62;
+inline constexpr int64_t kMaxDimSize = int64_t{1} << 48;
+
+// One param of index.json, checked (Note [Checkpoint index checks]).
+struct IndexTensor {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  int64_t rows = 1, cols = 1;  // dim 0 (1 for a scalar), and the product of the others
+  std::vector<std::pair<int64_t, int64_t>> ranks;  // each saved rank's global rows [begin, end)
+  int64_t optimizer_step = -1;                     // -1: not recorded
+};
+
+// A checkpoint's index.json, verified against COMPLETE, with its params checked.
 struct CheckpointIndex {
   std::string dir;
   CompleteMarker complete;
-  nlohmann::json index;
+  io::JsonDocument index;  // read its other fields through index.root() (Note [Checked JSON])
+  std::vector<IndexTensor> tensors;
+  std::vector<std::string> state_names;  // the optimizer's
 };
 CheckpointIndex open_checkpoint(const std::string& dir);
-
-// A safetensors file read by rows, into fp32, with every chunk read verified where the file
-// carries chunk CRCs (required when `require_crcs`).
-class RowReader {
- public:
-  RowReader(const std::string& path, bool require_crcs);
-  const io::SafetensorsFile& file() const { return *file_; }
-  // Rows [begin, end) of tensor `name` into dst ((end - begin) * cols floats); F32 or BF16.
-  void read_rows(const std::string& name, int64_t begin, int64_t end, float* dst) const;
-
- private:
-  std::unique_ptr<io::SafetensorsFile> file_;
-  std::map<std::string, std::vector<uint32_t>> crcs_;
-};
+// The same, parsed once for every rank thread of the process that resumes from it (Note
+// [Shared readers] in row_reader.h): index.json may be large (kMaxIndexBytes).
+std::shared_ptr<const CheckpointIndex> open_checkpoint_shared(const std::string& dir);
 
 // Hugging Face Llama names of a transformer param, stacked on dim 0 (wqkv: q, k, v rows; w13:
 // gate, up rows); `q_rows` is heads * head_dim, used for wqkv. Empty for names that are not

@@ -1,13 +1,17 @@
 #include "checkpoint/checkpoint_loader.h"
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
-#include <cstring>
+#include <span>
 #include <sstream>
 
+#include "checkpoint/row_reader.h"
 #include "fsdp/error.h"
+#include "io/checked_json.h"
 #include "io/file_io.h"
 
 namespace fsdp::checkpoint {
@@ -59,28 +63,38 @@ nlohmann::json run_config_json(const RunDescription& r) {
 }
 
 std::vector<std::string> check_compatible(const CheckpointIndex& ckpt, const nlohmann::json& run) {
-  const std::string where = join_path(ckpt.dir, kIndexFile);
-  FSDP_USER_CHECK(ckpt.index.contains("config") && ckpt.index["config"].is_object(), "'", where,
-                  "' has no run configuration");
-  const nlohmann::json& saved = ckpt.index["config"];
-  const nlohmann::json saved_model = saved.value("model", nlohmann::json::object());
-  for (const auto& [key, value] : run["model"].items())
-    FSDP_USER_CHECK(saved_model.value(key, nlohmann::json()) == value, "checkpoint '", ckpt.dir,
-                    "' is of another model shape: its ", key, " is ",
-                    saved_model.value(key, nlohmann::json()).dump(), ", this run's ", value.dump());
+  const io::JsonField saved = ckpt.index.root()["config"];
+  if (!saved.is_object()) saved.fail("must be an object (the run's configuration)");
+  // Note [Checked JSON]: what the checkpoint says, as text for a message, whatever it holds.
+  auto text = [](const nlohmann::json& v) { return io::printable(v.dump(), 200); };
+  auto saved_value = [&](const io::JsonField& object, const std::string& key) {
+    const std::optional<io::JsonField> f = object.find(key);
+    return f ? f->raw() : nlohmann::json();
+  };
+  const std::optional<io::JsonField> saved_model = saved.find("model");
+  if (saved_model && !saved_model->is_object()) saved_model->fail("must be an object");
+  for (const auto& [key, value] : run["model"].items()) {
+    const nlohmann::json before = saved_model ? saved_value(*saved_model, key) : nlohmann::json();
+    FSDP_USER_CHECK(before == value, "checkpoint '", ckpt.dir, "' is of another model shape: its ",
+                    key, " is ", text(before), ", this run's ", value.dump());
+  }
+  auto saved_string = [&](const char* key) {
+    const std::optional<io::JsonField> f = saved.find(key);
+    return f ? f->string(64) : std::string("?");
+  };
   for (const char* key : {"param_dtype", "reduce_dtype"})
-    FSDP_USER_CHECK(saved.value(key, "") == run[key].get<std::string>(), "checkpoint '", ckpt.dir,
-                    "' was saved with ", key, " ", saved.value(key, "?"), ", this run uses ",
-                    run[key].get<std::string>(), " (dtype mismatch)");
-  FSDP_USER_CHECK(saved.value("optimizer", "") == run["optimizer"].get<std::string>(),
-                  "checkpoint '", ckpt.dir, "' holds ", saved.value("optimizer", "?"),
+    FSDP_USER_CHECK(saved_string(key) == run[key].get<std::string>(), "checkpoint '", ckpt.dir,
+                    "' was saved with ", key, " ", io::printable(saved_string(key)),
+                    ", this run uses ", run[key].get<std::string>(), " (dtype mismatch)");
+  FSDP_USER_CHECK(saved_string("optimizer") == run["optimizer"].get<std::string>(), "checkpoint '",
+                  ckpt.dir, "' holds ", io::printable(saved_string("optimizer")),
                   " state, this run uses ", run["optimizer"].get<std::string>());
   std::vector<std::string> changes;  // Note [Resumed schedule and data]
   for (const char* key : {"lr_schedule", "data", "seed", "tokens_per_rank", "micro_batches"}) {
-    const nlohmann::json before = saved.value(key, nlohmann::json());
+    const nlohmann::json before = saved_value(saved, key);
     if (before != run[key])
       changes.push_back(detail::concat("resuming with another ", key, ": the checkpoint's ",
-                                       before.dump(), ", this run's ", run[key].dump()));
+                                       text(before), ", this run's ", run[key].dump()));
   }
   return changes;
 }
@@ -88,56 +102,29 @@ std::vector<std::string> check_compatible(const CheckpointIndex& ckpt, const nlo
 nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& state,
                                Device* device, Stream stream) {
   const std::string index_path = join_path(ckpt.dir, kIndexFile);
-  const nlohmann::json& index = ckpt.index;
-  const int saved_world = ckpt.complete.world;
-  std::map<std::string, const nlohmann::json*> entries;
-  for (const nlohmann::json& e : index.at("tensors")) entries[e.at("name").get<std::string>()] = &e;
+  std::map<std::string, const IndexTensor*> entries;
+  for (const IndexTensor& e : ckpt.tensors) entries[e.name] = &e;
   FSDP_USER_CHECK(entries.size() == state.tensors.size(), "checkpoint '", ckpt.dir, "' holds ",
-             entries.size(), " params, this model has ", state.tensors.size(),
-             " (another model shape)");
+                  entries.size(), " params, this model has ", state.tensors.size(),
+                  " (another model shape)");
   if (state.optimizer)
-    FSDP_USER_CHECK(index.value("state_names", nlohmann::json::array()) == state.state_names,
-               "'", index_path, "' holds optimizer state ",
-               index.value("state_names", nlohmann::json::array()).dump(), ", this run needs ",
-               nlohmann::json(state.state_names).dump());
+    FSDP_USER_CHECK(ckpt.state_names == state.state_names, "'", index_path,
+                    "' holds optimizer state ", io::printable(nlohmann::json(ckpt.state_names).dump(), 200),
+                    ", this run needs ", nlohmann::json(state.state_names).dump());
 
-  std::map<int, std::unique_ptr<RowReader>> readers;  // opened on first use
-  auto reader = [&](int rank) -> const RowReader& {
-    auto& r = readers[rank];
-    if (!r) {
-      const std::string name = rank_file_name(rank);
-      const std::string path = join_path(ckpt.dir, name);
-      auto rec = ckpt.complete.files.find(name);
-      FSDP_USER_CHECK(rec != ckpt.complete.files.end(), "'", join_path(ckpt.dir, kCompleteFile),
-                 "' does not list '", name, "'");
-      FSDP_USER_CHECK(io::path_exists(path), "checkpoint rank file '", path, "' is missing");
-      r = std::make_unique<RowReader>(path, /*require_crcs=*/true);
-      FSDP_USER_CHECK(r->file().file_bytes() == rec->second.bytes, "'", path, "' holds ",
-                 r->file().file_bytes(), " bytes, COMPLETE says ", rec->second.bytes,
-                 " (truncated or changed)");
-      FSDP_USER_CHECK(r->file().header_bytes() == rec->second.crc_bytes &&
-                     r->file().header_crc() == rec->second.crc,
-                 "'", path, "' is corrupt: header checksum mismatch");
-    }
-    return *r;
-  };
-
+  RankFiles files(ckpt);
   std::vector<float> host;
   std::optional<int64_t> optimizer_steps;
   for (const ShardView& v : state.tensors) {
     auto it = entries.find(v.fqn);
     FSDP_USER_CHECK(it != entries.end(), "checkpoint '", ckpt.dir, "' has no param '", v.fqn,
-               "' (another model shape)");
-    const nlohmann::json& e = *it->second;
-    const auto shape = e.at("shape").get<std::vector<int64_t>>();
-    FSDP_USER_CHECK(shape == v.shape, "checkpoint '", ckpt.dir, "' holds '", v.fqn, "' of shape ",
-               shape_text(shape), ", this model's is ", shape_text(v.shape),
-               " (another model shape)");
-    FSDP_USER_CHECK(e.value("dtype", "") == "F32", "'", index_path, "': '", v.fqn, "' has dtype ",
-               e.value("dtype", "?"), ", expected F32 (dtype mismatch)");
-    const auto ranges = e.at("ranks").get<std::vector<std::vector<int64_t>>>();
-    FSDP_USER_CHECK(static_cast<int>(ranges.size()) == saved_world, "'", index_path, "': '", v.fqn,
-               "' lists ", ranges.size(), " ranks, the checkpoint has ", saved_world);
+                    "' (another model shape)");
+    const IndexTensor& e = *it->second;
+    FSDP_USER_CHECK(e.shape == v.shape, "checkpoint '", ckpt.dir, "' holds '", v.fqn, "' of shape ",
+                    shape_text(e.shape), ", this model's is ", shape_text(v.shape),
+                    " (another model shape)");
+    FSDP_USER_CHECK(e.dtype == "F32", "'", index_path, "': '", v.fqn, "' has dtype ",
+                    io::printable(e.dtype), ", expected F32 (dtype mismatch)");
     std::vector<std::string> names{v.fqn};
     std::vector<float*> dsts{v.param};
     if (state.optimizer)
@@ -147,18 +134,22 @@ nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& 
       }
     for (size_t k = 0; k < names.size(); ++k) {
       host.assign(static_cast<size_t>(v.rows.rows() * v.cols), 0.0f);
-      for (int r = 0; r < saved_world; ++r) {
-        const int64_t b = std::max(ranges[r].at(0), v.rows.begin);
-        const int64_t end = std::min(ranges[r].at(1), v.rows.end);
+      for (int r = 0; r < static_cast<int>(e.ranks.size()); ++r) {
+        // Note [Checkpoint index checks]: the ranks' ranges tile the rows, so every row of
+        // this rank's shard is read from exactly one file.
+        const auto [rb, re] = e.ranks[r];
+        const int64_t b = std::max(rb, v.rows.begin), end = std::min(re, v.rows.end);
         if (b >= end) continue;
-        reader(r).read_rows(names[k], b - ranges[r][0], end - ranges[r][0],
-                            host.data() + (b - v.rows.begin) * v.cols);
+        files.at(r).read_rows(names[k], re - rb, v.cols, b - rb, end - rb,
+                              std::span<float>(host).subspan(
+                                  static_cast<size_t>((b - v.rows.begin) * v.cols),
+                                  static_cast<size_t>((end - b) * v.cols)));
       }
       upload(device, stream, dsts[k], host);
     }
     if (state.optimizer) {
       // One count for the whole optimizer (its tensors step together); every param records it.
-      const int64_t steps = e.value("optimizer_step", int64_t{-1});
+      const int64_t steps = e.optimizer_step;
       FSDP_USER_CHECK(steps >= 0 && (!optimizer_steps || *optimizer_steps == steps), "'",
                       index_path, "': '", v.fqn, "' has optimizer step ", steps,
                       optimizer_steps ? ", other params " + std::to_string(*optimizer_steps) : "",
@@ -168,52 +159,55 @@ nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& 
   }
   if (optimizer_steps) state.optimizer->set_step_count(*optimizer_steps);
   if (device) device->synchronize_stream(stream);
-  return index.value("train_state", nlohmann::json::object());
+  const std::optional<io::JsonField> ts = ckpt.index.root().find("train_state");
+  return ts ? ts->raw() : nlohmann::json::object();
 }
 
-void load_full_weights(const std::string& path, const ShardedState& state, Device& device,
+void load_full_weights(const std::string& path, const ShardedState& state, Device* device,
                        Stream stream) {
-  const RowReader reader(path, /*require_crcs=*/false);
+  const std::shared_ptr<const RowReader> shared = RowReader::open(path);
+  const RowReader& reader = *shared;
   const io::SafetensorsFile& f = reader.file();
   const bool llama = f.find("model.embed_tokens.weight") || f.find("lm_head.weight");
   std::set<std::string> used;
   std::vector<float> host;
   for (const ShardView& v : state.tensors) {
-    std::vector<RowPiece> pieces{{v.fqn, v.shape.empty() ? 1 : v.shape[0]}};
+    const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
+    std::vector<RowPiece> pieces{{v.fqn, rows}};
     if (llama) {
-      const int64_t rows = pieces[0].rows;
       const io::TensorEntry* q = nullptr;
       if (!wo_of_wqkv(v.fqn).empty()) {
         const auto probe = llama_pieces(v.fqn, rows, 0);
         q = f.find(probe.at(0).name);
       }
-      pieces = llama_pieces(v.fqn, rows, q ? q->rows() : 0);
+      // q_proj's rows decide how wqkv splits; rows outside [0, rows] split it into pieces
+      // that cannot hold it, refused below as another shape.
+      const int64_t q_rows = q ? std::clamp<int64_t>(q->rows(), 0, rows) : 0;
+      pieces = llama_pieces(v.fqn, rows, q_rows);
       FSDP_USER_CHECK(!pieces.empty(), "'", path, "' uses Hugging Face Llama names, which have none "
-                 "for this model's param '", v.fqn, "'");
+                      "for this model's param '", v.fqn, "'");
     }
     int64_t at = 0;  // global row of the stacked pieces
     host.assign(static_cast<size_t>(v.rows.rows() * v.cols), 0.0f);
     for (const RowPiece& p : pieces) {
-      const io::TensorEntry* t = f.find(p.name);
-      FSDP_USER_CHECK(t, "'", path, "' has no tensor '", p.name, "' (another model?)");
-      FSDP_USER_CHECK(t->rows() == p.rows && t->rows() * v.cols == t->numel(), "'", path,
-                 "': tensor '", p.name, "' has shape ", shape_text(t->shape),
-                 ", this model needs ", p.rows, " rows of ", v.cols, " (another model shape)");
+      FSDP_USER_CHECK(f.find(p.name), "'", path, "' has no tensor '", p.name, "' (another model?)");
+      reader.expect(p.name, p.rows, v.cols);
       used.insert(p.name);
       const int64_t b = std::max(at, v.rows.begin), e = std::min(at + p.rows, v.rows.end);
       if (b < e)
-        reader.read_rows(p.name, b - at, e - at, host.data() + (b - v.rows.begin) * v.cols);
+        reader.read_rows(p.name, p.rows, v.cols, b - at, e - at,
+                         std::span<float>(host).subspan(static_cast<size_t>((b - v.rows.begin) * v.cols),
+                                                        static_cast<size_t>((e - b) * v.cols)));
       at += p.rows;
     }
-    FSDP_USER_CHECK(at == (v.shape.empty() ? 1 : v.shape[0]), "'", path, "': the tensors of '",
-               v.fqn, "' hold ", at, " rows, this model's have ", v.shape.at(0),
-               " (another model shape)");
-    upload(&device, stream, v.param, host);
+    FSDP_USER_CHECK(at == rows, "'", path, "': the tensors of '", v.fqn, "' hold ", at,
+                    " rows, this model's have ", rows, " (another model shape)");
+    upload(device, stream, v.param, host);
   }
   for (const io::TensorEntry& t : f.tensors())
-    FSDP_USER_CHECK(used.count(t.name), "'", path, "' holds tensor '", t.name,
-               "' that this model does not have (another model shape)");
-  device.synchronize_stream(stream);
+    FSDP_USER_CHECK(used.count(t.name), "'", path, "' holds tensor '", io::printable(t.name),
+                    "' that this model does not have (another model shape)");
+  if (device) device->synchronize_stream(stream);
 }
 
 }  // namespace fsdp::checkpoint

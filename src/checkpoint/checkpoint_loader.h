@@ -40,8 +40,9 @@ std::vector<std::string> check_compatible(const CheckpointIndex& ckpt, const nlo
 nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& state,
                                Device* device, Stream stream);
 
-// Loads params from full weights, fqn or Hugging Face Llama names.
-void load_full_weights(const std::string& path, const ShardedState& state, Device& device,
+// Loads params from full weights, fqn or Hugging Face Llama names. With no device, the views'
+// pointers are host memory.
+void load_full_weights(const std::string& path, const ShardedState& state, Device* device,
                        Stream stream);
 
 }  // namespace fsdp::checkpoint

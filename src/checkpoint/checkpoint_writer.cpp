@@ -46,7 +46,7 @@ void CheckpointWriter::start(SaveJob job) {
       error_ = std::current_exception();
       // Rank 0 waits for this rank's file; tell it not to (an empty file needs no free space).
       const int fd = ::open(failed_marker(join_path(save_dir_, step_dir_name(job.step)), rank_).c_str(),
-                            O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+                            O_WRONLY | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
       if (fd >= 0) ::close(fd);
     }
   });
@@ -131,7 +131,8 @@ void CheckpointWriter::write_complete(const std::string& dir, int64_t step) {
   CompleteMarker m;
   m.step = step;
   m.world = world_;
-  const std::string index_text = io::read_whole_file(join_path(dir, kIndexFile));
+  const std::string index_text =
+      io::read_bounded_file(join_path(dir, kIndexFile), kMaxIndexBytes, "a checkpoint's index.json");
   m.files[kIndexFile] = {index_text.size(), index_text.size(),
                          io::crc32_of(index_text.data(), index_text.size())};
   for (int r = 0; r < world_; ++r) {

@@ -1,9 +1,11 @@
 #include "checkpoint/full_weights.h"
 
+#include <cstdlib>
 #include <map>
 
 #include "checkpoint/checkpoint_format.h"
 #include "checkpoint/checkpoint_loader.h"
+#include "checkpoint/row_reader.h"
 #include "checkpoint/sharded_state.h"
 #include "fsdp/error.h"
 #include "io/file_io.h"
@@ -34,6 +36,15 @@ void write_full_weights(const std::string& path, const std::vector<FullTensor>& 
       }
       pieces = llama_pieces(t.fqn, rows, q_rows);
       FSDP_USER_CHECK(!pieces.empty(), "no Hugging Face Llama name for transformer param '", t.fqn, "'");
+      // The shapes come from a checkpoint's index: pieces that do not split the rows exactly
+      // (wo's columns past wqkv's rows, an odd w13) are refused, never read past.
+      int64_t split = 0;
+      for (const RowPiece& p : pieces) {
+        FSDP_USER_CHECK(p.rows >= 0, "cannot split '", t.fqn, "' of ", rows, " rows into ", p.name);
+        split += p.rows;
+      }
+      FSDP_USER_CHECK(split == rows, "cannot split '", t.fqn, "' of ", rows,
+                      " rows into Hugging Face Llama tensors of ", split, " rows in all");
     }
     int64_t at = 0;
     for (const RowPiece& p : pieces) {
@@ -57,25 +68,53 @@ void write_full_weights(const std::string& path, const std::vector<FullTensor>& 
 
 }  // namespace fsdp
 
+namespace {
+// MemAvailable of /proc/meminfo, in bytes; 0 when unknown.
+int64_t available_memory_bytes() {
+  std::string text;
+  try {
+    text = fsdp::io::read_bounded_file("/proc/meminfo", 1 << 20, "/proc/meminfo");
+  } catch (const fsdp::Error&) {
+    return 0;
+  }
+  const size_t at = text.find("MemAvailable:");
+  return at == std::string::npos ? 0 : std::atoll(text.c_str() + at + 13) * 1024;
+}
+}  // namespace
+
 void fsdp::export_checkpoint(const std::string& checkpoint_dir, const std::string& out_path,
                              DType dtype) {
   using namespace fsdp::checkpoint;
   const CheckpointIndex ckpt = open_checkpoint(resolve_checkpoint_dir(checkpoint_dir));
+  // Note [Checkpoint index checks]: before anything is allocated, every rank file must hold
+  // its range's rows of each param, of the param's row width; so what is allocated below is
+  // what the files hold, whatever index.json says.
+  RankFiles files(ckpt);
+  for (const IndexTensor& e : ckpt.tensors)
+    for (int r = 0; r < static_cast<int>(e.ranks.size()); ++r)
+      if (e.ranks[r].first < e.ranks[r].second)
+        files.at(r).expect(e.name, e.ranks[r].second - e.ranks[r].first, e.cols);
+  // Every tensor whole, in fp32, in memory at once (and a bf16 copy for --dtype bf16): what a
+  // machine cannot hold is refused now, not met as an allocation failure later.
+  double need = 0;
+  for (const IndexTensor& e : ckpt.tensors) need += static_cast<double>(e.rows * e.cols) * 6;
+  const double available = static_cast<double>(available_memory_bytes());
+  FSDP_USER_CHECK(available <= 0 || need <= 0.9 * available, "exporting '", ckpt.dir,
+                  "' needs about ", io::size_text(static_cast<uint64_t>(need)),
+                  " of memory (every param whole), more than the ",
+                  io::size_text(static_cast<uint64_t>(available)), " this machine has available");
   // Every tensor whole: one "rank" that holds all rows, loaded from every saved rank's file.
   std::vector<std::vector<float>> values;
   std::vector<FullTensor> tensors;
-  const nlohmann::json& list = ckpt.index.at("tensors");
-  values.reserve(list.size());
+  values.reserve(ckpt.tensors.size());
   ShardedState whole;
-  for (const nlohmann::json& e : list) {
+  for (const IndexTensor& e : ckpt.tensors) {
     ShardView v;
-    v.fqn = e.at("name").get<std::string>();
-    v.shape = e.at("shape").get<std::vector<int64_t>>();
-    const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
-    v.cols = 1;
-    for (size_t d = 1; d < v.shape.size(); ++d) v.cols *= v.shape[d];
-    v.rows = {0, rows};
-    values.emplace_back(static_cast<size_t>(rows * v.cols));
+    v.fqn = e.name;
+    v.shape = e.shape;
+    v.cols = e.cols;
+    v.rows = {0, e.rows};
+    values.emplace_back(static_cast<size_t>(e.rows * e.cols));
     v.param = values.back().data();
     whole.tensors.push_back(v);
     tensors.push_back({v.fqn, v.shape, values.back().data()});

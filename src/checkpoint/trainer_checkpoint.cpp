@@ -31,12 +31,7 @@ TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const Run
                                      optim::Optimizer& optimizer, const ExpertLayout& experts)
     : options_(options), run_(run), run_json_(run_config_json(run)), device_(device),
       stream_(stream), root_(root), state_(collect_sharded_state(root, &optimizer, experts)) {
-  FSDP_USER_CHECK(options_.save_every >= 0, "--save-every must be >= 0, got ", options_.save_every);
-  FSDP_USER_CHECK(options_.keep_last >= 0, "--keep-last must be >= 0, got ", options_.keep_last);
-  FSDP_USER_CHECK(options_.resume.empty() || options_.init_from.empty(),
-             "--resume and --init-from cannot be used together");
-  FSDP_USER_CHECK(!options_.save_dir.empty() || (options_.save_every == 0 && options_.keep_last == 0),
-             "--save-every and --keep-last need --save-dir");
+  // The options were checked with the rest of the config (runtime::check_train_config).
   // HSDP: one replica's shards are the whole state; the others save nothing.
   if (!options_.save_dir.empty() && state_.replica == 0)
     writer_ = std::make_unique<CheckpointWriter>(options_.save_dir, state_.rank, state_.world,
@@ -63,10 +58,10 @@ int TrainerCheckpoint::start(int total_steps) {
   // Note [Optimizer in forward]: no deferred update may land on the loaded shards later.
   root_.apply_pending_shard_updates(stream_);
   int64_t start_step = 0;
-  std::optional<CheckpointIndex> ckpt;
+  std::shared_ptr<const CheckpointIndex> ckpt;
   std::vector<std::string> changes;  // Note [Resumed schedule and data]
   if (!options_.resume.empty()) {
-    ckpt = open_checkpoint(resolve_checkpoint_dir(options_.resume));
+    ckpt = open_checkpoint_shared(resolve_checkpoint_dir(options_.resume));
     changes = check_compatible(*ckpt, run_json_);
     start_step = ckpt->complete.step;
     FSDP_USER_CHECK(start_step < total_steps, "checkpoint '", ckpt->dir, "' is at step ", start_step,
@@ -75,7 +70,7 @@ int TrainerCheckpoint::start(int total_steps) {
   if (!options_.save_dir.empty()) check_save_dir(start_step);
   if (ckpt) resumed_state_ = load_checkpoint(*ckpt, state_, &device_, stream_);
   if (options_.verbose && lead_) changes_ = std::move(changes);
-  if (!options_.init_from.empty()) load_full_weights(options_.init_from, state_, device_, stream_);
+  if (!options_.init_from.empty()) load_full_weights(options_.init_from, state_, &device_, stream_);
   if (writer_) {
     // The host copy of the shards, touched now: the first save's stall is then the copy alone,
     // not the page faults of a fresh buffer.

@@ -30,26 +30,16 @@ std::vector<uint32_t> epoch_permutation(uint64_t seed, int64_t epoch, int64_t n)
   return perm;
 }
 
-namespace {
-
-template <typename T>
-void copy_tokens(const T* src, int64_t seq_len, int32_t* inputs, int32_t* labels) {
-  for (int64_t t = 0; t < seq_len; ++t) {  // ids < vocab <= 2^31 (checked at open): fit int32
-    inputs[t] = static_cast<int32_t>(src[t]);
-    labels[t] = static_cast<int32_t>(src[t + 1]);
-  }
-}
-
-}  // namespace
-
 void copy_window(const TokenFile& file, int64_t window, int64_t seq_len, int32_t* inputs,
                  int32_t* labels) {
   FSDP_CHECK(window >= 0 && (window + 1) * seq_len < file.size(), "window ", window, " of ",
              seq_len, " + 1 tokens is outside ", file.path(), "'s ", file.size());
-  if (file.dtype() == TokenDtype::kUint16)
-    copy_tokens(file.tokens().data() + window * seq_len, seq_len, inputs, labels);
-  else
-    copy_tokens(file.tokens32().data() + window * seq_len, seq_len, inputs, labels);
+  std::vector<uint32_t> src(static_cast<size_t>(seq_len + 1));
+  file.read(window * seq_len, seq_len + 1, src.data());
+  for (int64_t t = 0; t < seq_len; ++t) {  // ids < vocab <= 2^31 (checked on every read): fit int32
+    inputs[t] = static_cast<int32_t>(src[t]);
+    labels[t] = static_cast<int32_t>(src[t + 1]);
+  }
 }
 
 namespace {

@@ -1,29 +1,18 @@
-// llm.c token files, both layouts: the writer and the validated, memory-mapped reader
-// (include/fsdp/data.h).
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
+// llm.c token files, both layouts: the writer and the validated reader (include/fsdp/data.h).
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <limits>
+#include <memory>
 
 #include "fsdp/data.h"
 #include "fsdp/error.h"
+#include "io/file_io.h"
 
 namespace fsdp::data {
 
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
-
-int64_t token_bytes(TokenDtype dtype) {
-  return dtype == TokenDtype::kUint16 ? 2 : 4;
-}
+int64_t token_bytes(TokenDtype dtype) { return dtype == TokenDtype::kUint16 ? 2 : 4; }
 
 void write_raw(const std::string& path, TokenDtype dtype, const void* tokens, size_t count) {
   FSDP_CHECK(count <= static_cast<size_t>(std::numeric_limits<int32_t>::max()), path, ": ", count,
@@ -32,23 +21,10 @@ void write_raw(const std::string& path, TokenDtype dtype, const void* tokens, si
   header[0] = dtype == TokenDtype::kUint16 ? kTokenFileMagic : kTokenFile32Magic;
   header[1] = dtype == TokenDtype::kUint16 ? kTokenFileVersion : kTokenFile32Version;
   header[2] = static_cast<int32_t>(count);
-  const size_t width = static_cast<size_t>(token_bytes(dtype));
-  const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
-  const bool ok = std::fwrite(header.data(), sizeof(int32_t), header.size(), f) == header.size() &&
-                  (count == 0 ||  // fwrite's buffer must not be null, even for 0 items
-                   std::fwrite(tokens, width, count, f) == count);
-  const int saved_errno = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    std::remove(tmp.c_str());
-    errno = ok ? errno : saved_errno;
-    FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    FSDP_USER_FAIL("cannot write ", path, ": ", errno_text());
-  }
+  io::AtomicFile f(path);  // Note [Atomic files], Note [Output paths]
+  f.write(header.data(), header.size() * sizeof(int32_t));
+  if (count > 0) f.write(tokens, count * static_cast<size_t>(token_bytes(dtype)));
+  f.commit();
 }
 
 // Independent lanes so the loop vectorizes without -ffast-math (max is exact anyway).
@@ -67,19 +43,25 @@ T lane_max(std::span<const T> tokens) {
 // The first token >= vocab, for the message; -1 when none.
 template <typename T>
 int64_t first_out_of_range(std::span<const T> tokens, int64_t vocab) {
-  if (static_cast<int64_t>(lane_max(tokens)) < vocab) return -1;
+  if (tokens.empty() || static_cast<int64_t>(lane_max(tokens)) < vocab) return -1;
   const auto bad = std::find_if(tokens.begin(), tokens.end(),
                                 [&](T t) { return static_cast<int64_t>(t) >= vocab; });
   return bad - tokens.begin();
 }
 
-// Closes the descriptor on every way out of the constructor's checks.
-struct Fd {
-  int fd;
-  ~Fd() {
-    if (fd >= 0) ::close(fd);
-  }
-};
+// Tokens [first, first + count) of a file of T, range checked; `changed` says the check is
+// of a read after the open's (the file was rewritten in place).
+template <typename T>
+void read_checked(const io::ReadFile& file, int64_t first, int64_t count, int64_t vocab, T* out,
+                  bool changed) {
+  file.read_at(out, static_cast<uint64_t>(count) * sizeof(T),
+               static_cast<uint64_t>(kTokenFileHeaderBytes + static_cast<int64_t>(sizeof(T)) * first));
+  const int64_t bad = first_out_of_range(std::span<const T>(out, static_cast<size_t>(count)), vocab);
+  if (bad >= 0)
+    FSDP_USER_FAIL(file.path(), ": token ", out[bad], " at position ", first + bad,
+                   " is >= the vocabulary size ", vocab,
+                   changed ? " (the file changed after it was opened)" : "");
+}
 
 }  // namespace
 
@@ -103,35 +85,27 @@ void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
   write_raw(path, dtype, narrow.data(), narrow.size());
 }
 
-uint16_t max_token(std::span<const uint16_t> tokens) {
-  return lane_max(tokens);
-}
-uint32_t max_token(std::span<const uint32_t> tokens) {
-  return lane_max(tokens);
-}
+uint16_t max_token(std::span<const uint16_t> tokens) { return lane_max(tokens); }
+uint32_t max_token(std::span<const uint32_t> tokens) { return lane_max(tokens); }
+
+struct TokenFile::Handle {
+  explicit Handle(const std::string& path) : file(path) {}
+  io::ReadFile file;
+};
 
 TokenFile::TokenFile(const std::string& path, int64_t vocab, int64_t min_tokens,
                      const std::string& purpose)
     : path_(path), vocab_(vocab) {
-  FSDP_CHECK(vocab >= 1 && vocab <= kMaxVocab, "vocab ", vocab,
-             " is out of range for token files (1..", kMaxVocab, ")");
-  // The kind of file first: opening a FIFO or a device could block or read forever.
-  struct stat st{};
-  if (::stat(path.c_str(), &st) != 0) FSDP_USER_FAIL(path, ": cannot open: ", errno_text());
-  if (!S_ISREG(st.st_mode)) FSDP_USER_FAIL(path, ": not a regular file, so not a token file");
-  const Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
-  if (file.fd < 0) FSDP_USER_FAIL(path, ": cannot open: ", errno_text());
-  if (::fstat(file.fd, &st) != 0) FSDP_USER_FAIL(path, ": cannot stat: ", errno_text());
-  if (!S_ISREG(st.st_mode)) FSDP_USER_FAIL(path, ": not a regular file, so not a token file");
-  const int64_t file_bytes = st.st_size;
+  FSDP_USER_CHECK(vocab >= 1 && vocab <= kMaxVocab, path, ": a vocabulary of ", vocab,
+                  " is outside what a token file holds (1..", kMaxVocab, ")");
+  handle_ = std::make_unique<Handle>(path);  // Note [Reading files]: a regular file, or an error
+  const int64_t file_bytes = static_cast<int64_t>(handle_->file.bytes());
   if (file_bytes < kTokenFileHeaderBytes)
     FSDP_USER_FAIL(path, ": truncated: ", file_bytes, " bytes, shorter than the ",
                    kTokenFileHeaderBytes, "-byte header of a token file");
-
-  // The header, read and checked against the file's size before anything is mapped.
+  // The header, checked against the file's size before any token is read.
   int32_t header[3];
-  if (::pread(file.fd, header, sizeof header, 0) != static_cast<ssize_t>(sizeof header))
-    FSDP_USER_FAIL(path, ": cannot read the header: ", errno_text());
+  handle_->file.read_at(header, sizeof header, 0);
   if (header[0] == kTokenFileMagic) {
     dtype_ = TokenDtype::kUint16;
     if (header[1] != kTokenFileVersion)
@@ -154,43 +128,45 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab, int64_t min_tokens,
     FSDP_USER_FAIL(path, ": ", expected > file_bytes ? "truncated" : "corrupt",
                    ": the header says ", count, " ", token_dtype_name(dtype_), " tokens (",
                    expected, " bytes) but the file has ", file_bytes, " bytes");
-  if (count < min_tokens)
-    FSDP_USER_FAIL(path, ": ", count, " tokens, fewer than the ", min_tokens, " that ",
-                   purpose.empty() ? "this use" : purpose, " needs");
-
-  void* map = ::mmap(nullptr, static_cast<size_t>(file_bytes), PROT_READ, MAP_SHARED, file.fd, 0);
-  if (map == MAP_FAILED) FSDP_USER_FAIL(path, ": cannot map: ", errno_text());
-  map_ = map;  // the mapping keeps the file open once the descriptor closes
-  map_bytes_ = static_cast<size_t>(file_bytes);
   count_ = count;
-  tokens_ = static_cast<const char*>(map) + kTokenFileHeaderBytes;
-  // Note [Token range check]: one vectorized max over the file at open (memory bandwidth:
-  // ~0.1 s for 1e8 tokens), and a second, scalar pass only to name the first bad position.
-  ::madvise(map_, map_bytes_, MADV_SEQUENTIAL);
-  const int64_t bad = dtype_ == TokenDtype::kUint16 ? first_out_of_range(tokens(), vocab_)
-                                                    : first_out_of_range(tokens32(), vocab_);
-  if (bad >= 0) {
-    const uint32_t t = token(bad);
-    ::munmap(map_, map_bytes_);  // the destructor does not run on a throw
-    map_ = nullptr;
-    FSDP_USER_FAIL(path, ": token ", t, " at position ", bad, " is >= the vocabulary size ",
-                   vocab_);
+  if (count_ < min_tokens)
+    FSDP_USER_FAIL(path, ": ", count_, " tokens, fewer than the ", min_tokens, " that ",
+                   purpose.empty() ? "this use" : purpose, " needs");
+  // Note [Token range check]: one vectorized max per 1 MiB read at open (memory bandwidth),
+  // and a scalar pass only to name the first bad position.
+  std::vector<uint32_t> chunk(size_t{1} << 18);  // 1 MiB, of either layout
+  const int64_t per_chunk = (int64_t{1} << 20) / token_bytes(dtype_);
+  for (int64_t at = 0; at < count_; at += per_chunk) {
+    const int64_t n = std::min(per_chunk, count_ - at);
+    if (dtype_ == TokenDtype::kUint16)
+      read_checked(handle_->file, at, n, vocab_, reinterpret_cast<uint16_t*>(chunk.data()), false);
+    else
+      read_checked(handle_->file, at, n, vocab_, chunk.data(), false);
   }
-  ::madvise(map_, map_bytes_, MADV_RANDOM);  // training reads windows in random order
 }
 
-std::span<const uint16_t> TokenFile::tokens() const {
-  FSDP_CHECK(dtype_ == TokenDtype::kUint16, path_, " holds uint32 tokens, not uint16");
-  return {static_cast<const uint16_t*>(tokens_), static_cast<size_t>(count_)};
+TokenFile::~TokenFile() = default;
+
+void TokenFile::read(int64_t first, int64_t count, uint32_t* out) const {
+  FSDP_CHECK(first >= 0 && count >= 0 && first <= count_ && count <= count_ - first, "tokens [",
+             first, ", ", first + count, ") of the ", count_, " in ", path_);
+  if (dtype_ == TokenDtype::kUint32) return read_checked(handle_->file, first, count, vocab_, out, true);
+  // uint16: read as they are, then widened.
+  std::vector<uint16_t> narrow(static_cast<size_t>(count));
+  read_checked(handle_->file, first, count, vocab_, narrow.data(), true);
+  std::copy(narrow.begin(), narrow.end(), out);
 }
 
-std::span<const uint32_t> TokenFile::tokens32() const {
-  FSDP_CHECK(dtype_ == TokenDtype::kUint32, path_, " holds uint16 tokens, not uint32");
-  return {static_cast<const uint32_t*>(tokens_), static_cast<size_t>(count_)};
+std::vector<uint32_t> TokenFile::read_all() const {
+  std::vector<uint32_t> out(static_cast<size_t>(count_));
+  read(0, count_, out.data());
+  return out;
 }
 
-TokenFile::~TokenFile() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+uint32_t TokenFile::token(int64_t i) const {
+  uint32_t t = 0;
+  read(i, 1, &t);
+  return t;
 }
 
 }  // namespace fsdp::data

@@ -1,24 +1,24 @@
 #include "io/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
+#include <atomic>
+#include <cstdint>
 
 #include <nlohmann/json.hpp>
 
 #include "fsdp/error.h"
+#include "io/checked_json.h"
 #include "io/file_io.h"
 
 namespace fsdp::io {
 
 namespace {
 
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // as the reference implementation
 thread_local uint64_t bytes_read = 0;
+std::atomic<uint64_t> headers_parsed{0};
+
+constexpr size_t kMaxTensors = 1 << 20;
+constexpr size_t kMaxDims = 16;
 
 uint64_t read_le64(const unsigned char* p) {
   uint64_t v = 0;
@@ -26,23 +26,15 @@ uint64_t read_le64(const unsigned char* p) {
   return v;
 }
 
-void pread_all(int fd, const std::string& path, void* dst, uint64_t bytes, uint64_t offset) {
+void counted_read(const ReadFile& f, void* dst, uint64_t bytes, uint64_t offset) {
   bytes_read += bytes;
-  char* out = static_cast<char*>(dst);
-  while (bytes > 0) {
-    const ssize_t n = ::pread(fd, out, bytes, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    FSDP_USER_CHECK(n > 0, "cannot read '", path, "' at byte ", offset, ": ",
-               n < 0 ? std::strerror(errno) : "the file ends early (truncated?)");
-    out += n;
-    bytes -= static_cast<uint64_t>(n);
-    offset += static_cast<uint64_t>(n);
-  }
+  f.read_at(dst, bytes, offset);
 }
 
 }  // namespace
 
 uint64_t thread_bytes_read() { return bytes_read; }
+uint64_t safetensors_headers_parsed() { return headers_parsed.load(); }
 
 size_t safetensors_dtype_size(const std::string& d) {
   if (d == "F64" || d == "I64" || d == "U64") return 8;
@@ -58,80 +50,68 @@ int64_t TensorEntry::numel() const {
   return n;
 }
 
+int64_t TensorEntry::cols() const {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
 uint64_t TensorEntry::row_bytes() const {
   const int64_t r = rows();
   return r == 0 ? 0 : (end - begin) / static_cast<uint64_t>(r);
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  FSDP_USER_CHECK(fd_ >= 0, "cannot open '", path, "': ", std::strerror(errno));
-  struct stat st;
-  FSDP_USER_CHECK(::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode), "'", path, "' is not a regular file");
-  file_bytes_ = static_cast<uint64_t>(st.st_size);
+SafetensorsFile::SafetensorsFile(const std::string& path) : file_(path) {
+  file_bytes_ = file_.bytes();
   FSDP_USER_CHECK(file_bytes_ >= 8, "'", path, "' is not a safetensors file: ", file_bytes_,
-             " bytes, shorter than the 8-byte header size");
+                  " bytes, shorter than the 8-byte header size");
   unsigned char prefix[8];
-  pread_all(fd_, path, prefix, 8, 0);
+  counted_read(file_, prefix, 8, 0);
   const uint64_t n = read_le64(prefix);
-  FSDP_USER_CHECK(n <= kMaxHeaderBytes && n <= file_bytes_ - 8, "'", path,
-             "' is not a valid safetensors file: its header size ", n,
-             " does not fit in the file's ", file_bytes_, " bytes (truncated or not safetensors)");
+  FSDP_USER_CHECK(n <= file_bytes_ - 8, "'", path,
+                  "' is not a valid safetensors file: its header size ", n,
+                  " does not fit in the file's ", file_bytes_, " bytes (truncated or not safetensors)");
+  FSDP_USER_CHECK(n <= kMaxHeaderBytes, "'", path, "' has a safetensors header of ", size_text(n),
+                  ", more than the ", size_text(kMaxHeaderBytes), " this reader takes");
   std::string header(n, '\0');
-  pread_all(fd_, path, header.data(), n, 8);
+  counted_read(file_, header.data(), n, 8);
+  headers_parsed++;
   data_start_ = 8 + n;
   header_crc_ = crc32_of(header.data(), header.size(), crc32_of(prefix, 8));
   const uint64_t data_bytes = file_bytes_ - data_start_;
 
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(header);
-  } catch (const nlohmann::json::exception&) {
-    FSDP_USER_FAIL("'", path, "' has a corrupt safetensors header: not valid JSON");
-  }
-  FSDP_USER_CHECK(j.is_object(), "'", path, "' has a corrupt safetensors header: not a JSON object");
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    const std::string& name = it.key();
-    const nlohmann::json& v = it.value();
+  const JsonDocument doc = parse_json(header, path);
+  const JsonField root = doc.root();
+  if (!root.is_object()) root.fail("of the safetensors header must be an object");
+  for (const auto& [name, v] : root.members(kMaxTensors)) {
     if (name == "__metadata__") {
-      FSDP_USER_CHECK(v.is_object(), "'", path, "': __metadata__ is not an object");
-      for (auto m = v.begin(); m != v.end(); ++m) {
-        FSDP_USER_CHECK(m.value().is_string(), "'", path, "': __metadata__ value '", m.key(),
-                   "' is not a string");
-        metadata_[m.key()] = m.value().get<std::string>();
-      }
+      for (const auto& [key, value] : v.members(kMaxTensors)) metadata_[key] = value.string(kMaxHeaderBytes);
       continue;
     }
-    FSDP_USER_CHECK(v.is_object() && v.contains("dtype") && v["dtype"].is_string() &&
-                   v.contains("shape") && v["shape"].is_array() && v.contains("data_offsets") &&
-                   v["data_offsets"].is_array() && v["data_offsets"].size() == 2,
-               "'", path, "': tensor '", name, "' needs dtype, shape and two data_offsets");
     TensorEntry t;
     t.name = name;
-    t.dtype = v["dtype"].get<std::string>();
+    t.dtype = v["dtype"].string(64);
     const size_t esize = safetensors_dtype_size(t.dtype);
-    FSDP_USER_CHECK(esize > 0, "'", path, "': tensor '", name, "' has unknown dtype '", t.dtype, "'");
+    if (esize == 0) v["dtype"].fail("is '" + printable(t.dtype) + "', an unknown dtype");
+    // Every product below 2^62 bytes, so that no size computed from the shape overflows.
+    const uint64_t limit = (uint64_t{1} << 62) / esize;
     uint64_t numel = 1;
-    for (const auto& d : v["shape"]) {
-      FSDP_USER_CHECK(d.is_number_unsigned(), "'", path, "': tensor '", name,
-                 "' has a shape entry that is not a non-negative integer");
-      const uint64_t dim = d.get<uint64_t>();
-      FSDP_USER_CHECK(dim == 0 || numel <= (uint64_t{1} << 62) / dim, "'", path, "': tensor '", name,
-                 "' has an absurdly large shape");
+    for (const JsonField& d : v["shape"].elements(kMaxDims)) {
+      const uint64_t dim = d.unsigned_integer(limit);
+      if (dim != 0 && numel > limit / dim) v["shape"].fail("is absurdly large");
       numel *= dim;
       t.shape.push_back(static_cast<int64_t>(dim));
     }
-    const auto& off = v["data_offsets"];
-    FSDP_USER_CHECK(off[0].is_number_unsigned() && off[1].is_number_unsigned(), "'", path,
-               "': tensor '", name, "' has data_offsets that are not non-negative integers");
-    t.begin = off[0].get<uint64_t>();
-    t.end = off[1].get<uint64_t>();
-    FSDP_USER_CHECK(t.begin <= t.end && t.end <= data_bytes, "'", path, "': tensor '", name,
-               "' has data_offsets [", t.begin, ", ", t.end, "] outside the ", data_bytes,
-               " data bytes (truncated?)");
-    FSDP_USER_CHECK(t.end - t.begin == numel * esize, "'", path, "': tensor '", name, "' holds ",
-               t.end - t.begin, " bytes but its shape and dtype ", t.dtype, " need ",
-               numel * esize);
+    const std::vector<JsonField> off = v["data_offsets"].elements(2);
+    if (off.size() != 2) v["data_offsets"].fail("must be two offsets [begin, end]");
+    t.begin = off[0].unsigned_integer(UINT64_MAX);
+    t.end = off[1].unsigned_integer(UINT64_MAX);
+    FSDP_USER_CHECK(t.begin <= t.end && t.end <= data_bytes, "'", path, "': tensor '",
+                    printable(name), "' has data_offsets [", t.begin, ", ", t.end,
+                    "] outside the ", data_bytes, " data bytes (truncated?)");
+    FSDP_USER_CHECK(t.end - t.begin == numel * esize, "'", path, "': tensor '", printable(name),
+                    "' holds ", t.end - t.begin, " bytes but its shape and dtype ", t.dtype,
+                    " need ", numel * esize);
     tensors_.push_back(std::move(t));
   }
   std::sort(tensors_.begin(), tensors_.end(),
@@ -141,18 +121,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   uint64_t expected = 0;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const TensorEntry& t = tensors_[i];
-    FSDP_USER_CHECK(t.begin == expected, "'", path, "': tensor '", t.name, "' starts at byte ",
-               t.begin, " of the data but ", expected,
-               " was expected (tensors overlap or leave a hole)");
+    FSDP_USER_CHECK(t.begin == expected, "'", path, "': tensor '", printable(t.name),
+                    "' starts at byte ", t.begin, " of the data but ", expected,
+                    " was expected (tensors overlap or leave a hole)");
     expected = t.end;
     by_name_[t.name] = i;
   }
   FSDP_USER_CHECK(expected == data_bytes, "'", path, "' holds ", data_bytes,
-             " data bytes but its tensors cover ", expected, " (trailing bytes)");
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (fd_ >= 0) ::close(fd_);
+                  " data bytes but its tensors cover ", expected, " (trailing bytes)");
 }
 
 const TensorEntry* SafetensorsFile::find(const std::string& name) const {
@@ -162,15 +138,15 @@ const TensorEntry* SafetensorsFile::find(const std::string& name) const {
 
 const TensorEntry& SafetensorsFile::at(const std::string& name) const {
   const TensorEntry* t = find(name);
-  FSDP_USER_CHECK(t, "'", path_, "' has no tensor '", name, "'");
+  FSDP_USER_CHECK(t, "'", path(), "' has no tensor '", printable(name), "'");
   return *t;
 }
 
 void SafetensorsFile::read(const TensorEntry& t, uint64_t offset, uint64_t bytes, void* dst) const {
   FSDP_CHECK(offset <= t.end - t.begin && bytes <= t.end - t.begin - offset, "read of bytes [",
-             offset, ", ", offset + bytes, ") past the end of tensor '", t.name, "' in '", path_,
+             offset, ", ", offset + bytes, ") past the end of tensor '", t.name, "' in '", path(),
              "'");
-  if (bytes) pread_all(fd_, path_, dst, bytes, data_start_ + t.begin + offset);
+  if (bytes) counted_read(file_, dst, bytes, data_start_ + t.begin + offset);
 }
 
 std::string safetensors_header(const std::vector<TensorToWrite>& tensors,

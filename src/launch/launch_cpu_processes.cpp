@@ -242,7 +242,8 @@ CpuProcessLaunch run_cpu_process_world(int nproc, const cpu::CpuOptions& options
   const LaunchEnv node = resolve_launch(flags);
   const std::string secret = job_store_secret(node);
 
-  // SIGTERM or SIGINT from now on ends the ranks and removes their files (StopSignals).
+  // SIGTERM, SIGINT, SIGHUP or SIGQUIT from now on ends the ranks and removes their files
+  // (StopSignals).
   StopSignals stop_signals;
   const std::string dir = make_results_dir("fsdp-cpu-ranks-");
   struct RemoveOnExit {

@@ -68,7 +68,8 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
     port = server->port();
   }
   const std::string store_host = server ? server->connect_host() : node.master_addr;
-  // SIGTERM or SIGINT from now on ends the ranks and removes their files (StopSignals).
+  // SIGTERM, SIGINT, SIGHUP or SIGQUIT from now on ends the ranks and removes their files
+  // (StopSignals).
   StopSignals stop_signals;
   // Each child writes its result (which can be large) to a file here.
   const std::string dir = make_results_dir("fsdp-ranks-");

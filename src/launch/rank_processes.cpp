@@ -31,15 +31,22 @@ StopSignals::StopSignals() {
   struct sigaction sa {};
   sa.sa_handler = record_stop;
   sigemptyset(&sa.sa_mask);
-  ::sigaction(SIGTERM, &sa, &old_term_);
-  ::sigaction(SIGINT, &sa, &old_int_);
+  for (size_t i = 0; i < std::size(kSignals); ++i) {
+    ::sigaction(kSignals[i], nullptr, &old_[i]);
+    if (old_[i].sa_handler == SIG_IGN) continue;  // nohup's SIGHUP: it stays ignored
+    ::sigaction(kSignals[i], &sa, nullptr);
+    installed_[i] = true;
+  }
 }
 
 StopSignals::~StopSignals() { end_if_received(); }
 
 void StopSignals::reset_in_child() {
-  ::signal(SIGTERM, SIG_DFL);
-  ::signal(SIGINT, SIG_DFL);
+  for (int sig : kSignals) {
+    struct sigaction now {};
+    if (::sigaction(sig, nullptr, &now) == 0 && now.sa_handler == record_stop)
+      ::signal(sig, SIG_DFL);
+  }
   g_stop_signal = 0;
 }
 
@@ -48,8 +55,8 @@ int StopSignals::received() { return g_stop_signal; }
 void StopSignals::end_if_received() {
   if (restored_) return;
   restored_ = true;
-  ::sigaction(SIGTERM, &old_term_, nullptr);
-  ::sigaction(SIGINT, &old_int_, nullptr);
+  for (size_t i = 0; i < std::size(kSignals); ++i)
+    if (installed_[i]) ::sigaction(kSignals[i], &old_[i], nullptr);
   const int sig = g_stop_signal;
   g_stop_signal = 0;
   if (sig == 0) return;

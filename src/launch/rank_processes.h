@@ -5,6 +5,7 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,11 @@ std::string wait_for_rank_processes(
 // How `status` (from waitpid) ended rank `rank`; "" for a clean exit.
 std::string describe_rank_exit(int rank, int status);
 
-// SIGTERM and SIGINT while a launcher runs its ranks: recorded instead of ending the process
-// at once, so that wait_for_rank_processes ends the ranks (the signal, then SIGKILL after
-// its grace) and the launcher removes its files before it goes, by the same signal.
+// The signals that end a process by default and that a user or a system sends to stop it
+// (SIGTERM, SIGINT, SIGHUP when its terminal goes, SIGQUIT), while a launcher runs its ranks:
+// recorded instead of ending the process at once, so that wait_for_rank_processes ends the
+// ranks (the signal, then SIGKILL after its grace) and the launcher removes its files before
+// it goes, by the same signal. One that the process ignores (nohup's SIGHUP) stays ignored.
 class StopSignals {
  public:
   StopSignals();   // installs the handlers
@@ -46,7 +49,9 @@ class StopSignals {
   void end_if_received();
 
  private:
-  struct sigaction old_term_ {}, old_int_ {};
+  static constexpr int kSignals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+  struct sigaction old_[std::size(kSignals)] {};
+  bool installed_[std::size(kSignals)] = {};
   bool restored_ = false;
 };
 

@@ -1,6 +1,8 @@
 // The registry of model families, and what is read from a built model (Note [Model
 // families]).
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "fsdp/error.h"
 #include "models/model_family.h"
@@ -72,9 +74,73 @@ nlohmann::json ModelFamily::shape_fields(const nn::ModelConfig& m) const {
           {"norm", m.norm}};
 }
 
+namespace {
+
+template <typename... Parts>
+void size_check(bool ok, const char* option, const Parts&... rest) {
+  if (!ok) throw OptionError(option, detail::concat(rest...));
+}
+
+// Note [Model sizes]
+// Sizes beyond any real model are refused before anything is sized from them: a model of
+// 2^31 layers would be built (in the memory estimate) before anything else could refuse it,
+// and every size below is a factor of int64 products (elements, bytes) that must not
+// overflow. The caps are far past real models (Llama 3 405B: 126 layers of width 16384, FFN
+// 53248, vocabulary 128256; DeepSeek-V3: 256 experts of FFN 2048), and the parameters they
+// imply, bounded in double (which cannot overflow), must stay below 2^50 (4 PiB of fp32), so
+// that a product of parameters and a few more factors still fits int64. Sizes where 0 means
+// "the default" refuse a negative value rather than take the default.
+constexpr int64_t kMaxLayers = 1 << 14, kMaxDim = 1 << 18, kMaxWidth = 1 << 20;
+constexpr int64_t kMaxExperts = 1 << 14, kMaxHeads = 1 << 14, kMaxClasses = 1 << 24;
+constexpr int64_t kMaxModelVocab = 1 << 24, kMaxSeqLen = 1 << 24;
+constexpr double kMaxCapacityFactor = 1 << 14;
+constexpr double kMaxParams = static_cast<double>(int64_t{1} << 50);
+
+void check_sizes(const nn::ModelConfig& c) {
+  auto at_most = [](const char* option, int64_t value, int64_t hi) {
+    size_check(value <= hi, option, " ", value, " is beyond any real model: at most ", hi);
+  };
+  // Sizes that every family needs, and those where 0 names the default.
+  auto range = [&](const char* option, int64_t value, int64_t lo, int64_t hi, const char* lo_means) {
+    size_check(value >= lo, option, " must be >= ", lo, lo_means, ", got ", value);
+    at_most(option, value, hi);
+  };
+  range("layers", c.layers, 1, kMaxLayers, "");
+  range("dim", c.dim, 1, kMaxDim, "");
+  range("hidden", c.hidden, 0, kMaxWidth, " (0: the model's default)");
+  range("ffn_dim", c.ffn_dim, 0, kMaxWidth, " (0: 8 * dim / 3 rounded up to 64)");
+  range("expert_ffn_dim", c.expert_ffn_dim, 0, kMaxWidth, " (0: the FFN width)");
+  range("kv_heads", c.kv_heads, 0, kMaxHeads, " (0: as many as the heads)");
+  range("classes", c.classes, 0, kMaxClasses, " (0: no head)");
+  // The families that use these check their lower bounds.
+  at_most("experts", c.experts, kMaxExperts);
+  at_most("heads", c.heads, kMaxHeads);
+  at_most("vocab", c.vocab, kMaxModelVocab);
+  at_most("seq_len", c.seq_len, kMaxSeqLen);
+  // Past experts / top-k every routed token fits: a larger factor only sizes buffers from it.
+  size_check(std::isfinite(c.capacity_factor), "capacity_factor", " must be a finite number, got ",
+             c.capacity_factor);
+  size_check(c.capacity_factor <= kMaxCapacityFactor, "capacity_factor", " ", c.capacity_factor,
+             " is beyond any real model: at most ", kMaxCapacityFactor);
+  const double dim = static_cast<double>(c.dim);
+  const double width = static_cast<double>(
+      std::max({4 * c.dim, c.hidden, c.ffn_dim, c.expert_ffn_dim}));  // the defaults are < 4 dim
+  const double experts = static_cast<double>(std::max(c.experts, 1));
+  const double params = c.layers * (4 * dim * dim + 3 * dim * width * experts) +
+                        dim * static_cast<double>(c.vocab + c.classes + c.dim);
+  if (params > kMaxParams) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2g", params);
+    throw UserError(detail::concat("the model's sizes come to about ", text,
+                                   " parameters (layers x dim x width x experts), far more than "
+                                   "any machine holds (at most 2^50); make them smaller"));
+  }
+}
+
+}  // namespace
+
 nn::ModelConfig resolved(nn::ModelConfig config) {
-  if (config.layers < 1) throw OptionError("layers", detail::concat(" must be >= 1, got ", config.layers));
-  if (config.dim < 1) throw OptionError("dim", detail::concat(" must be >= 1, got ", config.dim));
+  check_sizes(config);  // Note [Model sizes]
   family(config.kind).resolve(config);
   return config;
 }

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "fsdp/error.h"
 #include "models/model_family.h"
 
 namespace fsdp::runtime {
@@ -26,6 +27,17 @@ void scale_for_micro_batches(Device& d, Stream s, Tensor& dy, int n, Tensor& sca
   }
   d.set_label("micro-batch loss scale");
   d.scale_rows(s, dy.data, dy.data, dy.dtype, scale.as<float>(), 1, dy.rows, dy.cols, false);
+}
+
+DeviceBatch make_step_batch(BatchSource& source, int step, Device& device, Stream s, int64_t index,
+                            int64_t first_row, int64_t rows, DType act_dtype) {
+  try {
+    return source.make(device, s, index, first_row, rows, act_dtype);
+  } catch (const StepError&) {
+    throw;
+  } catch (const UserError& e) {
+    throw StepError(step, detail::concat("step ", step + 1, ": ", e.what()));
+  }
 }
 
 std::unique_ptr<BatchSource> make_source(const TrainConfig& c, int rank, int world) {

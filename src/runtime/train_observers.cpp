@@ -100,7 +100,7 @@ class Evaluator final : public TrainObserver {
     if ((step + 1) % config_.eval_every != 0 && step + 1 != config_.steps) return;
     const double start_ms = now_ms();
     val_by_step_[step] = evaluate(s.device, world_, ctx_, s.model, *source_, config_.eval_batches,
-                                  world_.rank() * config_.tokens, config_.tokens);
+                                  world_.rank() * config_.tokens, config_.tokens, step);
     excluded_ms_ += now_ms() - start_ms;  // the evaluation's time is nobody's step time
   }
 

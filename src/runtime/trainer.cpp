@@ -10,6 +10,7 @@
 #include "core/fsdp_state.h"
 #include "fsdp/collective_check.h"
 #include "fsdp/error.h"
+#include "fsdp/out_of_memory.h"
 #include "models/model_family.h"
 #include "runtime/captured_step.h"
 #include "runtime/evaluation.h"
@@ -282,8 +283,8 @@ void Trainer::step() {
   float* step_loss = reader_->begin(step);
   auto make_batch = [&](int mb) {
     const int64_t index = static_cast<int64_t>(step) * config_.micro_batches + mb;
-    DeviceBatch batch = source_->make(device_, compute_, index, rank * config_.tokens,
-                                      config_.tokens, config_.param_dtype);
+    DeviceBatch batch = make_step_batch(*source_, step, device_, compute_, index,
+                                        rank * config_.tokens, config_.tokens, config_.param_dtype);
     report.tokens += batch.tokens;
     return batch;
   };
@@ -373,9 +374,20 @@ RankResult Trainer::finish() {
 
 RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
                       const std::function<void(const StepReport&)>& on_step) {
-  Trainer trainer(device, std::move(world), config, on_step);
-  while (trainer.running()) trainer.step();
-  return trainer.finish();
+  try {
+    Trainer trainer(device, std::move(world), config, on_step);
+    while (trainer.running()) trainer.step();
+    return trainer.finish();
+  } catch (const OutOfMemoryError& e) {
+    // Note [Out of memory]: the run's peak so far (the device's, since the set-up; at least
+    // what this allocation would have made it) and what to try.
+    const int64_t peak = std::max<int64_t>(device.memory_stats().peak_bytes,
+                                           e.live() + static_cast<int64_t>(e.requested()));
+    throw e.followed_by(detail::concat(
+        "; the run's peak so far: ", byte_size_text(static_cast<uint64_t>(peak)), ". Try fewer ",
+        option_spelling("tokens"), ", more ", option_spelling("micro_batches"), " or ",
+        option_spelling("activation_checkpointing")));
+  }
 }
 
 }  // namespace fsdp::runtime

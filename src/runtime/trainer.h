@@ -9,6 +9,7 @@
 
 #include "fsdp/checkpoint.h"
 #include "fsdp/comm.h"
+#include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/nn/model.h"
 #include "fsdp/optim.h"
@@ -93,6 +94,22 @@ struct TrainConfig {
   std::string data_name = "synthetic";  // what batch_source reads (a checkpoint records it)
   // Called after fully_shard on every rank, before the first step (prefetch lists etc.).
   std::function<void(nn::Model&, FsdpModule& root)> customize;
+};
+
+// Note [Unreadable steps]
+// A step whose inputs cannot be read (a token file truncated or rewritten while training) ends
+// the run at that step, like a non-finite one (Note [Non-finite steps]); but only the ranks
+// whose rows were lost see it, so it is raised, as "step N: <the reader's error>", and the
+// launcher aborts the others (their collectives fail at once, naming this rank). The command
+// still writes its JSON summary: the steps reported before, the error and its step (with
+// ranks as processes, whose errors reach the command as text, the first step not reported).
+class StepError : public UserError {
+ public:
+  StepError(int step, const std::string& what) : UserError(what), step_(step) {}
+  int step() const { return step_; }  // 0-based
+
+ private:
+  int step_;
 };
 
 // One step, as rank 0 reports it to on_step (Note [Result fields]: the members are

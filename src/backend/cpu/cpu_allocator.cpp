@@ -7,6 +7,7 @@
 #include <new>
 
 #include "fsdp/error.h"
+#include "fsdp/out_of_memory.h"
 
 namespace fsdp::cpu {
 
@@ -27,9 +28,14 @@ CheckedAllocator::~CheckedAllocator() {
 void* CheckedAllocator::allocate(size_t bytes, MemTag tag) {
   const int t = static_cast<int>(tag);
   FSDP_CHECK(t >= 0 && t < kMemTagCount, "bad memory tag ", t);
+  if (capacity_ > 0) {
+    const int64_t live = ledger_.current_bytes();
+    if (bytes > capacity_ || static_cast<size_t>(live) > capacity_ - bytes)
+      throw OutOfMemoryError(device_, bytes, tag, live, static_cast<int64_t>(capacity_));
+  }
   void* ptr = std::aligned_alloc(kAllocAlignment, rounded_size(bytes));
-  FSDP_CHECK(ptr != nullptr, "out of host memory allocating ", bytes, " bytes (tag ",
-             mem_tag_name(tag), ")");
+  if (ptr == nullptr)
+    throw OutOfMemoryError(device_ + "'s host memory", bytes, tag, ledger_.current_bytes(), 0);
   if (checked_) std::memset(ptr, kPoisonByte, bytes);
   ledger_.add(ptr, bytes, tag);
   return ptr;

@@ -23,8 +23,11 @@ class CheckedAllocator {
  public:
   // Freed memory stays poisoned and out of circulation until more than `quarantine_bytes` is
   // quarantined, so a late reader finds NaN rather than someone else's fresh data.
-  CheckedAllocator(bool checked, size_t quarantine_bytes)
-      : checked_(checked), quarantine_limit_(quarantine_bytes) {}
+  // `capacity`: the device's memory (0: no limit); an allocation past it raises
+  // OutOfMemoryError, as a full GPU would (Note [Out of memory]).
+  CheckedAllocator(bool checked, size_t quarantine_bytes, size_t capacity, std::string device)
+      : checked_(checked), quarantine_limit_(quarantine_bytes), capacity_(capacity),
+        device_(std::move(device)) {}
   ~CheckedAllocator();  // returns live and quarantined memory to the system
   CheckedAllocator(const CheckedAllocator&) = delete;
   CheckedAllocator& operator=(const CheckedAllocator&) = delete;
@@ -56,6 +59,8 @@ class CheckedAllocator {
 
   const bool checked_;
   const size_t quarantine_limit_;
+  const size_t capacity_;
+  const std::string device_;
   mutable std::mutex mutex_;
   core::AllocationLedger ledger_;
   std::deque<Quarantined> quarantine_;

@@ -38,6 +38,9 @@ struct CpuOptions {
   // fails with an error naming the communicator, its sequence number and the ranks that did
   // not arrive, instead of hanging. 0: wait forever.
   double collective_timeout_s = default_collective_timeout_s();
+  // Each rank's device memory: an allocation past it fails as on a full GPU (Note [Out of
+  // memory] in include/fsdp/out_of_memory.h). 0: no limit but the host's.
+  size_t memory_capacity_bytes = 0;
 };
 
 // State shared by the rank threads of one launch: the in-process "network".

@@ -55,7 +55,8 @@ CpuDevice::CpuDevice(std::shared_ptr<WorldState> world, int rank)
     : world_(std::move(world)),
       rank_(rank),
       cancellation_(*world_, shutting_down_, error_),
-      allocator_(world_->options.checked, world_->options.quarantine_bytes) {
+      allocator_(world_->options.checked, world_->options.quarantine_bytes,
+                 world_->options.memory_capacity_bytes, "cpu:" + std::to_string(rank)) {
   kernels::configure_blas_once();
   if (world_->clock) {
     const ClockParticipant* other = this_thread_participant();

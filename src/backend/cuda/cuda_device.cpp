@@ -11,6 +11,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cudnn_attention.h"
+#include "fsdp/out_of_memory.h"
 
 namespace fsdp::cuda {
 
@@ -207,11 +208,13 @@ void* CudaDevice::alloc(size_t bytes, Stream s, MemTag tag) {
   void* ptr = nullptr;
   // A zero-byte request still gets a distinct pointer, so alloc/free pair up as usual.
   const cudaError_t status = cudaMallocFromPoolAsync(&ptr, bytes ? bytes : 1, pool_, stream);
-  if (status == cudaErrorMemoryAllocation) {
+  if (status == cudaErrorMemoryAllocation) {  // Note [Out of memory]
     (void)cudaGetLastError();
-    const MemStats stats = memory_stats();
-    FSDP_FAIL("out of GPU memory on ", name(), ": ", bytes, " bytes for ", mem_tag_name(tag),
-              " with ", stats.current_bytes, " bytes live (pool holds ", pool_used_bytes(), ")");
+    size_t free_bytes = 0, total_bytes = 0;
+    if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) total_bytes = 0;
+    (void)cudaGetLastError();
+    throw OutOfMemoryError(name(), bytes, tag, memory_stats().current_bytes,
+                           static_cast<int64_t>(total_bytes));
   }
   FSDP_CUDA_CHECK(status);
   // Under capture the pool only lends its properties: the memory is the graph's (a graph
