@@ -23,7 +23,8 @@ struct CheckpointOptions {
 };
 
 // Writes the full weights of a checkpoint to a safetensors file, in fp32 or bf16: Hugging
-// Face Llama names for the transformer (wqkv and w13 split by rows), the fqns otherwise.
+// Face names where the model's family has them (the transformer's wqkv and w13 split by rows),
+// the fqns otherwise.
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& out_path,
                        DType dtype);
 

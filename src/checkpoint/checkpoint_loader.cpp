@@ -172,47 +172,50 @@ nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& 
 }
 
 void load_full_weights(const std::string& path, const ShardedState& state, Device& device,
-                       Stream stream) {
-  const RowReader reader(path, /*require_crcs=*/false);
-  const io::SafetensorsFile& f = reader.file();
-  const bool llama = f.find("model.embed_tokens.weight") || f.find("lm_head.weight");
+                       Stream stream, const HfNames& names) {
+  const RowReader files(path, /*require_crcs=*/false);
+  const io::SafetensorsFile& f = files.file();
+  // The family's Hugging Face names when the file uses them, else the fqns (Note [Hugging
+  // Face names]): any param's first Hugging Face tensor in the file decides.
+  bool hf = false;
+  if (names)
+    for (const ShardView& v : state.tensors) {
+      const auto pieces = names(v.fqn, v.shape.empty() ? 1 : v.shape[0]);
+      if (!pieces.empty() && pieces[0].name != v.fqn && f.find(pieces[0].name)) hf = true;
+    }
   std::set<std::string> used;
   std::vector<float> host;
   for (const ShardView& v : state.tensors) {
-    std::vector<RowPiece> pieces{{v.fqn, v.shape.empty() ? 1 : v.shape[0]}};
-    if (llama) {
-      const int64_t rows = pieces[0].rows;
-      const io::TensorEntry* q = nullptr;
-      if (!wo_of_wqkv(v.fqn).empty()) {
-        const auto probe = llama_pieces(v.fqn, rows, 0);
-        q = f.find(probe.at(0).name);
-      }
-      pieces = llama_pieces(v.fqn, rows, q ? q->rows() : 0);
-      FSDP_USER_CHECK(!pieces.empty(), "'", path, "' uses Hugging Face Llama names, which have none "
-                 "for this model's param '", v.fqn, "'");
+    const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
+    std::vector<HfTensor> pieces{{v.fqn, rows}};
+    if (hf) {
+      pieces = names(v.fqn, rows);
+      FSDP_USER_CHECK(!pieces.empty(), "'", path,
+                      "' uses Hugging Face names, which have none "
+                      "for this model's param '",
+                      v.fqn, "'");
     }
     int64_t at = 0;  // global row of the stacked pieces
     host.assign(static_cast<size_t>(v.rows.rows() * v.cols), 0.0f);
-    for (const RowPiece& p : pieces) {
+    for (const HfTensor& p : pieces) {
       const io::TensorEntry* t = f.find(p.name);
       FSDP_USER_CHECK(t, "'", path, "' has no tensor '", p.name, "' (another model?)");
       FSDP_USER_CHECK(t->rows() == p.rows && t->rows() * v.cols == t->numel(), "'", path,
-                 "': tensor '", p.name, "' has shape ", shape_text(t->shape),
-                 ", this model needs ", p.rows, " rows of ", v.cols, " (another model shape)");
+                      "': tensor '", p.name, "' has shape ",
+                      shape_text(t->shape), ", this model needs ", p.rows, " rows of ", v.cols,
+                      " (another model shape)");
       used.insert(p.name);
       const int64_t b = std::max(at, v.rows.begin), e = std::min(at + p.rows, v.rows.end);
-      if (b < e)
-        reader.read_rows(p.name, b - at, e - at, host.data() + (b - v.rows.begin) * v.cols);
+      if (b < e) files.read_rows(p.name, b - at, e - at, host.data() + (b - v.rows.begin) * v.cols);
       at += p.rows;
     }
-    FSDP_USER_CHECK(at == (v.shape.empty() ? 1 : v.shape[0]), "'", path, "': the tensors of '",
-               v.fqn, "' hold ", at, " rows, this model's have ", v.shape.at(0),
-               " (another model shape)");
+    FSDP_USER_CHECK(at == rows, "'", path, "': the tensors of '", v.fqn, "' hold ", at,
+                    " rows, this model's have ", rows, " (another model shape)");
     upload(&device, stream, v.param, host);
   }
   for (const io::TensorEntry& t : f.tensors())
     FSDP_USER_CHECK(used.count(t.name), "'", path, "' holds tensor '", t.name,
-               "' that this model does not have (another model shape)");
+                    "' that this model does not have (another model shape)");
   device.synchronize_stream(stream);
 }
 

@@ -60,6 +60,26 @@ nlohmann::json ModelFamily::shape_fields(const nn::ModelConfig& m) const {
           {"norm", m.norm}};
 }
 
+void ModelFamily::read_shape_fields(const nlohmann::json& j, nn::ModelConfig& m) const {
+  m.layers = j.value("layers", m.layers);
+  m.dim = j.value("dim", m.dim);
+  m.hidden = j.value("hidden", m.hidden);
+  m.experts = j.value("experts", m.experts);
+  m.classes = j.value("classes", m.classes);
+  m.norm = j.value("norm", m.norm);
+}
+
+nn::ModelConfig config_of_shape_fields(const nlohmann::json& fields) {
+  nn::ModelConfig m;
+  try {
+    m.kind = fields.value("kind", m.kind);
+    family(m.kind).read_shape_fields(fields, m);
+  } catch (const nlohmann::json::exception&) {
+    FSDP_USER_FAIL("the checkpoint's model fields are mistyped: ", fields.dump());
+  }
+  return m;
+}
+
 nn::ModelConfig resolved(nn::ModelConfig config) {
   if (config.layers < 1) throw OptionError("layers", detail::concat(" must be >= 1, got ", config.layers));
   if (config.dim < 1) throw OptionError("dim", detail::concat(" must be >= 1, got ", config.dim));

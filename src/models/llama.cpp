@@ -56,6 +56,60 @@ nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig&
   return j;
 }
 
+void read_decoder_shape_fields(const nlohmann::json& j, nn::ModelConfig& m) {
+  m.heads = j.value("heads", m.heads);
+  m.kv_heads = j.value("kv_heads", m.kv_heads);
+  m.ffn_dim = j.value("ffn_dim", m.ffn_dim);
+  m.vocab = j.value("vocab", m.vocab);
+  m.seq_len = j.value("seq_len", m.seq_len);
+}
+
+namespace {
+
+// "layers.3.attention.wqkv.weight" -> (3, "attention.wqkv.weight"); -1 when not a layer name.
+std::pair<long, std::string> split_layer(const std::string& fqn) {
+  if (fqn.compare(0, 7, "layers.") != 0) return {-1, fqn};
+  const size_t dot = fqn.find('.', 7);
+  if (dot == std::string::npos || dot == 7) return {-1, fqn};
+  long layer = 0;
+  for (size_t i = 7; i < dot; ++i) {
+    if (fqn[i] < '0' || fqn[i] > '9' || layer > (1L << 40)) return {-1, fqn};
+    layer = layer * 10 + (fqn[i] - '0');
+  }
+  return {layer, fqn.substr(dot + 1)};
+}
+
+}  // namespace
+
+// Hugging Face Llama's names (LlamaForCausalLM, and Qwen2's and Mistral's, which share them):
+// wqkv's rows are q, k, v and w13's gate, up (Note [Transformer layout]).
+checkpoint::HfNames decoder_hf_names(const nn::TransformerConfig& c) {
+  const int64_t q_rows = c.heads * c.head_dim(), kv_rows = c.kv_heads * c.head_dim();
+  return
+      [q_rows, kv_rows](const std::string& fqn, int64_t rows) -> std::vector<checkpoint::HfTensor> {
+        if (fqn == "tok_embeddings.weight") return {{"model.embed_tokens.weight", rows}};
+        if (fqn == "norm.weight") return {{"model.norm.weight", rows}};
+        if (fqn == "output.weight") return {{"lm_head.weight", rows}};
+        const auto [layer, rest] = split_layer(fqn);
+        if (layer < 0) return {};
+        const std::string p = "model.layers." + std::to_string(layer) + ".";
+        // The MoE layer (docs/moe.md) has no Llama name: its params keep their fqns.
+        if (rest.starts_with("moe.")) return {{fqn, rows}};
+        if (rest == "attention_norm.weight") return {{p + "input_layernorm.weight", rows}};
+        if (rest == "ffn_norm.weight") return {{p + "post_attention_layernorm.weight", rows}};
+        if (rest == "attention.wo.weight") return {{p + "self_attn.o_proj.weight", rows}};
+        if (rest == "feed_forward.w2.weight") return {{p + "mlp.down_proj.weight", rows}};
+        if (rest == "feed_forward.w13.weight")
+          return {{p + "mlp.gate_proj.weight", rows / 2}, {p + "mlp.up_proj.weight", rows / 2}};
+        for (const char* what : {"weight", "bias"})
+          if (rest == std::string("attention.wqkv.") + what && rows == q_rows + 2 * kv_rows)
+            return {{p + "self_attn.q_proj." + what, q_rows},
+                    {p + "self_attn.k_proj." + what, kv_rows},
+                    {p + "self_attn.v_proj." + what, kv_rows}};
+        return {};
+      };
+}
+
 struct LlamaFamily final : ModelFamily {
   LlamaFamily() : ModelFamily("transformer", "a Llama-style decoder (RMSNorm, GQA attention with RoPE, SwiGLU) on token ids") {}
   void resolve(nn::ModelConfig& c) const override { resolve_decoder(c); }
@@ -80,6 +134,13 @@ struct LlamaFamily final : ModelFamily {
   }
   nlohmann::json shape_fields(const nn::ModelConfig& m) const override {
     return decoder_shape_fields(*this, m);
+  }
+  void read_shape_fields(const nlohmann::json& j, nn::ModelConfig& m) const override {
+    ModelFamily::read_shape_fields(j, m);
+    read_decoder_shape_fields(j, m);
+  }
+  checkpoint::HfNames hf_names(const nn::ModelConfig& m) const override {
+    return decoder_hf_names(nn::transformer_config(m));
   }
 };
 

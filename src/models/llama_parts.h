@@ -1,5 +1,6 @@
 // The parts the decoder families share (llama.cpp defines them): the embedding, the final
-// norm and head, the attention's FLOPs and saved bytes, the shape fields.
+// norm and head, the attention's FLOPs and saved bytes, the shape fields, the Hugging Face
+// names.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -16,5 +17,7 @@ void add_decoder_head(nn::Model& root, const nn::TransformerConfig& c);
 double decoder_attention_flops_per_token(const nn::TransformerConfig& c);
 double attention_saved_bytes_per_token(const nn::TransformerConfig& c, DType act);
 nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig& m);
+void read_decoder_shape_fields(const nlohmann::json& j, nn::ModelConfig& m);
+checkpoint::HfNames decoder_hf_names(const nn::TransformerConfig& c);
 
 }  // namespace fsdp::models

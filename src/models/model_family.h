@@ -10,7 +10,8 @@
 //     gradient divide factor;
 //   - its batches (features or token sequences), whether a CUDA graph can capture it, and
 //     the fields that decide its params' shapes (a checkpoint compares them on resume);
-//   - what its blocks keep for backward per token (the memory estimate).
+//   - what its blocks keep for backward per token (the memory estimate);
+//   - its Hugging Face names (Note [Hugging Face names] in src/checkpoint/checkpoint_format.h).
 // Param counts and FLOPs per token are not written per family: they are read from a built
 // model (Note [Lazy initial values] makes building one cost no memory), so they cannot drift
 // from what trains.
@@ -24,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_format.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/nn/model.h"
@@ -75,8 +77,13 @@ class ModelFamily {
   // Bytes that one block's forward keeps for its backward, per token of a micro-batch, with
   // activations of `act` (the memory estimate, docs/memory.md).
   virtual double saved_bytes_per_token(const nn::ModelConfig& config, DType act) const = 0;
-  // The config fields that decide a param's shape (a checkpoint compares them on resume).
+  // The config fields that decide a param's shape (a checkpoint compares them on resume),
+  // and back: read_shape_fields sets them in `config` (a checkpoint's model, for export).
   virtual nlohmann::json shape_fields(const nn::ModelConfig& config) const;
+  virtual void read_shape_fields(const nlohmann::json& fields, nn::ModelConfig& config) const;
+  // How the params of a model of `config` are named in Hugging Face checkpoints; an empty
+  // map: they are not (export and --init-from use the fqns).
+  virtual checkpoint::HfNames hf_names(const nn::ModelConfig&) const { return {}; }
   // Which modules hold a rank's E / ep experts (Note [Expert params in checkpoints]); the
   // predicate is empty for families without experts.
   virtual std::function<bool(const Module&)> expert_modules() const { return {}; }
@@ -98,6 +105,10 @@ void add_classification_head(nn::Model& root);
 const ModelFamily& family(const std::string& name);
 // Every family's name, in registration order.
 std::vector<std::string> family_names();
+
+// The model a checkpoint's shape fields describe (ModelFamily::read_shape_fields); the
+// fields no family wrote keep their defaults.
+nn::ModelConfig config_of_shape_fields(const nlohmann::json& fields);
 
 // Resolves `config` with its family (defaults, one-line checks) and returns it.
 nn::ModelConfig resolved(nn::ModelConfig config);
