@@ -44,6 +44,7 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--kv-heads", o.config.model.kv_heads, "transformer: kv heads (0: heads)");
   app.add_option("--ffn-dim", o.config.model.ffn_dim,
                  "transformer: SwiGLU width (0: 8*dim/3 rounded up to 64)");
+  add_model_dialect_options(app, o);
   app.add_option("--seq-len", o.config.model.seq_len, "transformer: tokens per sequence");
   o.vocab_opt = app.add_option("--vocab", o.config.model.vocab,
                                "transformer: vocabulary size [default: the corpus's with --data]");

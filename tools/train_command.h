@@ -62,6 +62,9 @@ struct TrainOptions {
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);
+// hf_model_options.cpp: the transformer's Hugging Face dialect flags (--rope-theta,
+// --tie-embeddings, ...).
+void add_model_dialect_options(CLI::App& app, TrainOptions& options);
 // The launch flags as the launcher takes them (include/fsdp/launch.h).
 LaunchOptions launch_options_of(const TrainOptions& options);
 // The model the parsed flags describe, defaults filled in (for `fsdp export --init`).

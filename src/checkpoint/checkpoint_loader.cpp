@@ -64,10 +64,18 @@ std::vector<std::string> check_compatible(const CheckpointIndex& ckpt, const nlo
                   "' has no run configuration");
   const nlohmann::json& saved = ckpt.index["config"];
   const nlohmann::json saved_model = saved.value("model", nlohmann::json::object());
-  for (const auto& [key, value] : run["model"].items())
-    FSDP_USER_CHECK(saved_model.value(key, nlohmann::json()) == value, "checkpoint '", ckpt.dir,
+  // Both sides' fields: a field only one side has (a model option at its default is left
+  // out) differs too. A run that describes no model compares none.
+  nlohmann::json keys = run["model"];
+  if (!keys.empty())
+    for (const auto& [key, value] : saved_model.items()) keys[key] = value;
+  for (const auto& item : keys.items()) {
+    const std::string& key = item.key();
+    const nlohmann::json ours = run["model"].value(key, nlohmann::json());
+    FSDP_USER_CHECK(saved_model.value(key, nlohmann::json()) == ours, "checkpoint '", ckpt.dir,
                     "' is of another model shape: its ", key, " is ",
-                    saved_model.value(key, nlohmann::json()).dump(), ", this run's ", value.dump());
+                    saved_model.value(key, nlohmann::json()).dump(), ", this run's ", ours.dump());
+  }
   for (const char* key : {"param_dtype", "reduce_dtype"})
     FSDP_USER_CHECK(saved.value(key, "") == run[key].get<std::string>(), "checkpoint '", ckpt.dir,
                     "' was saved with ", key, " ", saved.value(key, "?"), ", this run uses ",

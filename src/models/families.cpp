@@ -107,9 +107,10 @@ std::vector<int64_t> unit_param_counts(nn::Model& model) {
 }
 
 double flops_per_token(nn::Model& model) {
-  int64_t embedding = 0;
+  int64_t embedding = 0;  // a lookup, not a GEMM; unless a tied head uses the same param
   if (Module* e = model.embedding())
-    for (Param* p : e->all_params()) embedding += p->numel();
+    for (Param* p : e->all_params())
+      if (p->uses() == 1) embedding += p->numel();
   const double gemm_params = static_cast<double>(model.active_param_count() - embedding);
   return 6.0 * gemm_params + family(model.config().kind).attention_flops_per_token(model.config());
 }

@@ -1,7 +1,7 @@
 // Family "transformer": the Llama-style decoder of docs/transformer.md on token ids:
 // tok_embeddings, L x TransformerBlock (RMSNorm, GQA attention with RoPE, RMSNorm, SwiGLU),
-// norm, and the head "output", with cross-entropy. Its param names and its Hugging Face
-// names are Llama's (docs/checkpoint.md).
+// norm, and the head "output" (or the embedding's weight, tied), with cross-entropy. Its param
+// names and its Hugging Face names are Llama's (docs/checkpoint.md).
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/transformer.h"
 #include "models/llama_parts.h"
@@ -20,14 +20,19 @@ void add_decoder_embedding(nn::Model& root, const nn::TransformerConfig& c) {
                          nn::transformer_param_seed(c.seed, -1, nn::InitRole::Embedding)));
 }
 
-// Parameter order, as FSDP flattens the root's group: tok_embeddings, norm, output.
+// Parameter order, as FSDP flattens the root's group: tok_embeddings, norm, output (none when
+// tied: the head uses tok_embeddings', Note [Tied embeddings]).
 void add_decoder_head(nn::Model& root, const nn::TransformerConfig& c) {
   root.set_final_norm("norm", std::make_unique<nn::RMSNorm>(c.dim, c.norm_eps));
-  root.set_head("output",
-                std::make_unique<nn::Linear>(
-                    c.dim, c.vocab,
-                    nn::normal_init_fn(nn::transformer_param_seed(c.seed, -1, nn::InitRole::Output),
-                                       c.vocab * c.dim, nn::kTransformerInitStd)));
+  if (c.tie_embeddings)
+    root.set_head("output", std::make_unique<nn::TiedHead>(
+                                dynamic_cast<nn::Embedding&>(*root.embedding()).weight()));
+  else
+    root.set_head("output", std::make_unique<nn::Linear>(
+                                c.dim, c.vocab,
+                                nn::normal_init_fn(
+                                    nn::transformer_param_seed(c.seed, -1, nn::InitRole::Output),
+                                    c.vocab * c.dim, nn::kTransformerInitStd)));
   root.set_output(c.vocab, /*cross_entropy=*/true);
 }
 
@@ -53,6 +58,22 @@ nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig&
   j["ffn_dim"] = m.ffn_dim;
   j["vocab"] = m.vocab;
   j["seq_len"] = m.seq_len;
+  // The dialect's options (they change the math, some the shapes): only where they are not
+  // the defaults, so a checkpoint of the plain transformer keeps the fields it had. A resume
+  // compares the fields of both sides (checkpoint::check_compatible).
+  const nn::ModelConfig plain;
+  if (m.head_dim != plain.head_dim) j["head_dim"] = m.head_dim;
+  if (m.rope_theta != plain.rope_theta) j["rope_theta"] = m.rope_theta;
+  if (m.rope_scaling != plain.rope_scaling)
+    j["rope_scaling"] = {{"type", m.rope_scaling.type},
+                         {"factor", m.rope_scaling.factor},
+                         {"low_freq_factor", m.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", m.rope_scaling.high_freq_factor},
+                         {"original_max_positions", m.rope_scaling.original_max_positions}};
+  if (m.norm_eps != plain.norm_eps) j["norm_eps"] = m.norm_eps;
+  if (m.tie_embeddings) j["tie_embeddings"] = true;
+  if (m.attention_bias) j["attention_bias"] = true;
+  if (m.sliding_window != plain.sliding_window) j["sliding_window"] = m.sliding_window;
   return j;
 }
 
@@ -62,6 +83,21 @@ void read_decoder_shape_fields(const nlohmann::json& j, nn::ModelConfig& m) {
   m.ffn_dim = j.value("ffn_dim", m.ffn_dim);
   m.vocab = j.value("vocab", m.vocab);
   m.seq_len = j.value("seq_len", m.seq_len);
+  m.head_dim = j.value("head_dim", m.head_dim);
+  m.rope_theta = j.value("rope_theta", m.rope_theta);
+  if (j.contains("rope_scaling")) {
+    const nlohmann::json& r = j.at("rope_scaling");
+    m.rope_scaling.type = r.value("type", m.rope_scaling.type);
+    m.rope_scaling.factor = r.value("factor", m.rope_scaling.factor);
+    m.rope_scaling.low_freq_factor = r.value("low_freq_factor", m.rope_scaling.low_freq_factor);
+    m.rope_scaling.high_freq_factor = r.value("high_freq_factor", m.rope_scaling.high_freq_factor);
+    m.rope_scaling.original_max_positions =
+        r.value("original_max_positions", m.rope_scaling.original_max_positions);
+  }
+  m.norm_eps = j.value("norm_eps", m.norm_eps);
+  m.tie_embeddings = j.value("tie_embeddings", m.tie_embeddings);
+  m.attention_bias = j.value("attention_bias", m.attention_bias);
+  m.sliding_window = j.value("sliding_window", m.sliding_window);
 }
 
 namespace {

@@ -119,8 +119,8 @@ std::unique_ptr<nn::Model> build_model(const nn::ModelConfig& config);
 // Read from a built model (Note [Model families]):
 // each FSDP unit's param count, the blocks in order, then the root's own params;
 std::vector<int64_t> unit_param_counts(nn::Model& model);
-// training FLOPs per token: 6 x the active params that a GEMM uses (all but the embedding's)
-// plus the family's attention term.
+// training FLOPs per token: 6 x the active params that a GEMM uses (all but the embedding's,
+// unless a tied head uses them too) plus the family's attention term.
 double flops_per_token(nn::Model& model);
 // The same, building the model of `config` (cheap: no values are made).
 std::vector<int64_t> unit_param_counts(const nn::ModelConfig& config);
