@@ -17,7 +17,7 @@ struct CheckpointOptions {
   int save_every = 0;     // save after every N steps, and after the last one (0: only the last)
   int keep_last = 0;      // keep the newest K complete checkpoints (0: all)
   std::string resume;     // a checkpoint directory, or a save dir: its latest complete checkpoint
-  std::string init_from;  // a safetensors file of full weights
+  std::string init_from;  // full weights: a safetensors file, or a Hugging Face model directory
   bool verbose = false;   // one line per save on stdout (rank 0)
   bool enabled() const { return !save_dir.empty() || !resume.empty() || !init_from.empty(); }
 };

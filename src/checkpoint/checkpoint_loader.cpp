@@ -7,6 +7,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "checkpoint/weight_files.h"
 #include "fsdp/error.h"
 #include "io/file_io.h"
 
@@ -181,15 +182,14 @@ nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& 
 
 void load_full_weights(const std::string& path, const ShardedState& state, Device& device,
                        Stream stream, const HfNames& names) {
-  const RowReader files(path, /*require_crcs=*/false);
-  const io::SafetensorsFile& f = files.file();
+  const WeightFiles files(path);
   // The family's Hugging Face names when the file uses them, else the fqns (Note [Hugging
   // Face names]): any param's first Hugging Face tensor in the file decides.
   bool hf = false;
   if (names)
     for (const ShardView& v : state.tensors) {
       const auto pieces = names(v.fqn, v.shape.empty() ? 1 : v.shape[0]);
-      if (!pieces.empty() && pieces[0].name != v.fqn && f.find(pieces[0].name)) hf = true;
+      if (!pieces.empty() && pieces[0].name != v.fqn && files.find(pieces[0].name)) hf = true;
     }
   std::set<std::string> used;
   std::vector<float> host;
@@ -206,10 +206,10 @@ void load_full_weights(const std::string& path, const ShardedState& state, Devic
     int64_t at = 0;  // global row of the stacked pieces
     host.assign(static_cast<size_t>(v.rows.rows() * v.cols), 0.0f);
     for (const HfTensor& p : pieces) {
-      const io::TensorEntry* t = f.find(p.name);
+      const io::TensorEntry* t = files.find(p.name);
       FSDP_USER_CHECK(t, "'", path, "' has no tensor '", p.name, "' (another model?)");
-      FSDP_USER_CHECK(t->rows() == p.rows && t->rows() * v.cols == t->numel(), "'", path,
-                      "': tensor '", p.name, "' has shape ",
+      FSDP_USER_CHECK(t->rows() == p.rows && t->rows() * v.cols == t->numel(), "'",
+                      files.file_of(p.name), "': tensor '", p.name, "' has shape ",
                       shape_text(t->shape), ", this model needs ", p.rows, " rows of ", v.cols,
                       " (another model shape)");
       used.insert(p.name);
@@ -221,8 +221,8 @@ void load_full_weights(const std::string& path, const ShardedState& state, Devic
                     " rows, this model's have ", rows, " (another model shape)");
     upload(&device, stream, v.param, host);
   }
-  for (const io::TensorEntry& t : f.tensors())
-    FSDP_USER_CHECK(used.count(t.name), "'", path, "' holds tensor '", t.name,
+  for (const std::string& name : files.names())
+    FSDP_USER_CHECK(used.count(name), "'", files.file_of(name), "' holds tensor '", name,
                     "' that this model does not have (another model shape)");
   device.synchronize_stream(stream);
 }

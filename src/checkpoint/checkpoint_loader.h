@@ -42,8 +42,8 @@ std::vector<std::string> check_compatible(const CheckpointIndex& ckpt, const nlo
 nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& state,
                                Device* device, Stream stream);
 
-// Loads params from full weights, under their fqns or, where given and the file uses them,
-// the family's Hugging Face names.
+// Loads params from full weights (a file or a Hugging Face directory, WeightFiles), under
+// their fqns or, where given and the file uses them, the family's Hugging Face names.
 void load_full_weights(const std::string& path, const ShardedState& state, Device& device,
                        Stream stream, const HfNames& names = {});
 

@@ -1,7 +1,8 @@
 // Family "transformer": the Llama-style decoder of docs/transformer.md on token ids:
 // tok_embeddings, L x TransformerBlock (RMSNorm, GQA attention with RoPE, RMSNorm, SwiGLU),
 // norm, and the head "output" (or the embedding's weight, tied), with cross-entropy. Its param
-// names and its Hugging Face names are Llama's (docs/checkpoint.md).
+// names and its Hugging Face names are Llama's (docs/checkpoint.md); it reads the config.json
+// of Llama, Qwen2 and Mistral models (llama_hf.cpp).
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/transformer.h"
 #include "models/llama_parts.h"
@@ -177,6 +178,10 @@ struct LlamaFamily final : ModelFamily {
   }
   checkpoint::HfNames hf_names(const nn::ModelConfig& m) const override {
     return decoder_hf_names(nn::transformer_config(m));
+  }
+  std::vector<std::string> hf_model_types() const override { return {"llama", "qwen2", "mistral"}; }
+  void read_hf_config(const std::string& type, HfKeys& keys, nn::ModelConfig& m) const override {
+    read_decoder_hf_config(type, keys, m);
   }
 };
 

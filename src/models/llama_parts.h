@@ -19,5 +19,7 @@ double attention_saved_bytes_per_token(const nn::TransformerConfig& c, DType act
 nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig& m);
 void read_decoder_shape_fields(const nlohmann::json& j, nn::ModelConfig& m);
 checkpoint::HfNames decoder_hf_names(const nn::TransformerConfig& c);
+// llama_hf.cpp: the keys of a config.json of model_type llama, qwen2 or mistral.
+void read_decoder_hf_config(const std::string& model_type, HfKeys& keys, nn::ModelConfig& m);
 
 }  // namespace fsdp::models

@@ -11,7 +11,8 @@
 //   - its batches (features or token sequences), whether a CUDA graph can capture it, and
 //     the fields that decide its params' shapes (a checkpoint compares them on resume);
 //   - what its blocks keep for backward per token (the memory estimate);
-//   - its Hugging Face names (Note [Hugging Face names] in src/checkpoint/checkpoint_format.h).
+//   - its Hugging Face names (Note [Hugging Face names] in src/checkpoint/checkpoint_format.h)
+//     and the config.json keys it reads (Note [Hugging Face configs] in models/hf_config.h).
 // Param counts and FLOPs per token are not written per family: they are read from a built
 // model (Note [Lazy initial values] makes building one cost no memory), so they cannot drift
 // from what trains.
@@ -31,6 +32,8 @@
 #include "fsdp/nn/model.h"
 
 namespace fsdp::models {
+
+class HfKeys;  // models/hf_config.h
 
 // What a family's batches are: synthetic features (rows of --dim) or token sequences.
 enum class BatchKind { Features, Tokens };
@@ -84,6 +87,12 @@ class ModelFamily {
   // How the params of a model of `config` are named in Hugging Face checkpoints; an empty
   // map: they are not (export and --init-from use the fqns).
   virtual checkpoint::HfNames hf_names(const nn::ModelConfig&) const { return {}; }
+  // Hugging Face's config.json (Note [Hugging Face configs] in models/hf_config.h): the
+  // model_type values this family reads, and reading one: sets the model fields of `config`
+  // (kind included) from `keys`, taking each key it knows and refusing values it cannot build.
+  virtual std::vector<std::string> hf_model_types() const { return {}; }
+  virtual void read_hf_config(const std::string& /*model_type*/, HfKeys& /*keys*/,
+                              nn::ModelConfig& /*config*/) const {}
   // Which modules hold a rank's E / ep experts (Note [Expert params in checkpoints]); the
   // predicate is empty for families without experts.
   virtual std::function<bool(const Module&)> expert_modules() const { return {}; }
