@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "fsdp/nn/transformer.h"
 
 namespace {
 
@@ -149,12 +150,13 @@ void bench_row_ops(Device& d, int64_t rows, int reps) {
   }
   const int64_t ld = (heads + 2 * kv_heads) * hd;
   void* qkv = b.get(rows * ld, t);
-  report_bytes("rope q+k (in place, ld " + std::to_string(ld) + ")",
-               median_ms(d, reps,
-                         [&] {
-                           d.rope(s, qkv, ld, t, rows, heads + kv_heads, hd, 2048, 1e4f, false);
-                         }),
-               2.0 * rows * (heads + kv_heads) * hd * e);
+  const std::vector<float> inv_freq = nn::rope_inv_freq(hd, 1e4, {});
+  report_bytes(
+      "rope q+k (in place, ld " + std::to_string(ld) + ")",
+      median_ms(
+          d, reps,
+          [&] { d.rope(s, qkv, ld, t, rows, heads + kv_heads, hd, 2048, inv_freq.data(), false); }),
+      2.0 * rows * (heads + kv_heads) * hd * e);
   void* h = b.get(rows * 2 * ffn, t);
   void* g = b.get(rows * ffn, t);
   void* dh = b.get(rows * 2 * ffn, t);

@@ -328,8 +328,10 @@ class GraphEmulatorDevice final : public Device {
     issue(s, [=, this] { d_.rms_norm_backward_add(s, x, w, rstd, dy, dr, t, rows, cols, dx, dw); });
   }
   void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads, int64_t hd,
-            int64_t seq, float theta, bool inverse) override {
-    issue(s, [=, this] { d_.rope(s, x, ld, t, rows, heads, hd, seq, theta, inverse); });
+            int64_t seq, const float* inv_freq, bool inverse) override {
+    // The frequencies are read before the call returns (Device::rope): a copy for the replay.
+    std::vector<float> freqs(inv_freq, inv_freq + hd / 2);
+    issue(s, [=, this] { d_.rope(s, x, ld, t, rows, heads, hd, seq, freqs.data(), inverse); });
   }
   void attention_forward(Stream s, const void* q, int64_t ldq, const void* k, int64_t ldk,
                          const void* v, int64_t ldv, DType t, int64_t batch, int64_t seq,

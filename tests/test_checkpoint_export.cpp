@@ -45,7 +45,7 @@ std::vector<std::string> fqns_of(Module& root) {
 // `path` into the shards, and gathers the full params back (rank 0's).
 std::vector<std::vector<float>> load_and_gather(
     int world, const std::function<std::unique_ptr<Module>(std::vector<Module*>& blocks)>& make,
-    const std::string& path) {
+    const std::string& path, const checkpoint::HfNames& names = {}) {
   std::vector<std::vector<float>> out;
   runtime::run_cpu_ranks(world, {}, [&](int rank, Device& device, std::shared_ptr<Comm> comm) {
     std::vector<Module*> blocks;
@@ -55,7 +55,8 @@ std::vector<std::vector<float>> load_and_gather(
     FsdpModule& root = fully_shard(*model, mesh);
     const Stream s = device.create_stream("load", StreamPriority::Normal);
     device.synchronize();
-    checkpoint::load_full_weights(path, checkpoint::collect_sharded_state(root, nullptr), &device, s);
+    checkpoint::load_full_weights(path, checkpoint::collect_sharded_state(root, nullptr), &device, s,
+                                  names);
     auto full = gather_full_params(root, s);
     device.synchronize();
     if (rank == 0) out = std::move(full);
@@ -131,6 +132,19 @@ std::unique_ptr<Module> tiny_transformer(std::vector<Module*>& blocks) {
   return root;
 }
 
+// The transformer family's Hugging Face names for tiny_transformer's shapes.
+checkpoint::HfNames tiny_transformer_names() {
+  nn::ModelConfig c;
+  c.kind = "transformer";
+  c.layers = 2;
+  c.dim = 8;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.ffn_dim = 12;
+  c.vocab = 11;
+  return models::family(c.kind).hf_names(c);
+}
+
 TEST(CheckpointExport, TransformerParamsGetLlamaNamesSplitByRowsAndLoadBack) {
   std::vector<Module*> blocks;
   std::unique_ptr<Module> model = tiny_transformer(blocks);
@@ -146,7 +160,7 @@ TEST(CheckpointExport, TransformerParamsGetLlamaNamesSplitByRowsAndLoadBack) {
     tensors.push_back({names[i], params[i]->shape(), values[i].data()});
   const std::string dir = fresh_dir("export_llama");
   const std::string llama = dir + "/llama.safetensors";
-  checkpoint::write_full_weights(llama, tensors, DType::F32);
+  checkpoint::write_full_weights(llama, tensors, DType::F32, tiny_transformer_names());
 
   const io::SafetensorsFile f(llama);
   EXPECT_EQ(f.tensors().size(), 1 + 2 * 9 + 2u);  // wqkv -> 3 tensors, w13 -> 2
@@ -173,13 +187,15 @@ TEST(CheckpointExport, TransformerParamsGetLlamaNamesSplitByRowsAndLoadBack) {
   EXPECT_EQ(read_tensor(f, "lm_head.weight"), values[index("output.weight")]);
 
   // Back in on 3 ranks: rows of q, k, v (and gate, up) land in each rank's wqkv (w13) shard.
-  EXPECT_EQ(load_and_gather(3, tiny_transformer, llama), values);
+  EXPECT_EQ(load_and_gather(3, tiny_transformer, llama, tiny_transformer_names()), values);
   // The same weights under their fqns load too (either naming).
   std::vector<io::TensorToWrite> plain;
   for (size_t i = 0; i < params.size(); ++i)
     plain.push_back({names[i], "F32", params[i]->shape(), values[i].data()});
   io::write_safetensors(dir + "/fqn.safetensors", plain, {});
-  EXPECT_EQ(load_and_gather(2, tiny_transformer, dir + "/fqn.safetensors"), values);
+  EXPECT_EQ(
+      load_and_gather(2, tiny_transformer, dir + "/fqn.safetensors", tiny_transformer_names()),
+      values);
 }
 
 TEST(CheckpointExport, TrainedTransformerExportsLlamaNamesAndInitFromLoadsItBack) {
@@ -232,7 +248,8 @@ TEST(CheckpointExport, TrainedTransformerExportsLlamaNamesAndInitFromLoadsItBack
     blocks = m->blocks();
     return std::unique_ptr<Module>(std::move(m));
   };
-  EXPECT_EQ(load_and_gather(2, make, out), trained[0].params);
+  EXPECT_EQ(load_and_gather(2, make, out, models::family(c.model.kind).hf_names(c.model)),
+            trained[0].params);
   // And through the trainer: training starts from the trained weights, the same on 2 and 4
   // ranks (the same global batch of 12 tokens) within fp32 rounding.
   runtime::TrainConfig from = small_config("transformer");

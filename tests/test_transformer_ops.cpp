@@ -13,6 +13,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "cpu_test_util.h"
 #include "fsdp/error.h"
+#include "fsdp/nn/transformer.h"
 
 namespace fsdp::cpu {
 namespace {
@@ -209,7 +210,8 @@ TEST_F(TransformerOps, RopeIsHuggingFaceRotateHalfOnStridedRows) {
   const float theta = 10000.0f;
   const Floats x = values(rows * ld, 1.0f, 8);
   void* d = put(x);
-  dev->rope(s, d, ld, DType::F32, rows, heads, hd, seq, theta, false);
+  const std::vector<float> inv_freq = nn::rope_inv_freq(hd, theta, {});
+  dev->rope(s, d, ld, DType::F32, rows, heads, hd, seq, inv_freq.data(), false);
   const Floats got = get(d, rows * ld);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t h = 0; h < heads; ++h)
@@ -225,20 +227,21 @@ TEST_F(TransformerOps, RopeIsHuggingFaceRotateHalfOnStridedRows) {
       EXPECT_EQ(got[r * ld + c], x[r * ld + c]);
   }
   // The inverse undoes it (and is its transpose, which makes it the backward).
-  dev->rope(s, d, ld, DType::F32, rows, heads, hd, seq, theta, true);
+  dev->rope(s, d, ld, DType::F32, rows, heads, hd, seq, inv_freq.data(), true);
   EXPECT_LE(max_abs_diff(get(d, rows * ld), x), 1e-6);
 }
 
 TEST_F(TransformerOps, RopeInverseIsTheBackward) {
   const int64_t seq = 4, rows = 8, heads = 2, hd = 6;
   const Floats x = values(rows * heads * hd, 1.0f, 9), r = values(rows * heads * hd, 1.0f, 10);
+  const std::vector<float> inv_freq = nn::rope_inv_freq(hd, 10000.0, {});
   auto forward = [&](const Floats& v) {
     void* d = put(v);
-    dev->rope(s, d, heads * hd, DType::F32, rows, heads, hd, seq, 10000.0f, false);
+    dev->rope(s, d, heads * hd, DType::F32, rows, heads, hd, seq, inv_freq.data(), false);
     return get(d, rows * heads * hd);
   };
   void* g = put(r);
-  dev->rope(s, g, heads * hd, DType::F32, rows, heads, hd, seq, 10000.0f, true);
+  dev->rope(s, g, heads * hd, DType::F32, rows, heads, hd, seq, inv_freq.data(), true);
   EXPECT_LE(rel_error(get(g, rows * heads * hd), numeric_grad(x, r, forward)),
             kFiniteDifferenceTol);
 }
@@ -390,10 +393,11 @@ TEST_F(TransformerOps, Bf16IsTheFp32ResultRoundedOnce) {
   const Floats q = rounded(values(n_q, 1.0f, 20)), k = rounded(values(n_kv, 1.0f, 21));
   const Floats v = rounded(values(n_kv, 1.0f, 22)), r = rounded(values(n_q, 1.0f, 23));
   Floats outs[2];
+  const std::vector<float> inv_freq = nn::rope_inv_freq(a.head_dim, 10000.0, {});
   for (DType t : {DType::F32, DType::BF16}) {
     void *dq = put(q, t), *dk = put(k, t);
-    dev->rope(s, dq, a.qw(), t, a.tokens(), a.heads, a.head_dim, a.seq, 10000.0f, false);
-    dev->rope(s, dk, a.kvw(), t, a.tokens(), a.kv_heads, a.head_dim, a.seq, 10000.0f, false);
+    dev->rope(s, dq, a.qw(), t, a.tokens(), a.heads, a.head_dim, a.seq, inv_freq.data(), false);
+    dev->rope(s, dk, a.kvw(), t, a.tokens(), a.kv_heads, a.head_dim, a.seq, inv_freq.data(), false);
     outs[t == DType::BF16] = get(dq, n_q, t);
     if (t == DType::BF16) expect_one_rounding(outs[1], outs[0], "rope");
   }
@@ -489,8 +493,9 @@ TEST_F(TransformerOps, BadShapesAndIdsGiveOneLineErrors) {
     dev->attention_forward(s, buf, 24, buf, 8, buf, 8, DType::F32, 1, 4, 3, 2, 8, buf, 24, lse);
   });
   EXPECT_NE(gqa.find("heads (3) must be a multiple of kv_heads (2)"), std::string::npos) << gqa;
-  const std::string odd = error_of(
-      [&] { dev->rope(s, buf, 10, DType::F32, 4, 2, 5, 4, 10000.0f, false); });
+  const std::vector<float> freqs = nn::rope_inv_freq(4, 1e4, {});
+  const std::string odd =
+      error_of([&] { dev->rope(s, buf, 10, DType::F32, 4, 2, 5, 4, freqs.data(), false); });
   EXPECT_NE(odd.find("head_dim must be even"), std::string::npos) << odd;
   const std::string ints = error_of(
       [&] { dev->swiglu_forward(s, buf, DType::I32, 2, 4, buf); });

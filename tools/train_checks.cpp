@@ -328,6 +328,7 @@ void check_cuda_graph(TrainOptions& o, const std::string& backend) {
 namespace {
 
 std::string check_train_options_in_api_terms(TrainOptions& o, std::string& why) {
+  apply_hf_model(o);
   check_ranges(o);
   split_micro_batches(o);
   resolve_defaults(o);

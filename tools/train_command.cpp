@@ -31,10 +31,12 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   o.nproc_opt = app.add_option("--nproc", o.nproc,
                                "processes per host: CUDA backend, one per GPU (0: every visible "
                                "GPU); CPU backend, ranks as processes over Gloo");
-  app.add_option("--model", o.config.model.kind, "mlp | resmlp | moe | transformer | moe-transformer")
-      ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer", "moe-transformer"}));
-  app.add_option("--layers", o.config.model.layers, "blocks");
-  app.add_option("--dim", o.config.model.dim, "model width");
+  o.model_opts.push_back(
+      app.add_option("--model", o.config.model.kind,
+                     "mlp | resmlp | moe | transformer | moe-transformer")
+          ->check(CLI::IsMember({"mlp", "resmlp", "moe", "transformer", "moe-transformer"})));
+  o.model_opts.push_back(app.add_option("--layers", o.config.model.layers, "blocks"));
+  o.model_opts.push_back(app.add_option("--dim", o.config.model.dim, "model width"));
   app.add_option("--hidden", o.config.model.hidden,
                  "resmlp: MLP hidden size (0: 4*dim); moe: expert hidden size (0: dim)");
   app.add_option("--experts", o.config.model.experts, "moe: experts per block");
@@ -42,13 +44,17 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "mlp, resmlp, moe: classes of the head the model learns (cross-entropy)");
   app.add_option("--norm", o.norm, "resmlp, moe: RMSNorm at the start of each block's branch (0 | 1)")
       ->check(CLI::Range(0, 1));
-  app.add_option("--heads", o.config.model.heads, "transformer: attention heads");
-  app.add_option("--kv-heads", o.config.model.kv_heads, "transformer: kv heads (0: heads)");
-  app.add_option("--ffn-dim", o.config.model.ffn_dim,
-                 "transformer: SwiGLU width (0: 8*dim/3 rounded up to 64)");
+  o.model_opts.push_back(
+      app.add_option("--heads", o.config.model.heads, "transformer: attention heads"));
+  o.model_opts.push_back(
+      app.add_option("--kv-heads", o.config.model.kv_heads, "transformer: kv heads (0: heads)"));
+  o.model_opts.push_back(app.add_option("--ffn-dim", o.config.model.ffn_dim,
+                                        "transformer: SwiGLU width (0: 8*dim/3 rounded up to 64)"));
+  add_model_dialect_options(app, o);
   app.add_option("--seq-len", o.config.model.seq_len, "transformer: tokens per sequence");
   o.vocab_opt = app.add_option("--vocab", o.config.model.vocab,
                                "transformer: vocabulary size [default: the corpus's with --data]");
+  o.model_opts.push_back(o.vocab_opt);
   app.add_option("--data", o.data_dir,
                  "transformer: train on DIR/train.bin, evaluate on DIR/val.bin (fsdp prepare-data)");
   app.add_option("--eval-every", o.eval_every,
@@ -160,7 +166,9 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--resume", o.config.checkpoint.resume,
                  "a checkpoint, or a save dir (its latest complete checkpoint)");
   app.add_option("--init-from", o.config.checkpoint.init_from,
-                 "full weights (safetensors; fqn or Hugging Face Llama names)");
+                 "full weights: a safetensors file (fqns or Hugging Face names), or a Hugging "
+                 "Face model directory (model.safetensors, or model.safetensors.index.json and "
+                 "its shards; its config.json sets the model)");
 }
 
 namespace {

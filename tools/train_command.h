@@ -43,6 +43,11 @@ struct TrainOptions {
   int64_t eval_batches = 8;   // at most; fewer when val.bin holds fewer
   double unigram_entropy_nats = -1;  // of the corpus (meta.json), shown beside the val loss
   const CLI::Option* vocab_opt = nullptr;
+  // --hf-config FILE (or --init-from DIR's config.json) sets the model (hf_model_options.cpp);
+  // the flags that would set it too, to refuse them beside it.
+  std::string hf_config;
+  std::vector<const CLI::Option*> model_opts;
+  bool model_from_hf = false;  // set by the checks: the vocabulary is the model's
   bool quiet = false;
   int log_every = 1;
   int micro_batches = 1;    // --micro-batches: --tokens splits into this many
@@ -64,6 +69,12 @@ struct TrainOptions {
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);
+// hf_model_options.cpp: the transformer's Hugging Face dialect flags (--rope-theta,
+// --tie-embeddings, ...) and --hf-config; and, first of the checks, the model of a Hugging
+// Face config (--hf-config, or --init-from DIR with a config.json) with its weights' files
+// opened and checked, one-line errors before anything runs.
+void add_model_dialect_options(CLI::App& app, TrainOptions& options);
+void apply_hf_model(TrainOptions& options);
 // The launch flags as the launcher takes them (include/fsdp/launch.h).
 LaunchOptions launch_options_of(const TrainOptions& options);
 // The model the parsed flags describe, defaults filled in (for `fsdp export --init`).

@@ -32,9 +32,9 @@ void attach_token_data(TrainOptions& o) {
   FSDP_USER_CHECK(fs::exists(meta_path, ec), "--data '", o.data_dir,
                   "' has no meta.json: not made by `fsdp prepare-data`");
   const data::CorpusMeta meta = data::read_corpus_meta(meta_path);
-  if (!o.vocab_opt || o.vocab_opt->count() == 0) m.vocab = meta.vocab;
-  FSDP_USER_CHECK(m.vocab >= meta.vocab, "--vocab ", m.vocab, " is smaller than the tokenizer's ",
-                  meta.vocab, " in ", meta_path);
+  if ((!o.vocab_opt || o.vocab_opt->count() == 0) && !o.model_from_hf) m.vocab = meta.vocab;
+  FSDP_USER_CHECK(m.vocab >= meta.vocab, o.model_from_hf ? "the model's vocab_size " : "--vocab ",
+                  m.vocab, " is smaller than the tokenizer's ", meta.vocab, " in ", meta_path);
   o.unigram_entropy_nats = meta.unigram_entropy_nats;
 
   const std::string train = o.data_dir + "/train.bin", val = o.data_dir + "/val.bin";

@@ -17,13 +17,14 @@ struct CheckpointOptions {
   int save_every = 0;     // save after every N steps, and after the last one (0: only the last)
   int keep_last = 0;      // keep the newest K complete checkpoints (0: all)
   std::string resume;     // a checkpoint directory, or a save dir: its latest complete checkpoint
-  std::string init_from;  // a safetensors file of full weights
+  std::string init_from;  // full weights: a safetensors file, or a Hugging Face model directory
   bool verbose = false;   // one line per save on stdout (rank 0)
   bool enabled() const { return !save_dir.empty() || !resume.empty() || !init_from.empty(); }
 };
 
 // Writes the full weights of a checkpoint to a safetensors file, in fp32 or bf16: Hugging
-// Face Llama names for the transformer (wqkv and w13 split by rows), the fqns otherwise.
+// Face names where the model's family has them (the transformer's wqkv and w13 split by rows),
+// the fqns otherwise.
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& out_path,
                        DType dtype);
 

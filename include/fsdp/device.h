@@ -325,10 +325,11 @@ class Device {
                                      int64_t cols, void* dx, void* dw);
   // Rotary position embedding in place on x [rows, heads * head_dim] (row stride ld), with
   // Hugging Face Llama's "rotate half" pairing: element i < head_dim/2 pairs with
-  // i + head_dim/2, angle = pos * theta^(-2i/head_dim), pos = r % seq_len. inverse rotates by
-  // -angle (the backward).
+  // i + head_dim/2, angle = pos * inv_freq[i] (fp32), pos = r % seq_len. inv_freq is host
+  // memory of head_dim/2 floats, read before the call returns (nn::rope_inv_freq makes it
+  // from theta and a scaling). inverse rotates by -angle (the backward).
   virtual void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
-                    int64_t head_dim, int64_t seq_len, float theta, bool inverse);
+                    int64_t head_dim, int64_t seq_len, const float* inv_freq, bool inverse);
   // Causal scaled-dot-product attention, scale 1/sqrt(head_dim), grouped-query: query head h
   // reads kv head h / (heads / kv_heads). Token r = b * seq + i. q and out are
   // [batch*seq, heads*head_dim], k and v [batch*seq, kv_heads*head_dim], each with its row

@@ -66,11 +66,17 @@ class Param {
   // Called by Module::backward_impl with d(loss)/d(param) in the compute dtype. Without a
   // sink (no FSDP) the grad is kept in `grad` (accumulated if one is there).
   void set_grad(RunContext& ctx, Tensor g);
+  // How many set_grad calls one backward makes: one per module that uses the param (2 for a
+  // tied embedding and head, Note [Tied embeddings] in fsdp/nn/transformer.h). FSDP reduces
+  // the param's grad only once all of them have arrived.
+  int uses() const { return uses_; }
+  void add_use() { ++uses_; }
   std::function<void(RunContext&, Param&, Tensor)> grad_sink;
 
  private:
   std::string name_;
   std::vector<int64_t> shape_;
+  int uses_ = 1;
   mutable std::vector<float> init_;
   mutable ParamInit make_init_;  // empty once made (or for values given up front)
 };

@@ -223,49 +223,4 @@ std::shared_ptr<const CheckpointIndex> open_checkpoint_shared(const std::string&
   return io::shared_by_identity<CheckpointIndex>(dir, {marker, index}, make);
 }
 
-namespace {
-// "layers.3.attention.wqkv.weight" -> (3, "attention.wqkv.weight"); -1 when not a layer name.
-std::pair<long, std::string> split_layer(const std::string& fqn) {
-  if (fqn.compare(0, 7, "layers.") != 0) return {-1, fqn};
-  const size_t dot = fqn.find('.', 7);
-  if (dot == std::string::npos) return {-1, fqn};
-  try {
-    return {std::stol(fqn.substr(7, dot - 7)), fqn.substr(dot + 1)};
-  } catch (const std::exception&) {
-    return {-1, fqn};
-  }
-}
-}  // namespace
-
-std::vector<RowPiece> llama_pieces(const std::string& fqn, int64_t rows, int64_t q_rows) {
-  if (fqn == "tok_embeddings.weight") return {{"model.embed_tokens.weight", rows}};
-  if (fqn == "norm.weight") return {{"model.norm.weight", rows}};
-  if (fqn == "output.weight") return {{"lm_head.weight", rows}};
-  const auto [layer, rest] = split_layer(fqn);
-  if (layer < 0) return {};
-  const std::string p = "model.layers." + std::to_string(layer) + ".";
-  // The MoE layer (docs/moe.md) has no Llama name: its params keep their fqns.
-  if (rest.starts_with("moe.")) return {{fqn, rows}};
-  if (rest == "attention_norm.weight") return {{p + "input_layernorm.weight", rows}};
-  if (rest == "ffn_norm.weight") return {{p + "post_attention_layernorm.weight", rows}};
-  if (rest == "attention.wo.weight") return {{p + "self_attn.o_proj.weight", rows}};
-  if (rest == "feed_forward.w2.weight") return {{p + "mlp.down_proj.weight", rows}};
-  if (rest == "feed_forward.w13.weight")
-    return {{p + "mlp.gate_proj.weight", rows / 2}, {p + "mlp.up_proj.weight", rows / 2}};
-  if (rest == "attention.wqkv.weight") {
-    const int64_t kv = (rows - q_rows) / 2;
-    return {{p + "self_attn.q_proj.weight", q_rows},
-            {p + "self_attn.k_proj.weight", kv},
-            {p + "self_attn.v_proj.weight", kv}};
-  }
-  return {};
-}
-
-std::string wo_of_wqkv(const std::string& fqn) {
-  const std::string suffix = "attention.wqkv.weight";
-  if (fqn.size() < suffix.size() || fqn.compare(fqn.size() - suffix.size(), suffix.size(), suffix))
-    return "";
-  return fqn.substr(0, fqn.size() - suffix.size()) + "attention.wo.weight";
-}
-
 }  // namespace fsdp::checkpoint

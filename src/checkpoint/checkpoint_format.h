@@ -32,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -109,15 +110,18 @@ CheckpointIndex open_checkpoint(const std::string& dir);
 // [Shared readers] in row_reader.h): index.json may be large (kMaxIndexBytes).
 std::shared_ptr<const CheckpointIndex> open_checkpoint_shared(const std::string& dir);
 
-// Hugging Face Llama names of a transformer param, stacked on dim 0 (wqkv: q, k, v rows; w13:
-// gate, up rows); `q_rows` is heads * head_dim, used for wqkv. Empty for names that are not
-// the transformer's.
-struct RowPiece {
+// Note [Hugging Face names]
+// A model family may name its params as Hugging Face's checkpoints do (models::ModelFamily::
+// hf_names, src/models): each param is one or more Hugging Face tensors stacked on its dim 0
+// (the transformer's wqkv is q_proj, k_proj and v_proj; a tied head has no tensor of its own).
+// Export writes those names; --init-from reads whichever naming the file uses, the family's
+// or the fqns.
+struct HfTensor {
   std::string name;
   int64_t rows = 0;
 };
-std::vector<RowPiece> llama_pieces(const std::string& fqn, int64_t rows, int64_t q_rows);
-// The fqn of wqkv's sibling "wo" (whose column count is q_rows), or "" for other names.
-std::string wo_of_wqkv(const std::string& fqn);
+// The Hugging Face tensors of param `fqn` (of `rows` rows on dim 0), stacked on dim 0; empty
+// when the family has no name for it. An empty map: the model has no Hugging Face names.
+using HfNames = std::function<std::vector<HfTensor>(const std::string& fqn, int64_t rows)>;
 
 }  // namespace fsdp::checkpoint

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "checkpoint/row_reader.h"
+#include "checkpoint/weight_files.h"
 #include "fsdp/error.h"
 #include "io/checked_json.h"
 #include "io/file_io.h"
@@ -73,10 +74,18 @@ std::vector<std::string> check_compatible(const CheckpointIndex& ckpt, const nlo
   };
   const std::optional<io::JsonField> saved_model = saved.find("model");
   if (saved_model && !saved_model->is_object()) saved_model->fail("must be an object");
-  for (const auto& [key, value] : run["model"].items()) {
-    const nlohmann::json before = saved_model ? saved_value(*saved_model, key) : nlohmann::json();
-    FSDP_USER_CHECK(before == value, "checkpoint '", ckpt.dir, "' is of another model shape: its ",
-                    key, " is ", text(before), ", this run's ", value.dump());
+  const nlohmann::json saved_fields = saved_model ? saved_model->raw() : nlohmann::json::object();
+  // Both sides' fields: a field only one side has (a model option at its default is left
+  // out) differs too. A run that describes no model compares none.
+  nlohmann::json keys = run["model"];
+  if (!keys.empty())
+    for (const auto& [key, value] : saved_fields.items()) keys[key] = value;
+  for (const auto& item : keys.items()) {
+    const std::string& key = item.key();
+    const nlohmann::json ours = run["model"].value(key, nlohmann::json());
+    const nlohmann::json before = saved_fields.value(key, nlohmann::json());
+    FSDP_USER_CHECK(before == ours, "checkpoint '", ckpt.dir, "' is of another model shape: its ",
+                    key, " is ", text(before), ", this run's ", ours.dump());
   }
   auto saved_string = [&](const char* key) {
     const std::optional<io::JsonField> f = saved.find(key);
@@ -164,49 +173,45 @@ nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& 
 }
 
 void load_full_weights(const std::string& path, const ShardedState& state, Device* device,
-                       Stream stream) {
-  const std::shared_ptr<const RowReader> shared = RowReader::open(path);
-  const RowReader& reader = *shared;
-  const io::SafetensorsFile& f = reader.file();
-  const bool llama = f.find("model.embed_tokens.weight") || f.find("lm_head.weight");
+                       Stream stream, const HfNames& names) {
+  const WeightFiles files(path);
+  // The family's Hugging Face names when the file uses them, else the fqns (Note [Hugging
+  // Face names]): any param's first Hugging Face tensor in the file decides.
+  bool hf = false;
+  if (names)
+    for (const ShardView& v : state.tensors) {
+      const auto pieces = names(v.fqn, v.shape.empty() ? 1 : v.shape[0]);
+      if (!pieces.empty() && pieces[0].name != v.fqn && files.find(pieces[0].name)) hf = true;
+    }
   std::set<std::string> used;
   std::vector<float> host;
   for (const ShardView& v : state.tensors) {
     const int64_t rows = v.shape.empty() ? 1 : v.shape[0];
-    std::vector<RowPiece> pieces{{v.fqn, rows}};
-    if (llama) {
-      const io::TensorEntry* q = nullptr;
-      if (!wo_of_wqkv(v.fqn).empty()) {
-        const auto probe = llama_pieces(v.fqn, rows, 0);
-        q = f.find(probe.at(0).name);
-      }
-      // q_proj's rows decide how wqkv splits; rows outside [0, rows] split it into pieces
-      // that cannot hold it, refused below as another shape.
-      const int64_t q_rows = q ? std::clamp<int64_t>(q->rows(), 0, rows) : 0;
-      pieces = llama_pieces(v.fqn, rows, q_rows);
-      FSDP_USER_CHECK(!pieces.empty(), "'", path, "' uses Hugging Face Llama names, which have none "
+    std::vector<HfTensor> pieces{{v.fqn, rows}};
+    if (hf) {
+      pieces = names(v.fqn, rows);
+      FSDP_USER_CHECK(!pieces.empty(), "'", path, "' uses Hugging Face names, which have none "
                       "for this model's param '", v.fqn, "'");
     }
     int64_t at = 0;  // global row of the stacked pieces
     host.assign(static_cast<size_t>(v.rows.rows() * v.cols), 0.0f);
-    for (const RowPiece& p : pieces) {
-      FSDP_USER_CHECK(f.find(p.name), "'", path, "' has no tensor '", p.name, "' (another model?)");
-      reader.expect(p.name, p.rows, v.cols);
+    for (const HfTensor& p : pieces) {
+      files.expect(p.name, p.rows, v.cols);  // every dimension, before a row is read
       used.insert(p.name);
       const int64_t b = std::max(at, v.rows.begin), e = std::min(at + p.rows, v.rows.end);
       if (b < e)
-        reader.read_rows(p.name, p.rows, v.cols, b - at, e - at,
-                         std::span<float>(host).subspan(static_cast<size_t>((b - v.rows.begin) * v.cols),
-                                                        static_cast<size_t>((e - b) * v.cols)));
+        files.read_rows(p.name, p.rows, v.cols, b - at, e - at,
+                        std::span<float>(host).subspan(static_cast<size_t>((b - v.rows.begin) * v.cols),
+                                                       static_cast<size_t>((e - b) * v.cols)));
       at += p.rows;
     }
     FSDP_USER_CHECK(at == rows, "'", path, "': the tensors of '", v.fqn, "' hold ", at,
                     " rows, this model's have ", rows, " (another model shape)");
     upload(device, stream, v.param, host);
   }
-  for (const io::TensorEntry& t : f.tensors())
-    FSDP_USER_CHECK(used.count(t.name), "'", path, "' holds tensor '", io::printable(t.name),
-                    "' that this model does not have (another model shape)");
+  for (const std::string& name : files.names())
+    FSDP_USER_CHECK(used.count(name), "'", files.file_of(name), "' holds tensor '",
+                    io::printable(name), "' that this model does not have (another model shape)");
   if (device) device->synchronize_stream(stream);
 }
 

@@ -27,6 +27,8 @@ struct RunDescription {
   std::string data = "synthetic";  // or the token file's path
   // The model's fields that decide its params' shapes (models::ModelFamily::shape_fields).
   nlohmann::json model_fields = nlohmann::json::object();
+  // The family's Hugging Face names, for --init-from (Note [Hugging Face names]); not recorded.
+  HfNames hf_names = nullptr;
 };
 nlohmann::json run_config_json(const RunDescription& run);
 // Raises a one-line error naming the checkpoint when its run does not match: another model
@@ -40,9 +42,10 @@ std::vector<std::string> check_compatible(const CheckpointIndex& ckpt, const nlo
 nlohmann::json load_checkpoint(const CheckpointIndex& ckpt, const ShardedState& state,
                                Device* device, Stream stream);
 
-// Loads params from full weights, fqn or Hugging Face Llama names. With no device, the views'
-// pointers are host memory.
+// Loads params from full weights (a file or a Hugging Face directory, WeightFiles), under
+// their fqns or, where given and the file uses them, the family's Hugging Face names. With no
+// device, the views' pointers are host memory.
 void load_full_weights(const std::string& path, const ShardedState& state, Device* device,
-                       Stream stream);
+                       Stream stream, const HfNames& names = {});
 
 }  // namespace fsdp::checkpoint

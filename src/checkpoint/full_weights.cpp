@@ -9,16 +9,14 @@
 #include "checkpoint/sharded_state.h"
 #include "fsdp/error.h"
 #include "io/file_io.h"
+#include "models/model_family.h"
 
 namespace fsdp::checkpoint {
 
 void write_full_weights(const std::string& path, const std::vector<FullTensor>& tensors,
-                        DType dtype) {
+                        DType dtype, const HfNames& names) {
   FSDP_USER_CHECK(dtype == DType::F32 || dtype == DType::BF16, "export writes fp32 or bf16, not ",
              dtype_name(dtype));
-  std::map<std::string, const FullTensor*> by_name;
-  for (const FullTensor& t : tensors) by_name[t.fqn] = &t;
-  const bool llama = by_name.count("tok_embeddings.weight") > 0;
   std::vector<std::vector<uint16_t>> bf16;  // converted copies, when dtype is bf16
   std::vector<io::TensorToWrite> out;
   nlohmann::json crcs = nlohmann::json::object();
@@ -26,28 +24,22 @@ void write_full_weights(const std::string& path, const std::vector<FullTensor>& 
     const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
     int64_t cols = 1;
     for (size_t d = 1; d < t.shape.size(); ++d) cols *= t.shape[d];
-    std::vector<RowPiece> pieces{{t.fqn, rows}};
-    if (llama) {
-      int64_t q_rows = 0;
-      if (const std::string wo = wo_of_wqkv(t.fqn); !wo.empty()) {
-        FSDP_USER_CHECK(by_name.count(wo) && by_name[wo]->shape.size() == 2, "cannot split '", t.fqn,
-                   "' into q, k and v: its '", wo, "' is missing");
-        q_rows = by_name[wo]->shape[1];
-      }
-      pieces = llama_pieces(t.fqn, rows, q_rows);
-      FSDP_USER_CHECK(!pieces.empty(), "no Hugging Face Llama name for transformer param '", t.fqn, "'");
+    std::vector<HfTensor> pieces{{t.fqn, rows}};
+    if (names) {  // Note [Hugging Face names]
+      pieces = names(t.fqn, rows);
+      FSDP_USER_CHECK(!pieces.empty(), "no Hugging Face name for param '", t.fqn, "'");
       // The shapes come from a checkpoint's index: pieces that do not split the rows exactly
       // (wo's columns past wqkv's rows, an odd w13) are refused, never read past.
       int64_t split = 0;
-      for (const RowPiece& p : pieces) {
+      for (const HfTensor& p : pieces) {
         FSDP_USER_CHECK(p.rows >= 0, "cannot split '", t.fqn, "' of ", rows, " rows into ", p.name);
         split += p.rows;
       }
       FSDP_USER_CHECK(split == rows, "cannot split '", t.fqn, "' of ", rows,
-                      " rows into Hugging Face Llama tensors of ", split, " rows in all");
+                      " rows into Hugging Face tensors of ", split, " rows in all");
     }
     int64_t at = 0;
-    for (const RowPiece& p : pieces) {
+    for (const HfTensor& p : pieces) {
       std::vector<int64_t> shape = t.shape.empty() ? std::vector<int64_t>{1} : t.shape;
       shape[0] = p.rows;
       const float* src = t.data + at * cols;
@@ -62,6 +54,8 @@ void write_full_weights(const std::string& path, const std::vector<FullTensor>& 
       out.push_back({p.name, dtype == DType::BF16 ? "BF16" : "F32", shape, data});
       at += p.rows;
     }
+    FSDP_CHECK(at == rows, "the Hugging Face tensors of '", t.fqn, "' hold ", at, " rows, not ",
+               rows);
   }
   io::write_safetensors(path, out, {{"format", "pt"}, {kChunkCrcKey, crcs.dump()}});
 }
@@ -120,5 +114,8 @@ void fsdp::export_checkpoint(const std::string& checkpoint_dir, const std::strin
     tensors.push_back({v.fqn, v.shape, values.back().data()});
   }
   load_checkpoint(ckpt, whole, /*device=*/nullptr, Stream{});
-  write_full_weights(out_path, tensors, dtype);
+  // The family's names, for the model the checkpoint recorded (Note [Hugging Face names]).
+  const nn::ModelConfig model = models::config_of_shape_fields(
+      ckpt.index.value("config", nlohmann::json::object()).value("model", nlohmann::json::object()));
+  write_full_weights(out_path, tensors, dtype, models::family(model.kind).hf_names(model));
 }

@@ -70,7 +70,8 @@ int TrainerCheckpoint::start(int total_steps) {
   if (!options_.save_dir.empty()) check_save_dir(start_step);
   if (ckpt) resumed_state_ = load_checkpoint(*ckpt, state_, &device_, stream_);
   if (options_.verbose && lead_) changes_ = std::move(changes);
-  if (!options_.init_from.empty()) load_full_weights(options_.init_from, state_, &device_, stream_);
+  if (!options_.init_from.empty())
+    load_full_weights(options_.init_from, state_, &device_, stream_, run_.hf_names);
   if (writer_) {
     // The host copy of the shards, touched now: the first save's stall is then the copy alone,
     // not the page faults of a fresh buffer.

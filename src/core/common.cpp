@@ -134,7 +134,8 @@ void Device::rms_norm_backward_add(Stream, const void*, const void*, const float
                                    const void*, DType, int64_t, int64_t, void*, void*) {
   not_on_backend(*this, "rms_norm_backward_add");
 }
-void Device::rope(Stream, void*, int64_t, DType, int64_t, int64_t, int64_t, int64_t, float, bool) {
+void Device::rope(Stream, void*, int64_t, DType, int64_t, int64_t, int64_t, int64_t, const float*,
+                  bool) {
   not_on_backend(*this, "rope");
 }
 void Device::attention_forward(Stream, const void*, int64_t, const void*, int64_t, const void*,

@@ -1,5 +1,7 @@
 #include "core/param_group.h"
 
+#include <algorithm>
+
 #include "core/fsdp_state.h"
 #include "fsdp/error.h"
 
@@ -35,6 +37,7 @@ ParamGroup::ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params,
   shard_param_ = static_cast<float*>(device_->alloc(bytes, init_stream, MemTag::ShardedState));
   device_->copy_from_host(init_stream, shard_param_, shard.data(), bytes);
   grads_.resize(params_.size());
+  uses_seen_.assign(params_.size(), 0);
   all_gather_done_ = device_->create_event();
   post_forward_ready_ = device_->create_event();
 }
@@ -235,7 +238,10 @@ void ParamGroup::on_grad(RunContext& ctx, int param_index, Tensor grad) {
     grads_[param_index] = std::move(grad);
     ++grads_received_;
   }
-  if (grads_received_ == static_cast<int>(params_.size())) post_backward(ctx);
+  // A param is complete once each of its uses has handed its grad (Note [Tied embeddings]);
+  // the group reduce-scatters when every param is.
+  if (++uses_seen_[param_index] == p.uses()) ++params_complete_;
+  if (params_complete_ == static_cast<int>(params_.size())) post_backward(ctx);
 }
 
 void ParamGroup::accumulate_unsharded(RunContext& ctx) {
@@ -256,6 +262,8 @@ void ParamGroup::accumulate_unsharded(RunContext& ctx) {
 void ParamGroup::release_grads() {
   for (Tensor& g : grads_) g = Tensor{};  // stream-ordered frees on compute
   grads_received_ = 0;
+  std::fill(uses_seen_.begin(), uses_seen_.end(), 0);
+  params_complete_ = 0;
 }
 
 void ParamGroup::post_backward(RunContext& ctx) {

@@ -125,7 +125,9 @@ class ParamGroup {
   // The grad serving as this reduce-scatter's input, handed to the ring with it (Note
   // [One-rank reduce-scatter]); null when the input is a copy-in buffer.
   std::shared_ptr<Storage> rs_in_owner_;
-  int grads_received_ = 0;
+  int grads_received_ = 0;      // params with a grad
+  std::vector<int> uses_seen_;  // grads handed per param in this backward (Param::uses)
+  int params_complete_ = 0;     // params whose every use has handed its grad
   bool fired_ = false;
   float* unsharded_accum_ = nullptr;  // fp32, sum of rows*cols, for no-sync micro-batches
   int64_t full_numel_ = 0;

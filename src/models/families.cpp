@@ -139,6 +139,26 @@ void check_sizes(const nn::ModelConfig& c) {
 
 }  // namespace
 
+void ModelFamily::read_shape_fields(const nlohmann::json& j, nn::ModelConfig& m) const {
+  m.layers = j.value("layers", m.layers);
+  m.dim = j.value("dim", m.dim);
+  m.hidden = j.value("hidden", m.hidden);
+  m.experts = j.value("experts", m.experts);
+  m.classes = j.value("classes", m.classes);
+  m.norm = j.value("norm", m.norm);
+}
+
+nn::ModelConfig config_of_shape_fields(const nlohmann::json& fields) {
+  nn::ModelConfig m;
+  try {
+    m.kind = fields.value("kind", m.kind);
+    family(m.kind).read_shape_fields(fields, m);
+  } catch (const nlohmann::json::exception&) {
+    FSDP_USER_FAIL("the checkpoint's model fields are mistyped: ", fields.dump());
+  }
+  return m;
+}
+
 nn::ModelConfig resolved(nn::ModelConfig config) {
   check_sizes(config);  // Note [Model sizes]
   family(config.kind).resolve(config);
@@ -165,9 +185,10 @@ std::vector<int64_t> unit_param_counts(nn::Model& model) {
 }
 
 double flops_per_token(nn::Model& model) {
-  int64_t embedding = 0;
+  int64_t embedding = 0;  // a lookup, not a GEMM; unless a tied head uses the same param
   if (Module* e = model.embedding())
-    for (Param* p : e->all_params()) embedding += p->numel();
+    for (Param* p : e->all_params())
+      if (p->uses() == 1) embedding += p->numel();
   const double gemm_params = static_cast<double>(model.active_param_count() - embedding);
   return 6.0 * gemm_params + family(model.config().kind).attention_flops_per_token(model.config());
 }

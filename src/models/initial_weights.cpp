@@ -17,7 +17,8 @@ void export_initial_weights(const nn::ModelConfig& config, const std::string& ou
     for (const auto& p : m.params())
       tensors.push_back({checkpoint::param_fqn(m, *p), p->shape(), p->init_values().data()});
   });
-  checkpoint::write_full_weights(out_path, tensors, dtype);
+  checkpoint::write_full_weights(out_path, tensors, dtype,
+                                 family(config.kind).hf_names(all_experts));
 }
 
 }  // namespace fsdp::models

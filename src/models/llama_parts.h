@@ -1,5 +1,6 @@
 // The parts the decoder families share (llama.cpp defines them): the embedding, the final
-// norm and head, the attention's FLOPs and saved bytes, the shape fields.
+// norm and head, the attention's FLOPs and saved bytes, the shape fields, the Hugging Face
+// names.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -23,5 +24,9 @@ double dense_block_saved_bytes_per_token(const nn::TransformerConfig& c, DType a
 double selective_dropped_bytes_per_token(const nn::TransformerConfig& c, double swiglu_width,
                                          DType act);
 nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig& m);
+void read_decoder_shape_fields(const nlohmann::json& j, nn::ModelConfig& m);
+checkpoint::HfNames decoder_hf_names(const nn::TransformerConfig& c);
+// llama_hf.cpp: the keys of a config.json of model_type llama, qwen2 or mistral.
+void read_decoder_hf_config(const std::string& model_type, HfKeys& keys, nn::ModelConfig& m);
 
 }  // namespace fsdp::models

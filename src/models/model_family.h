@@ -12,6 +12,8 @@
 //     the fields that decide its params' shapes (a checkpoint compares them on resume);
 //   - what its blocks keep for backward per token (the memory estimate), under each
 //     activation checkpointing mode, and whether its blocks have a selective policy.
+//   - its Hugging Face names (Note [Hugging Face names] in src/checkpoint/checkpoint_format.h)
+//     and the config.json keys it reads (Note [Hugging Face configs] in models/hf_config.h).
 // Param counts and FLOPs per token are not written per family: they are read from a built
 // model (Note [Lazy initial values] makes building one cost no memory), so they cannot drift
 // from what trains.
@@ -25,11 +27,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_format.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/nn/model.h"
 
 namespace fsdp::models {
+
+class HfKeys;  // models/hf_config.h
 
 // What a family's batches are: synthetic features (rows of --dim) or token sequences.
 enum class BatchKind { Features, Tokens };
@@ -85,8 +90,19 @@ class ModelFamily {
   // Why selective checkpointing cannot run on this family's blocks (they do not say which of
   // their outputs are cheap to make again); empty: it can. Full runs on every family's.
   virtual std::string selective_checkpoint_refusal() const;
-  // The config fields that decide a param's shape (a checkpoint compares them on resume).
+  // The config fields that decide a param's shape (a checkpoint compares them on resume),
+  // and back: read_shape_fields sets them in `config` (a checkpoint's model, for export).
   virtual nlohmann::json shape_fields(const nn::ModelConfig& config) const;
+  virtual void read_shape_fields(const nlohmann::json& fields, nn::ModelConfig& config) const;
+  // How the params of a model of `config` are named in Hugging Face checkpoints; an empty
+  // map: they are not (export and --init-from use the fqns).
+  virtual checkpoint::HfNames hf_names(const nn::ModelConfig&) const { return {}; }
+  // Hugging Face's config.json (Note [Hugging Face configs] in models/hf_config.h): the
+  // model_type values this family reads, and reading one: sets the model fields of `config`
+  // (kind included) from `keys`, taking each key it knows and refusing values it cannot build.
+  virtual std::vector<std::string> hf_model_types() const { return {}; }
+  virtual void read_hf_config(const std::string& /*model_type*/, HfKeys& /*keys*/,
+                              nn::ModelConfig& /*config*/) const {}
   // Which modules hold a rank's E / ep experts (Note [Expert params in checkpoints]); the
   // predicate is empty for families without experts.
   virtual std::function<bool(const Module&)> expert_modules() const { return {}; }
@@ -109,6 +125,10 @@ const ModelFamily& family(const std::string& name);
 // Every family's name, in registration order.
 std::vector<std::string> family_names();
 
+// The model a checkpoint's shape fields describe (ModelFamily::read_shape_fields); the
+// fields no family wrote keep their defaults.
+nn::ModelConfig config_of_shape_fields(const nlohmann::json& fields);
+
 // Resolves `config` with its family (defaults, one-line checks) and returns it.
 nn::ModelConfig resolved(nn::ModelConfig config);
 // A model of `config` (resolved here), its params' values not made yet (Note [Lazy initial
@@ -118,8 +138,8 @@ std::unique_ptr<nn::Model> build_model(const nn::ModelConfig& config);
 // Read from a built model (Note [Model families]):
 // each FSDP unit's param count, the blocks in order, then the root's own params;
 std::vector<int64_t> unit_param_counts(nn::Model& model);
-// training FLOPs per token: 6 x the active params that a GEMM uses (all but the embedding's)
-// plus the family's attention term.
+// training FLOPs per token: 6 x the active params that a GEMM uses (all but the embedding's,
+// unless a tied head uses them too) plus the family's attention term.
 double flops_per_token(nn::Model& model);
 // The same, building the model of `config` (cheap: no values are made).
 std::vector<int64_t> unit_param_counts(const nn::ModelConfig& config);

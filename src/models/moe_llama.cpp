@@ -105,6 +105,15 @@ struct MoeLlamaFamily final : ModelFamily {
     j["moe_every"] = m.moe_every;
     return j;
   }
+  void read_shape_fields(const nlohmann::json& j, nn::ModelConfig& m) const override {
+    ModelFamily::read_shape_fields(j, m);
+    read_decoder_shape_fields(j, m);
+    m.expert_ffn_dim = j.value("expert_ffn_dim", m.expert_ffn_dim);
+    m.moe_every = j.value("moe_every", m.moe_every);
+  }
+  checkpoint::HfNames hf_names(const nn::ModelConfig& m) const override {
+    return decoder_hf_names(nn::transformer_config(m));
+  }
   std::function<bool(const Module&)> expert_modules() const override { return is_experts; }
 };
 

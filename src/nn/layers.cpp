@@ -34,6 +34,10 @@ ParamInit uniform_init_fn(uint64_t seed, int64_t n, float bound) {
   return [=] { return uniform_init(seed, n, bound); };
 }
 
+ParamInit zeros_init_fn(int64_t n) {
+  return [n] { return std::vector<float>(static_cast<size_t>(n), 0.0f); };
+}
+
 // ---- Linear
 Linear::Linear(int64_t in, int64_t out, bool bias, uint64_t seed)
     : Module("Linear"), in_(in), out_(out) {
@@ -53,6 +57,13 @@ Linear::Linear(int64_t in, int64_t out, ParamInit weight_init)
     : Module("Linear"), in_(in), out_(out) {
   FSDP_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
   add_param("weight", {out, in}, std::move(weight_init));
+}
+
+Linear::Linear(int64_t in, int64_t out, ParamInit weight_init, ParamInit bias_init)
+    : Module("Linear"), in_(in), out_(out) {
+  FSDP_CHECK(in > 0 && out > 0, "Linear(", in, ", ", out, "): sizes must be positive");
+  add_param("weight", {out, in}, std::move(weight_init));
+  add_param("bias", {out}, std::move(bias_init));
 }
 
 Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {

@@ -26,9 +26,28 @@ void TransformerConfig::validate() const {
   FSDP_USER_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 && vocab >= 1,
              "transformer sizes must be positive: dim ", dim, ", heads ", heads, ", kv-heads ",
              kv_heads, ", ffn-dim ", ffn_dim, ", seq-len ", seq_len, ", vocab ", vocab);
-  FSDP_USER_CHECK(dim % heads == 0, "--dim (", dim, ") must be a multiple of --heads (", heads, ")");
-  FSDP_USER_CHECK(head_dim() % 2 == 0, "the head dim (dim / heads = ", head_dim(),
-             ") must be even for rotary embeddings");
+  FSDP_USER_CHECK(head_size >= 0, "head_dim must be >= 1 (or 0: dim / heads), got ", head_size);
+  FSDP_USER_CHECK(head_size > 0 || dim % heads == 0, "--dim (", dim,
+                  ") must be a multiple of --heads (", heads, ")");
+  FSDP_USER_CHECK(head_dim() % 2 == 0, "the head dim (", head_size > 0 ? "head_dim" : "dim / heads",
+                  " = ", head_dim(), ") must be even for rotary embeddings");
+  FSDP_USER_CHECK(std::isfinite(rope_theta) && rope_theta > 1,
+                  "rope_theta must be a number > 1, got ", rope_theta);
+  FSDP_USER_CHECK(std::isfinite(norm_eps) && norm_eps > 0, "norm_eps must be > 0, got ", norm_eps);
+  const RopeScaling& r = rope_scaling;
+  FSDP_USER_CHECK(r.type == "default" || r.type == "llama3", "rope_scaling type '", r.type,
+                  "' is not implemented (default and llama3 are)");
+  if (r.type == "llama3") {
+    FSDP_USER_CHECK(std::isfinite(r.factor) && r.factor >= 1,
+                    "rope_scaling factor must be >= 1, got ", r.factor);
+    FSDP_USER_CHECK(std::isfinite(r.low_freq_factor) && std::isfinite(r.high_freq_factor) &&
+                        r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
+                    "rope_scaling needs 0 < low_freq_factor < high_freq_factor, got ",
+                    r.low_freq_factor, " and ", r.high_freq_factor);
+    FSDP_USER_CHECK(r.original_max_positions >= 1,
+                    "rope_scaling original_max_position_embeddings must be >= 1, got ",
+                    r.original_max_positions);
+  }
   FSDP_USER_CHECK(heads % kv_heads == 0, "--heads (", heads, ") must be a multiple of --kv-heads (",
              kv_heads, ")");
   FSDP_USER_CHECK(vocab <= INT32_MAX, "--vocab must fit token ids in int32, got ", vocab);
@@ -37,10 +56,38 @@ void TransformerConfig::validate() const {
 int64_t transformer_param_count(const TransformerConfig& c) {
   const int64_t hd = c.head_dim();
   const int64_t per_layer = c.dim * (c.heads + 2 * c.kv_heads) * hd  // wqkv
-                            + c.heads * hd * c.dim                   // wo
-                            + 3 * c.dim * c.ffn_dim                  // w13, w2
-                            + 2 * c.dim;                             // the two norms
-  return 2 * c.vocab * c.dim + c.dim + c.layers * per_layer;
+                            + (c.attention_bias ? (c.heads + 2 * c.kv_heads) * hd : 0) +
+                            c.heads * hd * c.dim     // wo
+                            + 3 * c.dim * c.ffn_dim  // w13, w2
+                            + 2 * c.dim;             // the two norms
+  return (c.tie_embeddings ? 1 : 2) * c.vocab * c.dim + c.dim + c.layers * per_layer;
+}
+
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& r) {
+  // fp32 throughout, the operations in the order of Hugging Face's (its tensors are fp32 and
+  // its Python scalars enter each operation as fp32).
+  const int64_t half = head_dim / 2;
+  std::vector<float> f(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i)
+    f[static_cast<size_t>(i)] =
+        1.0f / std::pow(static_cast<float>(theta),
+                        static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  if (r.type != "llama3") return f;
+  const float factor = static_cast<float>(r.factor), lo = static_cast<float>(r.low_freq_factor);
+  const float band = static_cast<float>(r.high_freq_factor - r.low_freq_factor);
+  const double old_len = static_cast<double>(r.original_max_positions);
+  const float low_freq_wavelen = static_cast<float>(old_len / r.low_freq_factor);
+  const float high_freq_wavelen = static_cast<float>(old_len / r.high_freq_factor);
+  for (float& v : f) {
+    const float wavelen = static_cast<float>(2 * std::numbers::pi) / v;
+    if (wavelen > low_freq_wavelen) {
+      v = v / factor;
+    } else if (!(wavelen < high_freq_wavelen)) {
+      const float smooth = (static_cast<float>(old_len) / wavelen - lo) / band;
+      v = (1 - smooth) * v / factor + smooth * v;
+    }
+  }
+  return f;
 }
 
 double transformer_flops_per_token(const TransformerConfig& c) {
@@ -109,6 +156,46 @@ Tensor Embedding::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   saved_ids_ = Tensor{};
   weight().set_grad(ctx, std::move(dw));
   return Tensor{};  // token ids have no gradient
+}
+
+// ---- TiedHead (Note [Tied embeddings])
+
+TiedHead::TiedHead(Param& embedding_weight)
+    : Module("TiedHead"),
+      weight_(embedding_weight),
+      vocab_(embedding_weight.rows()),
+      dim_(embedding_weight.cols()) {
+  weight_.add_use();
+}
+
+Tensor TiedHead::forward_impl(RunContext& ctx, const Tensor& x) {
+  FSDP_CHECK(x.cols == dim_, "TiedHead ", fqn(), " expects ", dim_, " features, got ", x.cols);
+  FSDP_CHECK(weight_.value.defined(), "TiedHead ", fqn(),
+             ": the embedding's weight is not gathered");
+  Tensor y = new_act(ctx, x.rows, vocab_);
+  ctx.device->set_label(op_label("fwd", "gemm"));
+  ctx.device->gemm(ctx.compute, false, true, x.rows, vocab_, dim_, 1.0f, x.data, weight_.value.data,
+                   ctx.act_dtype, 0.0f, y.data, y.dtype);
+  saved_x_ = x;
+  return y;
+}
+
+Tensor TiedHead::backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) {
+  Device& d = *ctx.device;
+  Tensor dx;
+  if (input_grad) {
+    dx = new_act(ctx, dy.rows, dim_);
+    d.set_label(op_label("bwd", "gemm dX"));
+    d.gemm(ctx.compute, false, false, dy.rows, dim_, vocab_, 1.0f, dy.data, weight_.value.data,
+           ctx.act_dtype, 0.0f, dx.data, dx.dtype);
+  }
+  Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, vocab_, dim_, MemTag::Grad);
+  d.set_label(op_label("bwd", "gemm dW"));
+  d.gemm(ctx.compute, true, false, vocab_, dim_, dy.rows, 1.0f, dy.data, saved_x_.data,
+         ctx.act_dtype, 0.0f, dw.data, dw.dtype);
+  saved_x_ = Tensor{};
+  weight_.set_grad(ctx, std::move(dw));  // the first of its two (Note [Tied embeddings])
+  return dx;
 }
 
 // ---- RMSNorm

@@ -24,14 +24,17 @@ Attention::Attention(const TransformerConfig& c, int layer)
       kv_heads_(c.kv_heads),
       head_dim_(c.head_dim()),
       seq_len_(c.seq_len),
-      rope_theta_(c.rope_theta) {
+      inv_freq_(rope_inv_freq(c.head_dim(), c.rope_theta, c.rope_scaling)) {
   c.validate();
   const int64_t qkv_rows = (c.heads + 2 * c.kv_heads) * head_dim_;
   const int64_t q_width = c.heads * head_dim_;
-  wqkv_ = &add_child("wqkv", std::make_unique<Linear>(
-                                 c.dim, qkv_rows,
-                                 normal_init_fn(transformer_param_seed(c.seed, layer, InitRole::Wqkv),
-                                             qkv_rows * c.dim, kTransformerInitStd)));
+  ParamInit wqkv_init = normal_init_fn(transformer_param_seed(c.seed, layer, InitRole::Wqkv),
+                                       qkv_rows * c.dim, kTransformerInitStd);
+  // The biases start at zero, as Hugging Face's Qwen2 initializes them.
+  wqkv_ = &add_child("wqkv", c.attention_bias
+                                 ? std::make_unique<Linear>(c.dim, qkv_rows, std::move(wqkv_init),
+                                                            zeros_init_fn(qkv_rows))
+                                 : std::make_unique<Linear>(c.dim, qkv_rows, std::move(wqkv_init)));
   wo_ = &add_child("wo", std::make_unique<Linear>(
                              q_width, c.dim,
                              normal_init_fn(transformer_param_seed(c.seed, layer, InitRole::Wo),
@@ -48,9 +51,9 @@ Tensor Attention::forward_impl(RunContext& ctx, const Tensor& x) {
   const int64_t ld = qkv.cols;
   d.set_label(op_label("fwd", "rope"));
   d.rope(ctx.compute, qkv.data, ld, ctx.act_dtype, tokens, heads_, head_dim_, seq_len_,
-         rope_theta_, false);
+         inv_freq_.data(), false);
   d.rope(ctx.compute, element(qkv, q_width), ld, ctx.act_dtype, tokens, kv_heads_, head_dim_,
-         seq_len_, rope_theta_, false);
+         seq_len_, inv_freq_.data(), false);
   Tensor out = empty_tensor(d, ctx.compute, ctx.act_dtype, tokens, q_width, MemTag::Activation);
   Tensor lse = empty_tensor(d, ctx.compute, DType::F32, batch * heads_, seq_len_,
                             MemTag::Activation);
@@ -92,9 +95,9 @@ Tensor Attention::backward_impl(RunContext& ctx, const Tensor& dy, bool input_gr
   // RoPE is a rotation: its backward rotates the gradient back.
   d.set_label(op_label("bwd", "rope"));
   d.rope(ctx.compute, dqkv.data, ld, ctx.act_dtype, tokens, heads_, head_dim_, seq_len_,
-         rope_theta_, true);
+         inv_freq_.data(), true);
   d.rope(ctx.compute, element(dqkv, q_width), ld, ctx.act_dtype, tokens, kv_heads_, head_dim_,
-         seq_len_, rope_theta_, true);
+         seq_len_, inv_freq_.data(), true);
   return wqkv_->backward(ctx, dqkv, input_grad);
 }
 

@@ -20,8 +20,20 @@ TransformerConfig transformer_config(const ModelConfig& m) {
   }
   c.seq_len = m.seq_len;
   c.vocab = m.vocab;
+  c.head_size = m.head_dim;
+  c.rope_theta = m.rope_theta;
+  c.rope_scaling = m.rope_scaling;
+  c.norm_eps = static_cast<float>(m.norm_eps);
+  c.tie_embeddings = m.tie_embeddings;
+  c.attention_bias = m.attention_bias;
   c.seed = m.seed;
   c.validate();
+  FSDP_USER_CHECK(m.sliding_window >= 0, "sliding_window must be >= 0 (0: none), got ",
+                  m.sliding_window);
+  FSDP_USER_CHECK(m.sliding_window == 0 || m.sliding_window >= m.seq_len, "sliding_window ",
+                  m.sliding_window, " is shorter than seq_len ", m.seq_len,
+                  ": sliding-window attention is not implemented (a window at least as long "
+                  "as the sequences changes nothing)");
   return c;
 }
 

@@ -163,7 +163,8 @@ Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig&
                                    config.optimizer.kind, pm_.world->size(), config.tokens,
                                    config.seed,    config.micro_batches,  config.schedule,
                                    config.optimizer.base_lr(), config.data_name,
-                                   family.shape_fields(config.model)};
+                                   family.shape_fields(config.model),
+                                   family.hf_names(config.model)};
     const checkpoint::ExpertLayout experts{pm_.ep, family.expert_modules()};
     observers_.push_back(checkpointer(
         std::make_unique<checkpoint::TrainerCheckpoint>(config.checkpoint, run, device, compute_,

@@ -72,12 +72,14 @@ class Object {
   }
   // Keys that do not change a single text's ids (offsets, pair templates), taken unread.
   void ignore(const std::string& key) { taken_.insert(key); }
-  void done() const {
+  // `what`: what an unknown key may change.
+  void done(const char* what = "the ids") const {
     for (const auto& [key, value] : v_.items())
       if (!taken_.count(key))
         fail("has the key \"", key,
              "\", which this reader does not know (refused rather "
-             "than ignored: it may change the ids)");
+             "than ignored: it may change ",
+             what, ")");
   }
   // Requires `key`, when present and not null, to be `want` (a setting whose other values
   // change the ids).

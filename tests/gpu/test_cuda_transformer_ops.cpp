@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_device.h"
+#include "fsdp/nn/transformer.h"
 #include "transformer_ops_util.h"
 
 namespace fsdp {
@@ -117,12 +118,13 @@ TEST_F(CudaTransformerOps, RopeOnStridedQkvMatchesCpu) {
                                   std::to_string(sh.heads) + "+" + std::to_string(sh.kv_heads) +
                                   " hd " + std::to_string(sh.head_dim) +
                                   (inverse ? " inverse" : "");
+        const std::vector<float> freqs = nn::rope_inv_freq(sh.head_dim, 10000.0, {});
         compare_with_cpu(label("rope", t, shape), [&](Buffers& b) {
           Device& d = b.device();
           auto* x = static_cast<char*>(b.upload(t, qkv));
-          d.rope(b.stream(), x, ld, t, rows, sh.heads, sh.head_dim, sh.seq, 10000.0f, inverse);
-          d.rope(b.stream(), x + sh.heads * sh.head_dim * dtype_size(t), ld, t, rows,
-                 sh.kv_heads, sh.head_dim, sh.seq, 10000.0f, inverse);
+          d.rope(b.stream(), x, ld, t, rows, sh.heads, sh.head_dim, sh.seq, freqs.data(), inverse);
+          d.rope(b.stream(), x + sh.heads * sh.head_dim * dtype_size(t), ld, t, rows, sh.kv_heads,
+                 sh.head_dim, sh.seq, freqs.data(), inverse);
           return std::vector<Output>{{"qkv", b.read(x, t, rows * ld), elementwise_tolerance(t)}};
         });
       }
@@ -323,7 +325,7 @@ TEST_F(CudaTransformerOps, BadArgumentsRaiseOneLineErrors) {
   });
   EXPECT_NE(gqa.find("multiple of kv_heads"), std::string::npos) << gqa;
   const std::string odd = message_of([&] {
-    d->rope(b.stream(), x, 21, DType::F32, 4, 3, 7, 4, 10000.0f, false);
+    d->rope(b.stream(), x, 21, DType::F32, 4, 3, 7, 4, nn::rope_inv_freq(6, 1e4, {}).data(), false);
   });
   EXPECT_NE(odd.find("must be even"), std::string::npos) << odd;
   const std::string cudnn_dim = message_of([&] {

@@ -18,6 +18,8 @@ constexpr float kNormEps = 1e-5f;
 std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound);
 // The same values, made when the param first needs them (Note [Lazy initial values]).
 ParamInit uniform_init_fn(uint64_t seed, int64_t n, float bound);
+// n zeros, made when the param first needs them.
+ParamInit zeros_init_fn(int64_t n);
 
 class Linear : public Module {
  public:
@@ -25,6 +27,8 @@ class Linear : public Module {
   // No bias; the weight ([out, in], row-major) starts at `weight_init`.
   Linear(int64_t in, int64_t out, std::vector<float> weight_init);
   Linear(int64_t in, int64_t out, ParamInit weight_init);
+  // With a bias ([out]) that starts at `bias_init`.
+  Linear(int64_t in, int64_t out, ParamInit weight_init, ParamInit bias_init);
   Param& weight() const { return *params()[0]; }
   Param* bias() const { return params().size() > 1 ? params()[1].get() : nullptr; }
   // Zero-bubble style: compute the weight grad later, in flush_deferred_grads().

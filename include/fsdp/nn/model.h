@@ -32,6 +32,17 @@ struct ModelConfig {
   int64_t ffn_dim = 0;   // 0: 8 * dim / 3 rounded up to a multiple of 64
   int64_t seq_len = 32;
   int64_t vocab = 256;
+  // The Hugging Face dialects (Llama 3, Qwen2, Mistral; docs/transformer.md), as in
+  // TransformerConfig:
+  int64_t head_dim = 0;  // 0: dim / heads
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
+  double norm_eps = 1e-5;       // the RMSNorms'
+  bool tie_embeddings = false;  // Note [Tied embeddings]
+  bool attention_bias = false;
+  // Mistral's and Qwen2's sliding-window attention: 0, none. Not implemented: a window
+  // shorter than seq_len is refused (it would change the math).
+  int64_t sliding_window = 0;
   uint64_t seed = 1;
   // kind "moe-transformer" (docs/moe.md): the transformer above with an MoE layer in every
   // other block; `experts` above, and:

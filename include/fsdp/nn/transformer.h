@@ -1,6 +1,8 @@
 // A Llama-style decoder: token embedding, pre-norm blocks of causal grouped-query attention with
-// rotary position embeddings and a SwiGLU feed-forward, a final RMSNorm and an untied LM head.
-// docs/transformer.md describes the model, its parameter names and its FLOP count.
+// rotary position embeddings and a SwiGLU feed-forward, a final RMSNorm and an LM head, with
+// the options of Hugging Face's Llama, Qwen2 and Mistral (rope theta and "llama3" scaling, a
+// head tied to the embedding, q/k/v biases, a head_dim of its own). docs/transformer.md
+// describes the model, its parameter names and its FLOP count.
 //
 // Note [Transformer layout]
 // Activations are [tokens, width] with token r = b * seq_len + i (sequence b, position i), so a
@@ -11,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "fsdp/module.h"
@@ -18,6 +21,19 @@
 namespace fsdp::nn {
 
 class Linear;
+
+// RoPE's frequency scaling. "default": none. "llama3" (Llama 3.1's, as Hugging Face's
+// _compute_llama3_parameters): with wavelength w = 2 pi / f of each frequency f, and
+// L = original_max_positions, frequencies with w < L / high_freq_factor are kept, those with
+// w > L / low_freq_factor divided by factor, and those between interpolated:
+// s = (L / w - low_freq_factor) / (high_freq_factor - low_freq_factor),
+// f' = (1 - s) f / factor + s f.
+struct RopeScaling {
+  std::string type = "default";
+  double factor = 8, low_freq_factor = 1, high_freq_factor = 4;
+  int64_t original_max_positions = 8192;
+  bool operator==(const RopeScaling&) const = default;
+};
 
 struct TransformerConfig {
   int layers = 2;
@@ -27,16 +43,25 @@ struct TransformerConfig {
   int64_t ffn_dim = 192;
   int64_t seq_len = 32;
   int64_t vocab = 256;
-  float rope_theta = 10000.0f;
+  int64_t head_size = 0;  // 0: dim / heads
+  double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   float norm_eps = 1e-5f;
+  bool tie_embeddings = false;  // Note [Tied embeddings]
+  bool attention_bias = false;  // biases on q, k and v (Qwen2), none on the output projection
   uint64_t seed = 1;
 
-  int64_t head_dim() const { return dim / heads; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : dim / heads; }
   // One-line errors for sizes the model cannot take (dim not a multiple of heads, odd head_dim...).
   void validate() const;
 };
 
-// Every parameter, the embedding and the head included:
+// RoPE's inverse frequencies, head_dim / 2 of them, in fp32 as Hugging Face computes them:
+// theta^(-2i / head_dim), then `scaling`'s.
+std::vector<float> rope_inv_freq(int64_t head_dim, double theta, const RopeScaling& scaling);
+
+// Every parameter, the embedding and the head included (one of them when tied, plus the q/k/v
+// biases with attention_bias):
 //   2 * vocab * dim + dim + layers * (dim * (heads + 2 * kv_heads) * head_dim
 //                                     + heads * head_dim * dim + 3 * dim * ffn_dim + 2 * dim)
 int64_t transformer_param_count(const TransformerConfig& c);
@@ -104,7 +129,34 @@ class RMSNorm : public Module {
   Tensor saved_x_, saved_rstd_;
 };
 
-// wo(attention(rope(q), rope(k), v)) with [q | k | v] = wqkv(x), causal, grouped-query.
+// Note [Tied embeddings]
+// With tie_embeddings the head's weight is the embedding's: one Param, [vocab, dim], owned by
+// the Embedding, which TiedHead uses as a Linear's weight. Both live in the root's FSDP unit,
+// so one all-gather serves the embedding (first in forward) and the head (last), and the
+// param is one sharded tensor like any other. Its gradient has two contributions in one
+// backward: the head's (dy^T x, first) and the embedding's (the scatter-add of the token
+// rows, last). TiedHead marks the param as used twice (Param::add_use), so its group counts
+// two grads for it before it is complete, sums them, and only then reduce-scatters
+// (ParamGroup::on_grad): never before the second contribution. With micro-batches each
+// backward sums its two, and no-sync accumulation adds the sums as for any param. Without
+// FSDP, Param::set_grad accumulates the two into Param::grad. A checkpoint holds the one
+// param; Hugging Face files of tied models have no lm_head.weight.
+class TiedHead : public Module {
+ public:
+  explicit TiedHead(Param& embedding_weight);
+
+ protected:
+  Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
+  Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
+
+ private:
+  Param& weight_;
+  int64_t vocab_, dim_;
+  Tensor saved_x_;
+};
+
+// wo(attention(rope(q), rope(k), v)) with [q | k | v] = wqkv(x) (+ wqkv's bias with
+// attention_bias), causal, grouped-query.
 class Attention : public Module {
  public:
   Attention(const TransformerConfig& c, int layer);
@@ -118,7 +170,7 @@ class Attention : public Module {
 
  private:
   int64_t heads_, kv_heads_, head_dim_, seq_len_;
-  float rope_theta_;
+  std::vector<float> inv_freq_;  // RoPE's, head_dim / 2 (rope_inv_freq)
   Linear* wqkv_;
   Linear* wo_;
   Tensor saved_qkv_;  // after RoPE: what the attention op read

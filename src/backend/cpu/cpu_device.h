@@ -108,7 +108,7 @@ class CpuDevice final : public Device {
                              const void* dy, const void* dresidual, DType t, int64_t rows,
                              int64_t cols, void* dx, void* dw) override;
   void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads, int64_t head_dim,
-            int64_t seq_len, float theta, bool inverse) override;
+            int64_t seq_len, const float* inv_freq, bool inverse) override;
   void attention_forward(Stream s, const void* q, int64_t ldq, const void* k, int64_t ldk,
                          const void* v, int64_t ldv, DType t, int64_t batch, int64_t seq,
                          int64_t heads, int64_t kv_heads, int64_t head_dim, void* out, int64_t ldo,

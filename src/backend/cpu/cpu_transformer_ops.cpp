@@ -135,13 +135,9 @@ void rms_norm_backward_kernel(const void* x, const void* w, const float* rstd, c
 
 template <typename Io>
 void rope_kernel(void* x, int64_t ld, int64_t rows, int64_t heads, int64_t head_dim,
-                 int64_t seq_len, float theta, bool inverse) {
+                 int64_t seq_len, const std::vector<float>& inv_freq, bool inverse) {
   const int64_t half = head_dim / 2;
-  // inv_freq and the angle are fp32, as Hugging Face's LlamaRotaryEmbedding computes them.
-  std::vector<float> inv_freq(static_cast<size_t>(half));
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[static_cast<size_t>(i)] =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  // The angle is fp32, as Hugging Face's LlamaRotaryEmbedding computes it.
   std::vector<float> cos_v(static_cast<size_t>(half)), sin_v(static_cast<size_t>(half));
   for (int64_t r = 0; r < rows; ++r) {
     const float pos = static_cast<float>(r % seq_len);
@@ -376,18 +372,21 @@ void CpuDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, co
 }
 
 void CpuDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
-                     int64_t head_dim, int64_t seq_len, float theta, bool inverse) {
+                     int64_t head_dim, int64_t seq_len, const float* inv_freq, bool inverse) {
   const char* op = "rope";
   check_activation_dtype(t, op);
   check_ptr(x, "x", op);
+  FSDP_CHECK(inv_freq != nullptr, op, ": no inverse frequencies");
   FSDP_CHECK(head_dim >= 2 && head_dim % 2 == 0, op, ": head_dim must be even, got ", head_dim);
-  FSDP_CHECK(rows >= 0 && heads >= 1 && seq_len >= 1 && theta > 0, op, ": rows ", rows,
-             ", heads ", heads, ", seq_len ", seq_len, ", theta ", theta);
+  FSDP_CHECK(rows >= 0 && heads >= 1 && seq_len >= 1, op, ": rows ", rows, ", heads ", heads,
+             ", seq_len ", seq_len);
   FSDP_CHECK(ld >= heads * head_dim, op, ": row stride ", ld, " is smaller than a row of ",
              heads * head_dim);
-  enqueue(s, OpKind::Kernel, [=] {
+  // Copied now: the caller's array need not outlive the call (Device::rope).
+  std::vector<float> freqs(inv_freq, inv_freq + head_dim / 2);
+  enqueue(s, OpKind::Kernel, [=, freqs = std::move(freqs)] {
     with_io(t, [&](auto io) {
-      rope_kernel<decltype(io)>(x, ld, rows, heads, head_dim, seq_len, theta, inverse);
+      rope_kernel<decltype(io)>(x, ld, rows, heads, head_dim, seq_len, freqs, inverse);
     });
   });
 }

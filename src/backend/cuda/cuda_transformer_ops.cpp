@@ -114,7 +114,7 @@ void CudaDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, c
 }
 
 void CudaDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
-                      int64_t head_dim, int64_t seq_len, float theta, bool inverse) {
+                      int64_t head_dim, int64_t seq_len, const float* inv_freq, bool inverse) {
   OpScope op(*this, s, OpKind::Kernel);
   const char* name = "rope";
   check_activation_dtype(t, name);
@@ -124,13 +124,12 @@ void CudaDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int6
              ": head_dim ", head_dim, " must be even and at most ", 2 * kernels::kRopeMaxHalf);
   FSDP_CHECK(ld >= heads * head_dim, name, ": row stride ", ld, " is smaller than ", heads,
              " heads x ", head_dim);
-  FSDP_CHECK(theta > 0.0f, name, ": theta ", theta, " must be positive");
+  FSDP_CHECK(inv_freq != nullptr, name, ": no inverse frequencies");
   check_ptr(x, "x", name);
-  // inv_freq in fp32 on the host, exactly as the CPU backend (and Hugging Face) compute it.
+  // The frequencies travel with the launch (a kernel argument), so the caller's host array
+  // need not outlive the call, and a captured graph replays them.
   kernels::RopeFreqs freqs{};
-  for (int64_t i = 0; i < head_dim / 2; ++i)
-    freqs.inv_freq[i] =
-        1.0f / std::pow(theta, static_cast<float>(2 * i) / static_cast<float>(head_dim));
+  for (int64_t i = 0; i < head_dim / 2; ++i) freqs.inv_freq[i] = inv_freq[i];
   kernels::rope(op.stream(), x, ld, t, rows, heads, head_dim, seq_len, freqs, inverse);
 }
 
