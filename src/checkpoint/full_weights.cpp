@@ -2,12 +2,14 @@
 
 #include <cstdlib>
 #include <map>
+#include <optional>
 
 #include "checkpoint/checkpoint_format.h"
 #include "checkpoint/checkpoint_loader.h"
 #include "checkpoint/row_reader.h"
 #include "checkpoint/sharded_state.h"
 #include "fsdp/error.h"
+#include "io/checked_json.h"
 #include "io/file_io.h"
 #include "models/model_family.h"
 
@@ -115,7 +117,11 @@ void fsdp::export_checkpoint(const std::string& checkpoint_dir, const std::strin
   }
   load_checkpoint(ckpt, whole, /*device=*/nullptr, Stream{});
   // The family's names, for the model the checkpoint recorded (Note [Hugging Face names]).
-  const nn::ModelConfig model = models::config_of_shape_fields(
-      ckpt.index.value("config", nlohmann::json::object()).value("model", nlohmann::json::object()));
+  nlohmann::json fields = nlohmann::json::object();  // Note [Checked JSON]: look before reading
+  if (const std::optional<io::JsonField> config = ckpt.index.root().find("config");
+      config && config->is_object())
+    if (const std::optional<io::JsonField> m = config->find("model"); m && m->is_object())
+      fields = m->raw();
+  const nn::ModelConfig model = models::config_of_shape_fields(fields);
   write_full_weights(out_path, tensors, dtype, models::family(model.kind).hf_names(model));
 }

@@ -1,7 +1,5 @@
 #include "checkpoint/weight_files.h"
 
-#include <sys/stat.h>
-
 #include <set>
 
 #include "fsdp/error.h"
@@ -34,14 +32,7 @@ WeightFiles::WeightFiles(const std::string& path) : path_(path) {
     return;
   }
   // Note [Weight directories]
-  struct stat st {};
-  FSDP_USER_CHECK(::stat(index_path.c_str(), &st) == 0 && S_ISREG(st.st_mode), "'", index_path,
-                  "' is not a regular file");
-  FSDP_USER_CHECK(st.st_size <= kMaxIndexBytes, "'", index_path, "' holds ", st.st_size,
-                  " bytes, more than the ", kMaxIndexBytes, " an index may");
-  const std::string text = io::read_whole_file(index_path);
-  FSDP_USER_CHECK(static_cast<int64_t>(text.size()) <= kMaxIndexBytes, "'", index_path,
-                  "' grew past ", kMaxIndexBytes, " bytes while it was read");
+  const std::string text = io::read_bounded_file(index_path, kMaxHfIndexBytes, "a safetensors index");
   const nlohmann::json index = tokenizer::json_reading::parse_bounded(text, "'" + index_path + "'");
   FSDP_USER_CHECK(
       index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), "'",

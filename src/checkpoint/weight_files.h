@@ -3,7 +3,7 @@
 //
 // Note [Weight directories]
 // Opening checks everything before a value is read, each failure one line naming the file:
-//   - the index is a regular file of at most kMaxIndexBytes, JSON nested at most 64 deep, an
+//   - the index is a regular file of at most kMaxHfIndexBytes (Note [Reading files]), JSON nested at most 64 deep, an
 //     object whose "weight_map" maps each tensor name to a shard's file name;
 //   - a shard's name is a plain file name in the directory (no '/', not "." or ".."): an
 //     index cannot point outside its directory; at most kMaxShards distinct shards;
@@ -28,7 +28,7 @@ namespace fsdp::checkpoint {
 
 inline constexpr const char* kHfWeightsFile = "model.safetensors";
 inline constexpr const char* kHfIndexFile = "model.safetensors.index.json";
-inline constexpr int64_t kMaxIndexBytes = 64 << 20;
+inline constexpr uint64_t kMaxHfIndexBytes = 64 << 20;
 inline constexpr size_t kMaxShards = 4096;
 
 class WeightFiles {

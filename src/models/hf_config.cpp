@@ -60,14 +60,7 @@ std::string hf_config_in(const std::string& path) {
 
 void apply_hf_config(const std::string& file, nn::ModelConfig& config) {
   const std::string name = "'" + file + "'";
-  struct stat st {};
-  FSDP_USER_CHECK(::stat(file.c_str(), &st) == 0, "cannot open ", name, ": no such file");
-  FSDP_USER_CHECK(S_ISREG(st.st_mode), name, " is not a regular file");
-  FSDP_USER_CHECK(st.st_size <= kMaxHfConfigBytes, name, " holds ", st.st_size,
-                  " bytes, more than the ", kMaxHfConfigBytes, " a config.json may");
-  const std::string text = io::read_whole_file(file);
-  FSDP_USER_CHECK(static_cast<int64_t>(text.size()) <= kMaxHfConfigBytes, name, " grew past ",
-                  kMaxHfConfigBytes, " bytes while it was read");
+  const std::string text = io::read_bounded_file(file, kMaxHfConfigBytes, "a config.json");  // Note [Reading files]
   const nlohmann::json j = tokenizer::json_reading::parse_bounded(text, name);
   HfKeys keys(j, "", name);
   const std::string type = keys.string("model_type");
