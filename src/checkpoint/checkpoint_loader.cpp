@@ -19,14 +19,6 @@ namespace fsdp::checkpoint {
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream out;
-  out << "[";
-  for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << "]";
-  return out.str();
-}
-
 // Copies loaded rows to the shard: on the device, or in host memory without one.
 void upload(Device* d, Stream s, float* dst_rows, const std::vector<float>& host) {
   if (host.empty()) return;

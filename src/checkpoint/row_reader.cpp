@@ -12,8 +12,6 @@
 
 namespace fsdp::checkpoint {
 
-namespace {
-
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::ostringstream out;
   out << "[";
@@ -21,6 +19,8 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   out << "]";
   return out.str();
 }
+
+namespace {
 
 }  // namespace
 

@@ -23,6 +23,9 @@
 
 namespace fsdp::checkpoint {
 
+// "[a, b, c]", for messages about shapes.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 // A safetensors file read by rows, into fp32, with every chunk read verified where the file
 // carries chunk CRCs (Note [Checkpoint checksums]).
 class RowReader {
