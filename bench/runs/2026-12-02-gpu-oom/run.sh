@@ -5,6 +5,6 @@
 set -u
 source bench/gpu_call.sh
 gpu_call_begin gpu-oom fsdp_tool
-run_llama llama1b_40seq --tokens 81920 --steps 3 --warmup 1
+run_llama llama1b_40seq --tokens 81920
 echo "stderr lines: $(grep -c . "$R/llama1b_40seq.log")"; tail -3 "$R/llama1b_40seq.log"
 python3 -c "import json; j=json.load(open('$R/llama1b_40seq.json')); print({k: j.get(k) for k in ('error', 'failed_step', 'peak_mem_bytes')})" 2>&1 | tail -1
