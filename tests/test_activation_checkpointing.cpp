@@ -229,17 +229,6 @@ TEST(ActivationCheckpointing, PeakFallsAndTheEstimateFollowsEveryMode) {
 
 // ---- options
 
-std::pair<std::string, std::string> option_error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const OptionError& e) {
-    return {e.option(), e.what()};
-  } catch (const Error& e) {
-    return {"", std::string("not an OptionError: ") + e.what()};
-  }
-  return {"", "no error"};
-}
-
 TEST(ActivationCheckpointingOptions, ParsesEveryModeAndRefusesTheRestInOneLine) {
   EXPECT_EQ(policy("none").mode, ActivationCheckpoint::None);
   EXPECT_EQ(policy("full").mode, ActivationCheckpoint::Full);

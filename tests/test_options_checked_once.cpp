@@ -11,18 +11,6 @@
 namespace fsdp::testing {
 namespace {
 
-// The OptionError a call raises (its option and message); empty option when none.
-std::pair<std::string, std::string> option_error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const OptionError& e) {
-    return {e.option(), e.what()};
-  } catch (const Error& e) {
-    return {"", std::string("not an OptionError: ") + e.what()};
-  }
-  return {"", "no error"};
-}
-
 TEST(OptionsCheckedOnce, TheApiNamesItsOwnOptionWithNoSourceLocation) {
   runtime::TrainConfig c;
   c.model = tiny_mlp_config(2, 8);

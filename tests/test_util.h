@@ -3,9 +3,13 @@
 #pragma once
 
 #include <cmath>
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "fsdp/error.h"
 #include "fsdp/launch.h"
 #include "runtime/launch.h"
 #include "runtime/trainer.h"
@@ -110,6 +114,18 @@ inline runtime::TrainConfig tiny_moe_transformer_config(int ep, int experts, int
   c.optimizer.adamw.lr = 3e-3f;
   c.collect_params = true;
   return c;
+}
+
+// The OptionError a call raises (its option and message); empty option when none.
+inline std::pair<std::string, std::string> option_error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const OptionError& e) {
+    return {e.option(), e.what()};
+  } catch (const Error& e) {
+    return {"", std::string("not an OptionError: ") + e.what()};
+  }
+  return {"", "no error"};
 }
 
 }  // namespace fsdp::testing
