@@ -124,10 +124,16 @@ TEST(TcpStore, RankThreadsMeetAtABarrierAndExchangeValues) {
 
 TEST(TcpStore, RankProcessesMeetAtABarrierAndExchangeValues) {
   constexpr int kWorld = 4;
-  TcpStoreServer server(test_server());
+  // As the launchers do: the server listens before the forks but serves only after them. A
+  // child forked while the serving thread holds a lock (the loader's, on its first handshake)
+  // would inherit it held and hang in its own handshake.
+  TcpStoreServerOptions options = test_server();
+  options.start = false;
+  TcpStoreServer server(options);
   std::vector<pid_t> children;
   for (int r = 0; r < kWorld; ++r)
     children.push_back(fork_child([&, r] {
+      server.close_in_child();
       TcpStore store(local(server.port()));
       store.add("arrived", 1);
       store.set("pid/" + std::to_string(r), std::to_string(::getpid()));
@@ -137,6 +143,7 @@ TEST(TcpStore, RankProcessesMeetAtABarrierAndExchangeValues) {
         FSDP_CHECK(!store.get("pid/" + std::to_string(peer), kLong).empty(), "pid");
       store.barrier("done", r, kWorld, kLong);
     }));
+  server.start();
   for (pid_t pid : children) EXPECT_EQ(exit_code(pid), 0);
   TcpStore store(local(server.port()));
   EXPECT_EQ(store.get("arrived", kLong), "4");
