@@ -6,10 +6,13 @@
 // has: a second mesh, HSDP, micro-batches, the post-forward mesh, next-step prefetch, SGD.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "command_util.h"
 #include "fsdp/error.h"
@@ -194,6 +197,20 @@ TEST(OptimizerInForwardSchedule, TheOptimizerInBackwardTooIsRefusedInOneLine) {
   EXPECT_NE(r.code, -1) << "crashed";
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   EXPECT_NE(r.output.find("exclude each other"), std::string::npos) << r.output;
+}
+
+// The command resolves the optimizer's placement once (Note [Command defaults]): with clipping
+// off, the optimizer goes in backward by default, but not when it is asked for in forward.
+TEST(OptimizerInForwardSchedule, WithClippingOffTheDefaultLeavesTheOptimizerInForward) {
+  const std::string json = ::testing::TempDir() + "optimizer_in_forward_default.json";
+  const CommandResult r = run_fsdp_command(
+      "train --backend cpu --world-size 2 --model mlp --layers 2 --dim 8 --tokens 4 --steps 2 "
+      "--clip-grad-norm 0 --optimizer-in-forward 1 --quiet --json " + json);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(json);
+  const nlohmann::json s = nlohmann::json::parse(in);
+  EXPECT_EQ(s["optimizer_in_forward"], true);
+  EXPECT_EQ(s["optimizer_in_backward"], false);
 }
 
 }  // namespace

@@ -22,6 +22,10 @@ struct CheckpointOptions {
   bool enabled() const { return !save_dir.empty() || !resume.empty() || !init_from.empty(); }
 };
 
+// The options' rules (an OptionError naming them, Note [Options checked once]); the trainer's
+// check_train_config runs it.
+void check_checkpoint_options(const CheckpointOptions& options);
+
 // Writes the full weights of a checkpoint to a safetensors file, in fp32 or bf16: Hugging
 // Face Llama names for the transformer (wqkv and w13 split by rows), the fqns otherwise.
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& out_path,

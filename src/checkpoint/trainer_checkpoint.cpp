@@ -31,12 +31,7 @@ TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const Run
                                      optim::Optimizer& optimizer, const ExpertLayout& experts)
     : options_(options), run_(run), run_json_(run_config_json(run)), device_(device),
       stream_(stream), root_(root), state_(collect_sharded_state(root, &optimizer, experts)) {
-  FSDP_USER_CHECK(options_.save_every >= 0, "--save-every must be >= 0, got ", options_.save_every);
-  FSDP_USER_CHECK(options_.keep_last >= 0, "--keep-last must be >= 0, got ", options_.keep_last);
-  FSDP_USER_CHECK(options_.resume.empty() || options_.init_from.empty(),
-             "--resume and --init-from cannot be used together");
-  FSDP_USER_CHECK(!options_.save_dir.empty() || (options_.save_every == 0 && options_.keep_last == 0),
-             "--save-every and --keep-last need --save-dir");
+  // The options were checked once, by check_train_config (check_checkpoint_options).
   // HSDP: one replica's shards are the whole state; the others save nothing.
   if (!options_.save_dir.empty() && state_.replica == 0)
     writer_ = std::make_unique<CheckpointWriter>(options_.save_dir, state_.rank, state_.world,
@@ -70,7 +65,7 @@ int TrainerCheckpoint::start(int total_steps) {
     changes = check_compatible(*ckpt, run_json_);
     start_step = ckpt->complete.step;
     FSDP_USER_CHECK(start_step < total_steps, "checkpoint '", ckpt->dir, "' is at step ", start_step,
-               ": --steps ", total_steps, " leaves nothing to train");
+               ": steps ", total_steps, " leaves nothing to train");
   }
   if (!options_.save_dir.empty()) check_save_dir(start_step);
   if (ckpt) resumed_state_ = load_checkpoint(*ckpt, state_, &device_, stream_);
@@ -207,3 +202,17 @@ void TrainerCheckpoint::finish() {
 }
 
 }  // namespace fsdp::checkpoint
+
+namespace fsdp {
+
+void check_checkpoint_options(const CheckpointOptions& o) {
+  const OptionName save_every{"save_every"}, keep_last{"keep_last"};
+  FSDP_OPTION_CHECK(o.save_every >= 0, save_every, " must be >= 0, got ", o.save_every);
+  FSDP_OPTION_CHECK(o.keep_last >= 0, keep_last, " must be >= 0, got ", o.keep_last);
+  FSDP_OPTION_CHECK(o.resume.empty() || o.init_from.empty(), OptionName{"resume"}, " and ",
+                    OptionName{"init_from"}, " cannot be used together");
+  FSDP_OPTION_CHECK(!o.save_dir.empty() || (o.save_every == 0 && o.keep_last == 0), save_every,
+                    " and ", keep_last, " need ", OptionName{"save_dir"});
+}
+
+}  // namespace fsdp

@@ -21,17 +21,22 @@ Tensor new_act(RunContext& ctx, int64_t rows, int64_t cols) {
 
 // ---- config, counts, init
 
+// Note [Options checked once]: the options by their ModelConfig names.
 void TransformerConfig::validate() const {
-  FSDP_USER_CHECK(layers >= 1, "--layers must be >= 1, got ", layers);
-  FSDP_USER_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 && vocab >= 1,
-             "transformer sizes must be positive: dim ", dim, ", heads ", heads, ", kv-heads ",
-             kv_heads, ", ffn-dim ", ffn_dim, ", seq-len ", seq_len, ", vocab ", vocab);
-  FSDP_USER_CHECK(dim % heads == 0, "--dim (", dim, ") must be a multiple of --heads (", heads, ")");
-  FSDP_USER_CHECK(head_dim() % 2 == 0, "the head dim (dim / heads = ", head_dim(),
-             ") must be even for rotary embeddings");
-  FSDP_USER_CHECK(heads % kv_heads == 0, "--heads (", heads, ") must be a multiple of --kv-heads (",
-             kv_heads, ")");
-  FSDP_USER_CHECK(vocab <= INT32_MAX, "--vocab must fit token ids in int32, got ", vocab);
+  const OptionName dim_{"dim"}, heads_{"heads"}, kv_heads_{"kv_heads"}, vocab_{"vocab"};
+  FSDP_OPTION_CHECK(layers >= 1, OptionName{"layers"}, " must be >= 1, got ", layers);
+  FSDP_OPTION_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 &&
+                        vocab >= 1,
+                    "transformer sizes must be positive: ", dim_, " ", dim, ", ", heads_, " ",
+                    heads, ", ", kv_heads_, " ", kv_heads, ", ", OptionName{"ffn_dim"}, " ",
+                    ffn_dim, ", ", OptionName{"seq_len"}, " ", seq_len, ", ", vocab_, " ", vocab);
+  FSDP_OPTION_CHECK(dim % heads == 0, dim_, " (", dim, ") must be a multiple of ", heads_, " (",
+                    heads, ")");
+  FSDP_OPTION_CHECK(head_dim() % 2 == 0, "the head dim (", dim_, " / ", heads_, " = ", head_dim(),
+                    ") must be even for rotary embeddings");
+  FSDP_OPTION_CHECK(heads % kv_heads == 0, heads_, " (", heads, ") must be a multiple of ",
+                    kv_heads_, " (", kv_heads, ")");
+  FSDP_OPTION_CHECK(vocab <= INT32_MAX, vocab_, " must fit token ids in int32, got ", vocab);
 }
 
 int64_t transformer_param_count(const TransformerConfig& c) {

@@ -43,12 +43,13 @@ int64_t count_units(nn::Model& model) {
 std::string nonfinite_message(const StepValues& v, const std::vector<std::string>& names) {
   if (!std::isfinite(v.loss))
     return detail::concat("step ", v.step + 1, ": the loss is ", v.loss,
-                          "; training stopped (try a lower --lr)");
+                          "; training stopped (try a lower learning rate)");
   for (size_t i = 0; i < v.grad_squares.size(); ++i)
     if (!std::isfinite(v.grad_squares[i]))
       return detail::concat("step ", v.step + 1, ": the gradient of ",
                             names[i].empty() ? "the root" : names[i], " is not finite (norm ",
-                            std::sqrt(v.grad_squares[i]), "); training stopped (try a lower --lr)");
+                            std::sqrt(v.grad_squares[i]),
+                            "); training stopped (try a lower learning rate)");
   return {};
 }
 
