@@ -100,6 +100,8 @@ Trajectory run_case(const json& c, Path path, int resume_at = 0) {
     return out;
   };
   auto optimizer = std::make_unique<optim::Optimizer>(d, s, spans(), config);
+  // The split step's owner (Note [Optimizer in forward's owner]), remade with the optimizer.
+  auto in_forward = std::make_unique<optim::OptimizerInForward>(*optimizer, s);
   auto download = [&](const void* p, size_t n, DType t) {
     std::vector<uint16_t> half(n);
     std::vector<float> out(n);
@@ -124,7 +126,9 @@ Trajectory run_case(const json& c, Path path, int resume_at = 0) {
         states.push_back(one);
       }
       const int64_t count = optimizer->step_count();
+      in_forward.reset();
       optimizer = std::make_unique<optim::Optimizer>(d, s, spans(), config);
+      in_forward = std::make_unique<optim::OptimizerInForward>(*optimizer, s);
       for (size_t i = 0; i < states.size(); ++i) {
         const OptimTensor& t = optimizer->tensors()[i];
         float* bufs[2] = {t.state0, t.state1};
@@ -159,9 +163,9 @@ Trajectory run_case(const json& c, Path path, int resume_at = 0) {
       if (path == Path::Step) {
         optimizer->step(s);
       } else {
-        optimizer->defer_step(s);
+        in_forward->defer(s, std::vector<bool>(params.size(), true));
         for (size_t i = 0; i < params.size(); ++i)
-          optimizer->step_deferred(s, static_cast<int>(i), extra[i], DType::BF16);
+          in_forward->run(s, static_cast<int>(i), extra[i], DType::BF16);
       }
     }
     Tensors now, copies;
@@ -173,6 +177,7 @@ Trajectory run_case(const json& c, Path path, int resume_at = 0) {
     out.params.push_back(now);
     out.copies.push_back(copies);
   }
+  in_forward.reset();
   optimizer.reset();
   for (size_t i = 0; i < params.size(); ++i) {
     d.free(params[i], s);

@@ -78,7 +78,10 @@ std::string option_refused(const runtime::TrainConfig& c) {
   try {
     runtime::check_train_config(c, 2);
   } catch (const OptionError& e) {
-    return e.option() + ":" + e.rest();
+    // "option:" and the rest of the message after that name.
+    const std::string text = e.spelled([](const std::string& name) { return name; });
+    const bool leads = text.compare(0, e.option().size(), e.option()) == 0;
+    return e.option() + ":" + (leads ? text.substr(e.option().size()) : text);
   } catch (const UserError& e) {
     return std::string("-:") + e.what();
   }

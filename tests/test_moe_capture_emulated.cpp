@@ -76,7 +76,7 @@ TEST(MoeCaptureEmulatedRefusal, DroplessRoutingIsRefusedInOneLine) {
   } catch (const UserError& e) {
     const std::string what = e.what();
     EXPECT_NE(what.find("dropless routing"), std::string::npos) << what;
-    EXPECT_NE(what.find("--capacity-factor > 0 routes on the device and captures"),
+    EXPECT_NE(what.find("capacity_factor > 0 routes on the device and captures"),
               std::string::npos) << what;
     EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }

@@ -187,7 +187,7 @@ TEST(MoeRouting, BadSettingsAreOneLineErrors) {
     c.validate();
     FAIL() << "accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--experts (6) must be divisible by --ep (4)"),
+    EXPECT_NE(std::string(e.what()).find("experts (6) must be divisible by ep (4)"),
               std::string::npos) << e.what();
   }
   c.ep = 1;

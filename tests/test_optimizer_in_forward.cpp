@@ -6,14 +6,18 @@
 // has: a second mesh, HSDP, micro-batches, the post-forward mesh, next-step prefetch, SGD.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "command_util.h"
 #include "fsdp/error.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/optim.h"
 #include "test_util.h"
 #include "models/model_family.h"
 
@@ -155,8 +159,13 @@ TEST(OptimizerInForwardApi, AnUpdateRunsOnceAtTheNextAllGatherAndMisuseIsOneLine
     std::unique_ptr<nn::Model> model_built = models::build_model(tiny_mlp_config(2, 8));
   nn::Model& model = *model_built;
     FsdpModule& root = fully_shard(model, mesh);
-    std::vector<int> ran;  // the group ordinal of each update, in order
-    root.set_optimizer_in_forward([&](Stream, int group, void*, DType) { ran.push_back(group); });
+    std::vector<optim::ParamSpan> spans;
+    for (const ShardedGroupView& g : sharded_groups(root))
+      spans.push_back({g.param, g.grad, g.numel, &g.mesh->comm(), g.name});
+    optim::Optimizer optimizer(device, s, spans, {});
+    optimizer.zero_grad(s);
+    optim::OptimizerInForward updates(optimizer, s);  // counts the updates it runs
+    root.set_optimizer_in_forward(updates);
     expect_user_error([&] { root.set_optimizer_in_backward({}); }, "not both");
     Tensor x = empty_tensor(device, s, DType::F32, 4, 8, MemTag::Activation);
     device.fill(s, x.data, DType::F32, x.numel(), 0.5f);
@@ -164,16 +173,18 @@ TEST(OptimizerInForwardApi, AnUpdateRunsOnceAtTheNextAllGatherAndMisuseIsOneLine
     root.reshard();
     root.defer_shard_updates(s);
     EXPECT_EQ(root.pending_shard_updates(), 1);
-    EXPECT_TRUE(ran.empty());
+    EXPECT_TRUE(updates.pending(0));
+    EXPECT_EQ(updates.parts_run(), 0);
     expect_user_error([&] { root.defer_shard_updates(s); }, "have not all run");
     model.forward(ctx, x);  // the all-gather runs the update, once
-    EXPECT_EQ(ran, std::vector<int>{0});
+    EXPECT_EQ(updates.parts_run(), 1);  // group 0's, the one pending
+    EXPECT_FALSE(updates.pending(0));
     EXPECT_EQ(root.pending_shard_updates(), 0);
     root.reshard();
     root.defer_shard_updates(s);
     root.apply_pending_shard_updates(s);
     root.apply_pending_shard_updates(s);  // nothing left: no second run
-    EXPECT_EQ(ran, (std::vector<int>{0, 0}));
+    EXPECT_EQ(updates.parts_run(), 2);
     device.synchronize();
   });
 }
@@ -186,6 +197,20 @@ TEST(OptimizerInForwardSchedule, TheOptimizerInBackwardTooIsRefusedInOneLine) {
   EXPECT_NE(r.code, -1) << "crashed";
   EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
   EXPECT_NE(r.output.find("exclude each other"), std::string::npos) << r.output;
+}
+
+// The command resolves the optimizer's placement once (Note [Command defaults]): with clipping
+// off, the optimizer goes in backward by default, but not when it is asked for in forward.
+TEST(OptimizerInForwardSchedule, WithClippingOffTheDefaultLeavesTheOptimizerInForward) {
+  const std::string json = ::testing::TempDir() + "optimizer_in_forward_default.json";
+  const CommandResult r = run_fsdp_command(
+      "train --backend cpu --world-size 2 --model mlp --layers 2 --dim 8 --tokens 4 --steps 2 "
+      "--clip-grad-norm 0 --optimizer-in-forward 1 --quiet --json " + json);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream in(json);
+  const nlohmann::json s = nlohmann::json::parse(in);
+  EXPECT_EQ(s["optimizer_in_forward"], true);
+  EXPECT_EQ(s["optimizer_in_backward"], false);
 }
 
 }  // namespace

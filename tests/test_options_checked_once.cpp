@@ -3,6 +3,8 @@
 // ring's k, from the flag to the ring.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "command_util.h"
 #include "fsdp/error.h"
 #include "models/model_family.h"
@@ -52,6 +54,32 @@ TEST(OptionsCheckedOnce, TheCommandPutsItsFlagInFront) {
   const CommandResult layers = run_fsdp_command(
       "train --backend cpu --world-size 2 --model mlp --layers 0 --dim 8 --tokens 4 --steps 1 --quiet");
   EXPECT_NE(layers.output.find("--layers must be >= 1, got 0"), std::string::npos) << layers.output;
+}
+
+// A rule that names several options (the model's validate()): the library's message names
+// each as the API spells it and no flag; the command spells every one as its flag.
+TEST(OptionsCheckedOnce, AMessageNamingSeveralOptionsIsSpelledByTheCommand) {
+  nn::ModelConfig m;
+  m.kind = "transformer";
+  m.layers = 1;
+  m.dim = 64;
+  m.heads = 3;
+  auto [option, what] = option_error_of([&] { models::resolved(m); });
+  EXPECT_EQ(option, "dim") << what;
+  EXPECT_EQ(what, "dim (64) must be a multiple of heads (3)");
+  try {
+    models::resolved(m);
+  } catch (const OptionError& e) {
+    EXPECT_EQ(e.spelled([](const std::string& name) { return "<" + name + ">"; }),
+              "<dim> (64) must be a multiple of <heads> (3)");
+  }
+  const CommandResult r = run_fsdp_command(
+      "train --backend cpu --world-size 1 --model transformer --layers 1 --dim 64 --heads 3 "
+      "--steps 1 --quiet");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("--dim (64) must be a multiple of --heads (3)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
 }
 
 }  // namespace

@@ -286,10 +286,10 @@ TEST(TransformerModel, DefaultsResolveAndBadSizesGiveOneLineErrors) {
   };
   ModelConfig bad = llama_like(1);
   bad.heads = 3;
-  EXPECT_NE(error_of(bad).find("--dim (64) must be a multiple of --heads (3)"), std::string::npos);
+  EXPECT_NE(error_of(bad).find("dim (64) must be a multiple of heads (3)"), std::string::npos);
   bad = llama_like(1);
   bad.kv_heads = 3;
-  EXPECT_NE(error_of(bad).find("--heads (4) must be a multiple of --kv-heads (3)"),
+  EXPECT_NE(error_of(bad).find("heads (4) must be a multiple of kv_heads (3)"),
             std::string::npos);
   bad = llama_like(1);
   bad.heads = 64;  // head_dim 1
@@ -383,7 +383,7 @@ TEST(TransformerModel, SyntheticTokensAreNextTokenPairsAndAnySliceOfTheGlobalBat
     make_token_batch(mc, 3, 5, 0, 12);
     ADD_FAILURE() << "12 tokens are not whole sequences of 8";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--tokens (12) must be a multiple of --seq-len (8)"),
+    EXPECT_NE(std::string(e.what()).find("tokens (12) must be a multiple of seq_len (8)"),
               std::string::npos);
   }
 }

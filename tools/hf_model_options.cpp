@@ -37,7 +37,7 @@ void add_model_dialect_options(CLI::App& app, TrainOptions& o) {
                  "model instead of the model flags [default: none; --init-from DIR's config.json]");
 }
 
-void apply_hf_model(TrainOptions& o) {
+void apply_hf_model(const TrainOptions& o, TrainRun& run) {
   const std::string& init = o.config.checkpoint.init_from;
   const std::string in_dir = models::hf_config_in(init);
   FSDP_USER_CHECK(o.hf_config.empty() || in_dir.empty(), "--hf-config '", o.hf_config,
@@ -50,8 +50,8 @@ void apply_hf_model(TrainOptions& o) {
       FSDP_USER_CHECK(opt->count() == 0, opt->get_name(), " cannot be given with ",
                       o.hf_config.empty() ? "--init-from" : "--hf-config", ": '", file,
                       "' sets the model");
-    models::apply_hf_config(file, o.config.model);
-    o.model_from_hf = true;
+    models::apply_hf_config(file, run.config.model);
+    run.model_from_hf = true;
   }
   // The weights' files, opened and checked before any rank starts (Note [Weight directories]).
   if (!init.empty()) checkpoint::WeightFiles check(init);

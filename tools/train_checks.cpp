@@ -7,7 +7,8 @@
 // steps and then decays (cosine) to a tenth of the peak, and gradients are clipped to a global
 // norm of 1. Clipping needs every gradient before any step, so the
 // optimizer runs after backward unless clipping is turned off (--clip-grad-norm 0), where the
-// faster optimizer-in-backward schedule is the default.
+// faster optimizer-in-backward schedule is the default (unless the optimizer is in forward).
+// Every default is resolved in one place, resolve_defaults below.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -63,6 +64,7 @@ int64_t thread_limit() {
   return limit;
 }
 
+// The flags' own ranges, before anything is resolved from them.
 void check_ranges(const TrainOptions& o) {
   const runtime::TrainConfig& c = o.config;
   const nn::ModelConfig& m = c.model;
@@ -88,6 +90,11 @@ void check_ranges(const TrainOptions& o) {
   FSDP_USER_CHECK(o.log_every >= 1, "--log-every must be >= 1, got ", o.log_every);
   FSDP_USER_CHECK(std::isfinite(o.peak_tflops) && o.peak_tflops > 0,
                   "--peak-tflops must be > 0, got ", o.peak_tflops);
+  FSDP_USER_CHECK(!o.eval_every || *o.eval_every >= 0, "--eval-every must be >= 0 (0: never), got ",
+                  o.eval_every.value_or(0));
+  FSDP_USER_CHECK(o.eval_batches >= 1, "--eval-batches must be >= 1, got ", o.eval_batches);
+  FSDP_USER_CHECK(!o.data_dir.empty() || o.eval_every.value_or(0) == 0,
+                  "--eval-every needs --data (the validation tokens)");
   // ---- multi-node launch and rendezvous (the rest is checked with the environment, below)
   FSDP_USER_CHECK(std::isfinite(o.timeout_s) && o.timeout_s > 0 && o.timeout_s <= 1e6,
                   "--timeout must be in (0, 1e6] seconds, got ", o.timeout_s);
@@ -99,16 +106,30 @@ void check_ranges(const TrainOptions& o) {
   FSDP_USER_CHECK(!o.master_addr || !o.master_addr->empty(), "--master-addr must not be empty");
 }
 
-// The "auto" defaults (Note [Command defaults]).
-void resolve_defaults(TrainOptions& o) {
-  runtime::TrainConfig& c = o.config;
+// --micro-batches N splits each rank's --tokens into N micro-batches of tokens / N.
+void check_micro_batches(const TrainOptions& o) {
+  const runtime::TrainConfig& c = o.config;
+  FSDP_USER_CHECK(o.micro_batches >= 1, "--micro-batches must be >= 1, got ", o.micro_batches);
+  FSDP_USER_CHECK(c.tokens % o.micro_batches == 0, "--tokens (", c.tokens,
+                  ") must be divisible by --micro-batches (", o.micro_batches, ")");
+  const bool sequences = models::family(c.model.kind).batch_kind() == models::BatchKind::Tokens;
+  FSDP_USER_CHECK(!sequences || (c.tokens / o.micro_batches) % c.model.seq_len == 0,
+                  "--tokens / --micro-batches (", c.tokens / o.micro_batches,
+                  ") must be a multiple of --seq-len (", c.model.seq_len, ")");
+}
+
+// The "auto" defaults and the flags that the config spells otherwise (Note [Command defaults]).
+void resolve_defaults(const TrainOptions& o, runtime::TrainConfig& c) {
+  c.tokens = o.config.tokens / o.micro_batches;  // TrainConfig::tokens is per micro-batch
+  c.micro_batches = o.micro_batches;
   c.param_dtype = parse_dtype(o.param_dtype);
   c.reduce_dtype = parse_dtype(o.reduce_dtype);
   c.activation_checkpoint = nn::parse_activation_checkpoint(o.activation_checkpointing);
   c.reshard_after_forward = o.reshard_after_forward != 0;
   c.reshard_after_forward_size = o.reshard_after_forward >= 2 ? o.reshard_after_forward : 0;
   c.separate_rs_group = o.separate_rs_group != 0;
-  c.prefetch_next_step = o.prefetch_next_step != 0;
+  c.prefetch_next_step = o.prefetch_next_step != 0 && !o.cuda_graph;  // Note [Captured steps]
+  c.cuda_graph = o.cuda_graph;
   c.model.norm = o.norm != 0;
   optim::OptimizerConfig& opt = c.optimizer;
   if (o.lr)
@@ -120,30 +141,20 @@ void resolve_defaults(TrainOptions& o) {
   c.schedule.total_steps = c.steps;
   c.schedule.warmup_steps = o.warmup_steps.value_or(c.steps / 10);
   c.schedule.min_lr = o.min_lr ? static_cast<float>(*o.min_lr) : opt.base_lr() / 10;
-  optim::validate(c.schedule, opt.base_lr());
-  if (o.optimizer_in_backward == -1) {
-    c.optimizer_in_backward = opt.max_grad_norm <= 0;
-  } else {
-    c.optimizer_in_backward = o.optimizer_in_backward != 0;
-    FSDP_USER_CHECK(!(c.optimizer_in_backward && opt.max_grad_norm > 0),
-                    "--optimizer-in-backward 1 cannot clip gradients (clipping needs every "
-                    "gradient before any step); add --clip-grad-norm 0 to use it");
-  }
+  // -1: in backward exactly when clipping is off and the optimizer is not in forward.
   c.optimizer_in_forward = o.optimizer_in_forward != 0;
-  FSDP_USER_CHECK(!(c.optimizer_in_forward && c.optimizer_in_backward),
-                  "--optimizer-in-forward 1 and --optimizer-in-backward 1 exclude each other "
-                  "(with --clip-grad-norm 0 the optimizer is in backward unless "
-                  "--optimizer-in-backward 0)");
-  const models::ModelFamily& family = models::family(c.model.kind);
-  const int ep = family.expert_parallel_size(models::resolved(c.model));
-  FSDP_USER_CHECK(c.model.ep == 1 || ep > 1, "--ep applies to models with experts split over "
-                  "ranks (--model moe-transformer), not --model ", c.model.kind);
-  FSDP_USER_CHECK(o.backend != "cpu" || o.world_size % ep == 0, "--world-size (", o.world_size,
-                  ") must be divisible by --ep (", ep, ")");
+  c.optimizer_in_backward = o.optimizer_in_backward == -1
+                                ? opt.max_grad_norm <= 0 && !c.optimizer_in_forward
+                                : o.optimizer_in_backward != 0;
   c.timeline = !o.trace_path.empty();
+  c.checkpoint.verbose = !o.quiet;
+  c.return_on_nonfinite = true;  // the summary is written first, then the error
 }
 
-std::string choose_backend(TrainOptions& o, std::string& why) {
+// The backend and where the ranks run: run.backend, run.why (for --backend auto), run.world and
+// the CPU processes' placement.
+void choose_backend(const TrainOptions& o, TrainRun& run) {
+  std::string& why = run.why;
   const bool world_given = o.world_size_opt && o.world_size_opt->count() > 0;
   const bool nproc_given = o.nproc_opt && o.nproc_opt->count() > 0;
   const bool chaos_given = o.chaos_seed.has_value();
@@ -171,31 +182,32 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
     flags.node_rank = o.node_rank;
     flags.master_addr = o.master_addr;
     flags.master_port = o.master_port;
+    run.backend = backend;
     // Under torchrun, srun or mpirun each process is one rank.
-    o.cpu_place.external = launch::detect_launcher(flags) != launch::Launcher::Fsdp;
-    o.cpu_processes = nproc_given || o.cpu_place.external;
-    if (!o.cpu_processes) {
+    run.cpu_place.external = launch::detect_launcher(flags) != launch::Launcher::Fsdp;
+    run.cpu_processes = nproc_given || run.cpu_place.external;
+    if (!run.cpu_processes) {
       FSDP_USER_CHECK(!o.nnodes && !o.node_rank && !o.master_addr && !o.master_port,
                       "--nnodes, --node-rank, --master-addr and --master-port need --nproc on "
                       "the CPU backend (ranks as processes); without it the ranks are threads "
                       "of this process", chose);
-      o.effective_world = o.world_size;
-      return backend;
+      run.world = o.world_size;
+      return;
     }
     FSDP_USER_CHECK(cpu_processes_built(), "--backend cpu --nproc: this build has no Gloo "
                     "(libgloo-dev), which CPU ranks as processes need", chose);
-    FSDP_USER_CHECK(o.cpu_place.external || o.nproc >= 1, "--nproc must be >= 1 on the CPU "
+    FSDP_USER_CHECK(run.cpu_place.external || o.nproc >= 1, "--nproc must be >= 1 on the CPU "
                     "backend (ranks as processes of this host), got ", o.nproc);
     FSDP_USER_CHECK(!world_given, "give --world-size (ranks as threads) or --nproc (ranks as "
                     "processes, per host) on the CPU backend, not both");
     const launch::LaunchEnv env = launch::resolve_launch(flags);
-    o.cpu_place.nnodes = env.nnodes;
-    o.cpu_place.node_rank = env.node_rank;
-    o.cpu_place.master_addr = env.master_addr;
-    o.cpu_place.master_port = env.master_port;
-    o.cpu_place.timeout_s = o.timeout_s;
-    o.effective_world = env.world_size;
-    return backend;
+    run.cpu_place.nnodes = env.nnodes;
+    run.cpu_place.node_rank = env.node_rank;
+    run.cpu_place.master_addr = env.master_addr;
+    run.cpu_place.master_port = env.master_port;
+    run.cpu_place.timeout_s = o.timeout_s;
+    run.world = env.world_size;
+    return;
   }
   FSDP_USER_CHECK(cuda::compiled_with_cuda(),
                   "--backend cuda: this build has no CUDA backend (nvcc or NCCL missing at build time)");
@@ -223,12 +235,13 @@ std::string choose_backend(TrainOptions& o, std::string& why) {
                   " the CUDA backend would use (one rank per GPU; pick them with --nproc",
                   env.launcher == launch::Launcher::Fsdp ? " and --nnodes)"
                       : std::string(" and ") + launch::launcher_name(env.launcher) + ")");
-  o.effective_world = used;
-  return backend;
+  run.backend = backend;
+  run.world = used;
 }
 
-void check_capacity(const TrainOptions& o, const std::string& backend) {
-  const int world = o.effective_world;
+void check_capacity(const TrainRun& run) {
+  const std::string& backend = run.backend;
+  const int world = run.world;
   if (backend == "cpu") {
     const int64_t limit = thread_limit();
     const int64_t threads = static_cast<int64_t>(world) * kThreadsPerCpuRank;
@@ -237,8 +250,8 @@ void check_capacity(const TrainOptions& o, const std::string& backend) {
                     "and per stream); this machine allows ", limit, " in all");
   }
   // HSDP shards over world / --hsdp ranks (docs/memory.md).
-  const int shard = world / std::max(o.config.hsdp_replicas, 1);
-  const double per_rank = static_cast<double>(estimate_rank_bytes(o.config, std::max(shard, 1)));
+  const int shard = world / std::max(run.config.hsdp_replicas, 1);
+  const double per_rank = static_cast<double>(estimate_rank_bytes(run.config, std::max(shard, 1)));
   if (backend == "cpu") {
     const double total = per_rank * world;  // every CPU rank lives in this process
     const int64_t available = available_host_bytes();
@@ -280,12 +293,14 @@ void check_writable(const std::string& flag, const std::string& path) {
                   "': ", std::strerror(errno));
 }
 
-// The option names of the API (runtime::check_train_config, fully_shard's settings) that the
-// command line spells otherwise; any other name is its flag with '_' as '-'.
+// The option names of the API (runtime::check_train_config, the model's and the schedule's
+// checks, fully_shard's settings) that the command line spells otherwise; any other name is
+// its flag with '_' as '-'.
 std::string flag_of(const std::string& option) {
   static const std::map<std::string, std::string> flags{
       {"activation_checkpoint", "--activation-checkpointing"},
       {"hsdp_replicas", "--hsdp"},
+      {"max_grad_norm", "--clip-grad-norm"},
       {"reduce_scatter_max_input_buffers", "--rs-max-input-buffers"},
       {"reshard_after_forward_size", "--reshard-after-forward"},
   };
@@ -295,60 +310,54 @@ std::string flag_of(const std::string& option) {
   return flag;
 }
 
-// The config against the world size, with the API's rules (Note [Options checked once]).
-void check_config(const TrainOptions& o) {
-  runtime::check_train_config(o.config, o.effective_world);
-}
-
-// --micro-batches N splits each rank's --tokens into N micro-batches of tokens / N (idempotent:
-// the config then holds the per-micro-batch count, as TrainConfig::tokens means).
-void split_micro_batches(TrainOptions& o) {
-  runtime::TrainConfig& c = o.config;
-  FSDP_USER_CHECK(o.micro_batches >= 1, "--micro-batches must be >= 1, got ", o.micro_batches);
-  if (o.micro_batches == c.micro_batches) return;
-  FSDP_USER_CHECK(c.tokens % o.micro_batches == 0, "--tokens (", c.tokens,
-                  ") must be divisible by --micro-batches (", o.micro_batches, ")");
-  const bool sequences = models::family(c.model.kind).batch_kind() == models::BatchKind::Tokens;
-  FSDP_USER_CHECK(!sequences || (c.tokens / o.micro_batches) % c.model.seq_len == 0,
-                  "--tokens / --micro-batches (", c.tokens / o.micro_batches,
-                  ") must be a multiple of --seq-len (", c.model.seq_len, ")");
-  c.tokens /= o.micro_batches;
-  c.micro_batches = o.micro_batches;
-}
-
-// Note [Captured steps] (src/runtime/captured_step.h).
-void check_cuda_graph(TrainOptions& o, const std::string& backend) {
-  if (!o.cuda_graph) return;
-  FSDP_USER_CHECK(backend != "cpu", "--cuda-graph needs the CUDA backend (--backend cuda); the "
-                  "CPU backend cannot capture CUDA graphs");
-  o.config.cuda_graph = true;
-  o.config.prefetch_next_step = false;  // a prefetch crosses the step boundary
-}
-
 namespace {
 
-std::string check_train_options_in_api_terms(TrainOptions& o, std::string& why) {
-  apply_hf_model(o);
-  check_ranges(o);
-  split_micro_batches(o);
-  resolve_defaults(o);
-  const std::string backend = choose_backend(o, why);
-  check_cuda_graph(o, backend);
-  check_config(o);
-  attach_token_data(o);
-  check_capacity(o, backend);
+// What the resolved run needs besides the flags' ranges: the backend can run it, the API's
+// rules (runtime::check_train_config, Note [Options checked once]), the machine's capacity,
+// and outputs that can be written.
+void check_train_run(const TrainOptions& o, const TrainRun& run) {
+  const runtime::TrainConfig& c = run.config;
+  // Note [Captured steps] (src/runtime/captured_step.h).
+  FSDP_USER_CHECK(!c.cuda_graph || run.backend != "cpu", "--cuda-graph needs the CUDA backend "
+                  "(--backend cuda); the CPU backend cannot capture CUDA graphs");
+  const int ep = models::family(c.model.kind).expert_parallel_size(models::resolved(c.model));
+  FSDP_USER_CHECK(c.model.ep == 1 || ep > 1, "--ep applies to models with experts split over "
+                  "ranks (--model moe-transformer), not --model ", c.model.kind);
+  FSDP_USER_CHECK(run.backend != "cpu" || run.world % ep == 0, "--world-size (", run.world,
+                  ") must be divisible by --ep (", ep, ")");
+  optim::validate(c.schedule, c.optimizer.base_lr());  // the command's schedule
+  runtime::check_train_config(c, run.world);
+  check_capacity(run);
   check_writable("--json", o.json_path);
   check_writable("--trace", o.trace_path);
-  return backend;
 }
 
 }  // namespace
 
-std::string check_train_options(TrainOptions& o, std::string& why) {
+void check_train_options(const TrainOptions& o) {
+  check_ranges(o);
+  models::resolved(o.config.model);  // the model's sizes, before anything divides by them
+  check_micro_batches(o);
+}
+
+TrainRun resolve_train_run(const TrainOptions& o) {
+  TrainRun run;
+  run.config = o.config;
+  apply_hf_model(o, run);  // first: the model's sizes set the defaults (the lr's, say)
+  resolve_defaults(o, run.config);
+  choose_backend(o, run);
+  attach_token_data(o, run);
+  return run;
+}
+
+TrainRun train_run_of(const TrainOptions& o) {
   try {
-    return check_train_options_in_api_terms(o, why);
-  } catch (const OptionError& e) {  // Note [Options checked once]: the flag's name instead
-    throw UserError(flag_of(e.option()) + e.rest());
+    check_train_options(o);
+    TrainRun run = resolve_train_run(o);
+    check_train_run(o, run);
+    return run;
+  } catch (const OptionError& e) {  // Note [Options checked once]: the flags' names instead
+    throw UserError(e.spelled(flag_of));
   }
 }
 

@@ -117,7 +117,7 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "clip gradients to this global norm over all shards (0: no clipping)");
   app.add_option("--optimizer-in-backward", o.optimizer_in_backward,
                  "0 | 1: step each group's shard right after its reduce-scatter; cannot clip "
-                 "(-1: on exactly when --clip-grad-norm is 0)")
+                 "(-1: on exactly when --clip-grad-norm is 0 and --optimizer-in-forward is not 1)")
       ->check(CLI::Range(-1, 1));
   app.add_option("--optimizer-in-forward", o.optimizer_in_forward,
                  "0 | 1: step each group's shard in the next forward, just before its "
@@ -348,20 +348,20 @@ nlohmann::json summarize_results(const std::string& backend, int world,
   return j;
 }
 
-int run_train(TrainOptions& o) {
-  std::string why;
-  const std::string backend = check_train_options(o, why);
+int run_train(const TrainOptions& o) {
+  const TrainRun run = train_run_of(o);
   set_option_spelling(flag_of);  // Note [Out of memory]: advice in the flags' names
-  o.config.checkpoint.verbose = !o.quiet;
-  o.config.return_on_nonfinite = true;  // the summary is written first, then the error
-  if (!why.empty()) std::printf("backend: %s (--backend auto: %s)\n", backend.c_str(), why.c_str());
+  const std::string& backend = run.backend;
+  const runtime::TrainConfig& config = run.config;
+  if (!run.why.empty())
+    std::printf("backend: %s (--backend auto: %s)\n", backend.c_str(), run.why.c_str());
   StepPrinterOptions po;
-  po.steps = o.config.steps;
-  po.world = o.effective_world;
+  po.steps = config.steps;
+  po.world = run.world;
   po.log_every = o.log_every;
   po.quiet = o.quiet;
   if (backend != "cpu") {
-    po.flops_per_token = models::flops_per_token(o.config.model);
+    po.flops_per_token = models::flops_per_token(config.model);
     po.peak_tflops = o.peak_tflops;
   }
   StepPrinter printer(po, stdout);
@@ -371,16 +371,17 @@ int run_train(TrainOptions& o) {
     printer(r);
     if (r.val_loss >= 0 && !o.quiet) {
       std::printf("  validation loss after step %d: %.4f nats/token (unigram entropy of the corpus: "
-                  "%.4f)\n", r.step + 1, r.val_loss, o.unigram_entropy_nats);
+                  "%.4f)\n", r.step + 1, r.val_loss, run.unigram_entropy_nats);
       std::fflush(stdout);
     }
   };
   auto write_summary = [&](nlohmann::json summary) {
-    summary.update(settings_json(o.config));
-    if (o.config.eval_every > 0) summary["unigram_entropy_nats"] = o.unigram_entropy_nats;
+    summary.update(settings_json(config));
+    if (config.eval_every > 0) summary["unigram_entropy_nats"] = run.unigram_entropy_nats;
     write_text("--json", o.json_path, summary.dump(2) + "\n");
   };
   std::vector<runtime::RankResult> results;
+  int world = run.world;  // the CUDA launcher sets it from the ranks it found
   try {
     if (backend == "cpu") {
       cpu::CpuOptions cpu_options;
@@ -388,8 +389,9 @@ int run_train(TrainOptions& o) {
       cpu_options.chaos_seed = static_cast<uint64_t>(o.chaos_seed.value_or(0));
       cpu_options.collective_timeout_s = o.timeout_s;  // threads and processes alike
       cpu_options.memory_capacity_bytes = static_cast<size_t>(o.cpu_memory_mib) << 20;
-      if (o.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
-        results = runtime::run_cpu_process_training(o.nproc, cpu_options, o.cpu_place, o.config, on_step);
+      if (run.cpu_processes) {  // ranks as processes over Gloo (docs/cpu_processes.md)
+        results =
+            runtime::run_cpu_process_training(o.nproc, cpu_options, run.cpu_place, config, on_step);
         if (results.empty() || results[0].rank != 0) {  // only the process of rank 0 reports
           if (!results.empty())
             std::printf("ranks %d..%d finished\n", results.front().rank, results.back().rank);
@@ -400,13 +402,13 @@ int run_train(TrainOptions& o) {
         runtime::run_cpu_ranks(o.world_size, cpu_options,
                                [&](int rank, Device& device, std::shared_ptr<Comm> world) {
                                  results[rank] = runtime::train_rank(
-                                     device, world, o.config,
+                                     device, world, config,
                                      rank == 0 ? std::function<void(const runtime::StepReport&)>(on_step)
                                                : nullptr);
                                });
       }
     } else {
-      results = runtime::run_cuda_training(launch_options_of(o), o.config, on_step, o.effective_world);
+      results = runtime::run_cuda_training(launch_options_of(o), config, on_step, world);
     }
   } catch (const Error& e) {
     // Note [Unreadable steps]: the run ended on an error; its summary is still written.
@@ -414,21 +416,20 @@ int run_train(TrainOptions& o) {
     if (!o.json_path.empty()) {
       const runtime::RankResult r0 =
           result_of_failed_run(reported, e.what(), step_error ? step_error->step() : -1);
-      write_summary(summarize_results(backend, o.effective_world, o.config, {r0}, o.peak_tflops));
+      write_summary(summarize_results(backend, world, config, {r0}, o.peak_tflops));
     }
     throw;
   }
-  nlohmann::json summary =
-      summarize_results(backend, o.effective_world, o.config, results, o.peak_tflops);
+  nlohmann::json summary = summarize_results(backend, world, config, results, o.peak_tflops);
   const std::string error = summary.value("error", std::string());
   if (error.empty()) {
     std::printf("done: %s, %d ranks, step_ms median %.2f, tokens/s %.0f, peak mem %.1f MiB, "
                 "rs inputs in flight max %lld (k=%d), loss %.6g -> %.6g\n",
-                backend.c_str(), o.effective_world, summary["step_ms_median"].get<double>(),
+                backend.c_str(), world, summary["step_ms_median"].get<double>(),
                 summary["tokens_per_s"].get<double>(),
                 summary["peak_mem_bytes"].get<int64_t>() / 1048576.0,
                 static_cast<long long>(summary["rs_inputs_in_flight_max"].get<int64_t>()),
-                o.config.rs_max_input_buffers, summary["loss_first"].get<double>(),
+                config.rs_max_input_buffers, summary["loss_first"].get<double>(),
                 summary["loss_last"].get<double>());
     std::fflush(stdout);
   }
@@ -455,10 +456,8 @@ LaunchOptions launch_options_of(const TrainOptions& o) {
   return l;
 }
 
-nn::ModelConfig model_config_of(TrainOptions& options) {
-  std::string why;
-  check_train_options(options, why);
-  return options.config.model;
+nn::ModelConfig model_config_of(const TrainOptions& options) {
+  return train_run_of(options).config.model;
 }
 
 }  // namespace fsdp::tools

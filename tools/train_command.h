@@ -13,6 +13,7 @@
 
 namespace fsdp::tools {
 
+// The flags as parsed; nothing writes them after (the run they describe is a TrainRun).
 struct TrainOptions {
   TrainOptions() {
     config.prefetch_next_step = true;
@@ -41,20 +42,17 @@ struct TrainOptions {
   std::string data_dir;
   std::optional<int> eval_every;  // unset: a tenth of the steps with --data, none without
   int64_t eval_batches = 8;   // at most; fewer when val.bin holds fewer
-  double unigram_entropy_nats = -1;  // of the corpus (meta.json), shown beside the val loss
   const CLI::Option* vocab_opt = nullptr;
   // --hf-config FILE (or --init-from DIR's config.json) sets the model (hf_model_options.cpp);
   // the flags that would set it too, to refuse them beside it.
   std::string hf_config;
   std::vector<const CLI::Option*> model_opts;
-  bool model_from_hf = false;  // set by the checks: the vocabulary is the model's
   bool quiet = false;
   int log_every = 1;
   int micro_batches = 1;    // --micro-batches: --tokens splits into this many
   bool cuda_graph = false;  // --cuda-graph (Note [Captured steps])
   double peak_tflops = 989.0;  // H200 dense bf16, for MFU on GPUs
-  runtime::TrainConfig config;
-  int effective_world = 1;
+  runtime::TrainConfig config;  // the flags that the config holds as they are
   // Which flags the user gave (for checks that depend on it).
   const CLI::Option* world_size_opt = nullptr;
   const CLI::Option* nproc_opt = nullptr;
@@ -62,10 +60,20 @@ struct TrainOptions {
   std::optional<int> nnodes, node_rank, master_port;
   std::optional<std::string> master_addr;
   double timeout_s = 60;  // every rendezvous wait, and the bound on a collective
-  // CPU ranks as processes over Gloo (--backend cpu --nproc; docs/cpu_processes.md): set by
-  // the checks, with where they run.
+};
+
+// What `fsdp train` runs: the flags with every default resolved (Note [Command defaults]).
+struct TrainRun {
+  std::string backend;  // "cpu" or "cuda"
+  std::string why;      // why --backend auto chose it; empty when --backend names it
+  runtime::TrainConfig config;
+  int world = 1;  // the ranks: threads, processes or GPUs
+  // CPU ranks as processes over Gloo (--backend cpu --nproc; docs/cpu_processes.md), and
+  // where they run.
   bool cpu_processes = false;
   CpuProcessOptions cpu_place;
+  double unigram_entropy_nats = -1;  // of the --data corpus (meta.json), beside the val loss
+  bool model_from_hf = false;  // a config.json set the model: the vocabulary is the model's
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);
@@ -74,12 +82,12 @@ void add_train_options(CLI::App& app, TrainOptions& options);
 // Face config (--hf-config, or --init-from DIR with a config.json) with its weights' files
 // opened and checked, one-line errors before anything runs.
 void add_model_dialect_options(CLI::App& app, TrainOptions& options);
-void apply_hf_model(TrainOptions& options);
+void apply_hf_model(const TrainOptions& options, TrainRun& run);
 // The launch flags as the launcher takes them (include/fsdp/launch.h).
 LaunchOptions launch_options_of(const TrainOptions& options);
 // The model the parsed flags describe, defaults filled in (for `fsdp export --init`).
-nn::ModelConfig model_config_of(TrainOptions& options);
-int run_train(TrainOptions& options);
+nn::ModelConfig model_config_of(const TrainOptions& options);
+int run_train(const TrainOptions& options);
 // The results part of the run's JSON summary (Note [Result fields]): "backend", "world_size",
 // and the keys the result fields' summary rules name; `fsdp train --json` adds the settings.
 nlohmann::json summarize_results(const std::string& backend, int world,
@@ -88,13 +96,20 @@ nlohmann::json summarize_results(const std::string& backend, int world,
                                  double peak_tflops);
 void write_trace_file(const std::string& path, const std::vector<runtime::RankResult>& ranks);
 
-// train_checks.cpp: every check of the options that can run before training, each failing
-// with a one-line UserError; fills in the "auto" defaults. Returns the backend it chose and
-// sets `why` to the reason, for --backend auto.
-std::string check_train_options(TrainOptions& options, std::string& why);
+// train_checks.cpp: the run the flags describe, made once, in three parts:
+//   check_train_options: the flags' own ranges and the model's sizes (it changes nothing);
+//   resolve_train_run: the one place the "auto" defaults are resolved (Note [Command
+//   defaults]), a Hugging Face config.json read, the backend chosen and --data read;
+//   then the resolved run against the API's rules (runtime::check_train_config), the
+//   backend and the machine's capacity.
+// Every failure is one line: a UserError, and an OptionError of the API spelled with the
+// flags' names (Note [Options checked once]).
+TrainRun train_run_of(const TrainOptions& options);
+void check_train_options(const TrainOptions& options);
+TrainRun resolve_train_run(const TrainOptions& options);
 // train_data.cpp: with --data, the token-file batch sources, the validation batches and the
 // vocabulary from the corpus's meta.json; one-line errors for bad data files.
-void attach_token_data(TrainOptions& options);
+void attach_token_data(const TrainOptions& options, TrainRun& run);
 // Bytes one rank needs, from the formula in docs/memory.md.
 int64_t estimate_rank_bytes(const runtime::TrainConfig& c, int world);
 // Fails with a one-line error if `path` cannot be written (checked before training).

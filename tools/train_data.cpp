@@ -12,16 +12,11 @@
 
 namespace fsdp::tools {
 
-void attach_token_data(TrainOptions& o) {
-  FSDP_USER_CHECK(!o.eval_every || *o.eval_every >= 0, "--eval-every must be >= 0 (0: never), got ",
-                  o.eval_every.value_or(0));
-  FSDP_USER_CHECK(o.eval_batches >= 1, "--eval-batches must be >= 1, got ", o.eval_batches);
-  if (o.data_dir.empty()) {
-    FSDP_USER_CHECK(o.eval_every.value_or(0) == 0, "--eval-every needs --data (the validation tokens)");
-    return;
-  }
+void attach_token_data(const TrainOptions& o, TrainRun& run) {
+  if (o.data_dir.empty()) return;
   namespace fs = std::filesystem;
-  nn::ModelConfig& m = o.config.model;
+  runtime::TrainConfig& c = run.config;
+  nn::ModelConfig& m = c.model;
   FSDP_USER_CHECK(models::family(m.kind).batch_kind() == models::BatchKind::Tokens,
                   "--data trains a model on token ids, which --model ", m.kind,
                   " is not (use --model transformer or moe-transformer)");
@@ -32,28 +27,28 @@ void attach_token_data(TrainOptions& o) {
   FSDP_USER_CHECK(fs::exists(meta_path, ec), "--data '", o.data_dir,
                   "' has no meta.json: not made by `fsdp prepare-data`");
   const data::CorpusMeta meta = data::read_corpus_meta(meta_path);
-  if ((!o.vocab_opt || o.vocab_opt->count() == 0) && !o.model_from_hf) m.vocab = meta.vocab;
-  FSDP_USER_CHECK(m.vocab >= meta.vocab, o.model_from_hf ? "the model's vocab_size " : "--vocab ",
+  if ((!o.vocab_opt || o.vocab_opt->count() == 0) && !run.model_from_hf) m.vocab = meta.vocab;
+  FSDP_USER_CHECK(m.vocab >= meta.vocab, run.model_from_hf ? "the model's vocab_size " : "--vocab ",
                   m.vocab, " is smaller than the tokenizer's ", meta.vocab, " in ", meta_path);
-  o.unigram_entropy_nats = meta.unigram_entropy_nats;
+  run.unigram_entropy_nats = meta.unigram_entropy_nats;
 
   const std::string train = o.data_dir + "/train.bin", val = o.data_dir + "/val.bin";
   // Opening validates each file (one line naming the file and the problem); a sampler of this
   // run's shape checks there is at least one global batch.
-  o.config.batch_source = runtime::token_file_batches(train, m, o.config.seed);
-  o.config.data_name = train;
-  const data::BatchShape shape{o.config.tokens / m.seq_len, m.seq_len, o.effective_world};
-  data::BatchSampler(std::make_shared<const data::TokenFile>(train, m.vocab), shape, o.config.seed);
+  c.batch_source = runtime::token_file_batches(train, m, c.seed);
+  c.data_name = train;
+  const data::BatchShape shape{c.tokens / m.seq_len, m.seq_len, run.world};
+  data::BatchSampler(std::make_shared<const data::TokenFile>(train, m.vocab), shape, c.seed);
 
-  const int every = o.eval_every.value_or(std::max(1, o.config.steps / 10));
+  const int every = o.eval_every.value_or(std::max(1, c.steps / 10));
   if (every > 0) {
     const int64_t count = runtime::validation_batch_count(val, m, shape.batch, shape.world_size,
                                                           o.eval_batches);
     FSDP_USER_CHECK(count > 0, val, ": fewer tokens than one validation batch of ",
                     shape.global_sequences(), " x ", m.seq_len, " (+1)");
-    o.config.eval_source = runtime::validation_batches(val, m);
-    o.config.eval_every = every;
-    o.config.eval_batches = count;
+    c.eval_source = runtime::validation_batches(val, m);
+    c.eval_every = every;
+    c.eval_batches = count;
   }
 }
 

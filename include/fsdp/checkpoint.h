@@ -22,6 +22,10 @@ struct CheckpointOptions {
   bool enabled() const { return !save_dir.empty() || !resume.empty() || !init_from.empty(); }
 };
 
+// The options' rules (an OptionError naming them, Note [Options checked once]); the trainer's
+// check_train_config runs it.
+void check_checkpoint_options(const CheckpointOptions& options);
+
 // Writes the full weights of a checkpoint to a safetensors file, in fp32 or bf16: Hugging
 // Face names where the model's family has them (the transformer's wqkv and w13 split by rows),
 // the fqns otherwise.

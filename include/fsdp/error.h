@@ -11,11 +11,14 @@
 // all funnel into fsdp::detail::raise(). Bad user input is a UserError instead, raised by
 //   FSDP_USER_CHECK(cond, ...)     the message alone, as a plain sentence
 //   FSDP_USER_FAIL(...)
+//   FSDP_OPTION_CHECK(cond, ...)   a bad option: an OptionError (Note [Options checked once])
 #pragma once
 
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace fsdp {
 
@@ -32,21 +35,68 @@ class UserError : public Error {
 };
 
 // Note [Options checked once]
-// A bad option is refused where the API takes it, in the API's own terms: the message starts
-// with the option's name as the API spells it ("hsdp_replicas 3 must divide the world size
-// 4"), and option() names it. A front end that spells options otherwise (the command line's
-// "--hsdp") maps the name and puts its own in front, in one place (tools/train_checks.cpp);
-// the rule itself is never written again.
+// A bad option is refused where the API takes it, in the API's own terms: the message names
+// options as the API spells them ("hsdp_replicas 3 must divide the world size 4", "dim (64)
+// must be a multiple of heads (3)"), never as a command-line flag, and option() names the
+// first. The message keeps which of its words are option names (OptionName), so a front end
+// that spells options otherwise (the command line's "--hsdp") respells them, in one place
+// (tools/train_checks.cpp, spelled()); the rule itself is never written again.
+struct OptionName {
+  std::string name;
+};
+
 class OptionError : public UserError {
  public:
   // `rest` follows the name: OptionError("steps", " must be >= 1, got 0").
   OptionError(std::string option, const std::string& rest)
-      : UserError(option + rest), option_(std::move(option)), rest_(rest) {}
-  const std::string& option() const { return option_; }
-  const std::string& rest() const { return rest_; }  // the message after the name
+      : OptionError(std::vector<Piece>{{std::move(option), true}, {rest, false}}) {}
+  // Text and option names in any order: of(OptionName{"dim"}, " (", 64, ") must be a
+  // multiple of ", OptionName{"heads"}, " (", 3, ")").
+  template <typename... Parts>
+  static OptionError of(const Parts&... parts) {
+    std::vector<Piece> pieces;
+    (add(pieces, parts), ...);
+    return OptionError(std::move(pieces));
+  }
+  const std::string& option() const { return option_; }  // the first option named; "" if none
+  // The message with each option name as spell(name) gives it.
+  std::string spelled(const std::function<std::string(const std::string&)>& spell) const {
+    std::string out;
+    for (const Piece& p : pieces_) out += p.option ? spell(p.text) : p.text;
+    return out;
+  }
 
  private:
-  std::string option_, rest_;
+  struct Piece {
+    std::string text;
+    bool option = false;  // text is an option's name
+  };
+  explicit OptionError(std::vector<Piece> pieces)
+      : UserError(joined(pieces)), pieces_(std::move(pieces)) {
+    for (const Piece& p : pieces_)
+      if (p.option) {
+        option_ = p.text;
+        break;
+      }
+  }
+  static std::string joined(const std::vector<Piece>& pieces) {
+    std::string out;
+    for (const Piece& p : pieces) out += p.text;
+    return out;
+  }
+  static void add(std::vector<Piece>& pieces, const OptionName& name) {
+    pieces.push_back({name.name, true});
+  }
+  template <typename Text>
+  static void add(std::vector<Piece>& pieces, const Text& text) {
+    std::ostringstream out;
+    out << text;
+    if (pieces.empty() || pieces.back().option) pieces.push_back({});
+    pieces.back().text += out.str();
+  }
+
+  std::vector<Piece> pieces_;
+  std::string option_;
 };
 
 // The rank and device that the current thread works for; set by the launcher so that
@@ -86,4 +136,12 @@ std::string concat(const Parts&... parts) {
   do {                                                                 \
     if (!(cond)) [[unlikely]]                                          \
       throw ::fsdp::UserError(::fsdp::detail::concat(__VA_ARGS__));    \
+  } while (0)
+
+// A bad option: the message's parts, with the options it names as OptionName (Note [Options
+// checked once]).
+#define FSDP_OPTION_CHECK(cond, ...)                                   \
+  do {                                                                 \
+    if (!(cond)) [[unlikely]]                                          \
+      throw ::fsdp::OptionError::of(__VA_ARGS__);                      \
   } while (0)

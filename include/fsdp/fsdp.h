@@ -27,6 +27,9 @@ namespace core {
 class FsdpState;
 class CommContext;
 }  // namespace core
+namespace optim {
+class OptimizerInForward;  // fsdp/optim.h
+}  // namespace optim
 
 // A device mesh: the ranks that one param group is sharded over, and their communicator.
 // A 1-D mesh shards over all its ranks (FSDP). A 2-D mesh (HSDP, FSDP2's (replicate, shard)
@@ -103,20 +106,19 @@ using ShardStepFn = std::function<void(Stream rs_stream, int group_ordinal, floa
 // rounded to the param dtype, straight into the all-gather's input: that is the copy-in, so
 // the shard is not read a second time. Every element's math is unchanged, so the params are
 // bitwise those of the plain step.
-// The root's defer_shard_updates(s), after the step's clipping sums, marks every sharded
-// group's update pending (one that is not sharded then, say the root kept unsharded, runs at
-// once on s). A pending update runs exactly once, on the first of:
+// The root's defer_shard_updates(s), after the step's clipping sums, closes the step and marks
+// every sharded group's update pending (one that is not sharded then, say the root kept
+// unsharded, runs at once on s). A pending update runs exactly once, on the first of:
 // - the group's next all-gather from its shards (forward, evaluation, explicit unshard);
 // - the next backward's first hook (the update must read its grad shard before the next
 //   reduce-scatter writes it), for a group the forward did not gather;
 // - apply_pending_shard_updates(s), which whoever reads the shards or the optimizer state
 //   calls first (checkpoints, gather_full_params, the end of training).
-// Each update waits for the work issued on the defer stream before defer_shard_updates; the
-// optimizer keeps that step's scalars and sums aside (optim::Optimizer::defer_step), so the
-// next step's begin_step cannot change them. Graph replays assume every group pending at the
-// start of the step (Note [Captured steps]).
-using ShardUpdateFn =
-    std::function<void(Stream s, int group_ordinal, void* param_copy, DType copy_dtype)>;
+// Each update waits for the work issued on the defer stream before defer_shard_updates; that
+// step's scalars and sums are kept aside, so the next step's begin_step cannot change them.
+// Graph replays assume every group pending at the start of the step (Note [Captured steps]).
+// All of this state has one owner, optim::OptimizerInForward, which the core calls into at
+// these points (Note [Optimizer in forward's owner], fsdp/optim.h).
 
 // Note [Early grad norm]
 // Called once a group's fp32 grad shard is final for the step (its reduce-scatter, with HSDP
@@ -198,11 +200,12 @@ class FsdpModule {
   // Root only, before the first forward (or unshard): Note [Early grad norm]. Group
   // ordinals as above.
   void set_on_grad_shard_ready(GradShardReadyFn on_ready);
-  // Root only, before the first forward (or unshard): Note [Optimizer in forward].
-  // update(s, ordinal, param_copy, dtype) runs group `ordinal`'s deferred step on s and writes
-  // its new param, rounded to dtype, to param_copy when that is not null.
-  void set_optimizer_in_forward(ShardUpdateFn update);
-  // Root only: every group's update is pending from now, after the work issued on s.
+  // Root only, before the first forward (or unshard): Note [Optimizer in forward]. `updates`
+  // (made over the optimizer of sharded_groups(root), tensor i for group ordinal i) keeps the
+  // deferred step and runs each group's part of it; it must outlive the forwards.
+  void set_optimizer_in_forward(optim::OptimizerInForward& updates);
+  // Root only, after the step's clipping sums: closes the optimizer's step; every group's
+  // update is pending from now, after the work issued on s.
   void defer_shard_updates(Stream s);
   // Root only: runs every pending update now, on s.
   void apply_pending_shard_updates(Stream s);

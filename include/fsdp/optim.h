@@ -37,6 +37,8 @@ struct OptimizerConfig {
 // entry that tensor's full squared norm. The optimizer kernels add the entries and clip; the
 // trainer copies the same entries to the host to print the norm and to name a unit whose grad
 // is not finite.
+class OptimizerInForward;
+
 class Optimizer {
  public:
   Optimizer(Device& device, Stream stream, std::vector<ParamSpan> params, OptimizerConfig config);
@@ -60,15 +62,7 @@ class Optimizer {
   // One tensor's step with the given grad, fp32 or bf16 (Note [Optimizer in backward]); no
   // clipping.
   void step_one(Stream s, int index, const void* grad, DType grad_dtype = DType::F32);
-  // Note [Optimizer in forward] (fsdp.h): the step, split so each tensor's part runs later.
-  // defer_step closes the step like step() (clipping needs compute_grad_squares first) but
-  // updates nothing: on s it copies the step's scalars and grad sums aside, where they stay
-  // until the next defer_step. step_deferred then runs tensor `index`'s part of that step on
-  // any stream ordered after it, writing the new param also into param_copy (rounded to
-  // copy_dtype) when given. Every tensor's part must run before the next defer_step.
-  void defer_step(Stream s);
-  void step_deferred(Stream s, int index, void* param_copy = nullptr,
-                     DType copy_dtype = DType::F32);
+  // The step split into one part per tensor, each run later: OptimizerInForward (below).
   void zero_grad(Stream s);
 
   int64_t state_bytes() const;
@@ -83,9 +77,11 @@ class Optimizer {
   void set_step_count(int64_t steps);
 
  private:
+  // Closes a step and runs its parts (Note [Optimizer in forward's owner]).
+  friend class OptimizerInForward;
   void launch(Stream s, const OptimTensor* t, int count, const StepScalars* scalars,
               GradSquares sq);
-  void end_step();  // step() and defer_step(): the begun step is closed
+  void end_step();  // step() and OptimizerInForward::defer: the begun step is closed
 
   Device& device_;
   OptimizerConfig config_;
@@ -103,17 +99,75 @@ class Optimizer {
   std::vector<std::string> sq_names_;
   float* grad_sq_ = nullptr;         // device, one per tensor
   StepScalars* scalars_ = nullptr;   // device
-  // Note [Optimizer in forward]: the deferred step's scalars and sums (device), and how many
-  // sums it clips by (0: no clipping); deferred_ once defer_step has run.
-  StepScalars* deferred_scalars_ = nullptr;
-  float* deferred_sq_ = nullptr;
-  int deferred_sq_count_ = 0;
-  bool deferred_ = false;
   bool grad_sq_valid_ = false;       // computed for the current step
   std::vector<int> slot_of_;         // per tensor: its entry in grad_sq_ (-1: no grad)
   std::vector<bool> squared_early_;  // per tensor: add_grad_square ran this step
   int64_t step_ = 0;                 // steps begun
   bool begun_ = false;               // begin_step called for the next step
+};
+
+// Note [Optimizer in forward's owner]
+// The optimizer in forward (Note [Optimizer in forward], fsdp.h) keeps all its state here: the
+// step it closed (the step's scalars and grad sums, copied aside so the next step's
+// begin_step and early sums cannot change them), which groups' parts of that step are still
+// pending, the event and stream a part waits for, and the streams parts ran on. A group is one
+// tensor of the Optimizer: group ordinal i (its index in sharded_groups(root)) is tensor i.
+// The calls go one way, down; nothing calls back up:
+//   the trainer makes it beside its Optimizer, hands it to the root before the first forward
+//   (FsdpModule::set_optimizer_in_forward), and after each backward's clipping sums calls
+//   FsdpModule::defer_shard_updates;
+//   the core (src/core) keeps a pointer in its CommContext and calls in at its schedule
+//   points: FsdpState::defer_updates -> defer(s, may_wait); FsdpState::root_pre_forward ->
+//   forward_begins(compute); ParamGroup::unshard, just before the group's all-gather ->
+//   run(all-gather stream, group, the all-gather's input); the next backward's first hook and
+//   apply_pending_shard_updates (FsdpState::apply_pending_updates) -> run_all(s);
+//   this class runs the Optimizer's kernels (one launch per part) on the Device.
+class OptimizerInForward {
+ public:
+  // Device memory for one step's scalars and sums, on `stream`; `optimizer` must outlive it.
+  OptimizerInForward(Optimizer& optimizer, Stream stream);
+  ~OptimizerInForward();
+  OptimizerInForward(const OptimizerInForward&) = delete;
+  OptimizerInForward& operator=(const OptimizerInForward&) = delete;
+
+  // Closes the optimizer's begun step as Optimizer::step does (clipping needs
+  // compute_grad_squares first) but updates nothing: on s its scalars and sums are copied
+  // aside. Group g's part is then pending, after the work issued on s, where may_wait[g];
+  // the others run now, on s. Every part must have run before the next defer.
+  void defer(Stream s, const std::vector<bool>& may_wait);
+  // A forward begins on `compute`, after the deferral: a part run on another stream from now
+  // waits for compute's position here (inside a captured step, a capture's own event).
+  void forward_begins(Stream compute);
+  // Runs group's pending part on s, writing the new param also to param_copy (rounded to
+  // copy_dtype) when given. On another stream than the deferral's (or the forward's), s
+  // waits for that first.
+  void run(Stream s, int group, void* param_copy = nullptr, DType copy_dtype = DType::F32);
+  // Runs every pending part on s; s then also follows the parts that ran on other streams.
+  void run_all(Stream s);
+
+  bool pending(int group) const { return pending_.at(static_cast<size_t>(group)); }
+  int pending_count() const { return pending_count_; }
+  // Whether the pending parts are exactly those the last defer left (nothing ran one since):
+  // a captured step starts so (Note [Captured steps]).
+  bool pending_as_deferred() const { return pending_count_ == left_by_defer_; }
+  int64_t parts_run() const { return parts_run_; }  // every part run so far
+
+ private:
+  void launch_part(Stream s, int group, void* param_copy, DType copy_dtype);
+
+  Optimizer& optimizer_;
+  Device& device_;
+  StepScalars* scalars_ = nullptr;  // device: the closed step's
+  float* sums_ = nullptr;           // device: its grad sums
+  int sum_count_ = 0;               // how many sums its parts clip by (0: no clipping)
+  std::vector<bool> pending_;       // per group
+  int pending_count_ = 0;
+  int left_by_defer_ = 0;
+  int64_t parts_run_ = 0;
+  Event ready_;         // recorded on ready_stream_ at the deferral and at forward_begins
+  Stream ready_stream_;
+  Event joined_;        // run_all's join with the streams in ran_elsewhere_
+  std::vector<Stream> ran_elsewhere_;  // streams parts ran on, besides ready_stream_, since run_all
 };
 
 }  // namespace fsdp::optim

@@ -31,7 +31,7 @@ TrainerCheckpoint::TrainerCheckpoint(const CheckpointOptions& options, const Run
                                      optim::Optimizer& optimizer, const ExpertLayout& experts)
     : options_(options), run_(run), run_json_(run_config_json(run)), device_(device),
       stream_(stream), root_(root), state_(collect_sharded_state(root, &optimizer, experts)) {
-  // The options were checked with the rest of the config (runtime::check_train_config).
+  // The options were checked once, by check_train_config (check_checkpoint_options).
   // HSDP: one replica's shards are the whole state; the others save nothing.
   if (!options_.save_dir.empty() && state_.replica == 0)
     writer_ = std::make_unique<CheckpointWriter>(options_.save_dir, state_.rank, state_.world,
@@ -65,7 +65,7 @@ int TrainerCheckpoint::start(int total_steps) {
     changes = check_compatible(*ckpt, run_json_);
     start_step = ckpt->complete.step;
     FSDP_USER_CHECK(start_step < total_steps, "checkpoint '", ckpt->dir, "' is at step ", start_step,
-               ": --steps ", total_steps, " leaves nothing to train");
+               ": steps ", total_steps, " leaves nothing to train");
   }
   if (!options_.save_dir.empty()) check_save_dir(start_step);
   if (ckpt) resumed_state_ = load_checkpoint(*ckpt, state_, &device_, stream_);
@@ -203,3 +203,25 @@ void TrainerCheckpoint::finish() {
 }
 
 }  // namespace fsdp::checkpoint
+
+namespace fsdp {
+
+// What a checkpoint option asks for must happen: a save setting with nowhere to save would
+// run and save nothing.
+void check_checkpoint_options(const CheckpointOptions& o) {
+  const OptionName save_every{"save_every"}, keep_last{"keep_last"};
+  FSDP_OPTION_CHECK(o.save_every >= 0, save_every,
+                    " must be >= 0 (0: after the last step only), got ", o.save_every);
+  FSDP_OPTION_CHECK(o.keep_last >= 0, keep_last, " must be >= 0 (0: every checkpoint), got ",
+                    o.keep_last);
+  FSDP_OPTION_CHECK(!o.save_dir.empty() || o.save_every == 0, save_every, " ", o.save_every,
+                    " needs a directory to save to (", OptionName{"save_dir"},
+                    "); without one nothing would be saved");
+  FSDP_OPTION_CHECK(!o.save_dir.empty() || o.keep_last == 0, keep_last, " ", o.keep_last,
+                    " needs a directory to save to (", OptionName{"save_dir"},
+                    "); without one nothing would be saved or kept");
+  FSDP_OPTION_CHECK(o.resume.empty() || o.init_from.empty(), OptionName{"resume"}, " and ",
+                    OptionName{"init_from"}, " exclude each other: a resume loads its own weights");
+}
+
+}  // namespace fsdp

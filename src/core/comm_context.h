@@ -12,6 +12,7 @@
 #include "core/rs_ring.h"
 #include "fsdp/comm.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/optim.h"
 
 namespace fsdp::core {
 
@@ -44,16 +45,8 @@ class CommContext {
   std::vector<ScheduleEvent>* event_log = nullptr;
   ShardStepFn optimizer_in_backward;  // Note [Optimizer in backward]; empty when off
   GradShardReadyFn grad_shard_ready;  // Note [Early grad norm]; empty when off
-  // Note [Optimizer in forward]: empty when off. A pending update run on another stream than
-  // the deferral's waits for updates_ready, recorded there at the deferral and again at each
-  // root pre-forward (which follows it): a captured step's waits then stay inside the
-  // capture, and an update run on the deferral's stream itself, which is ordered already,
-  // never waits for an event last recorded by a capture.
-  ShardUpdateFn optimizer_in_forward;
-  Event updates_ready;  // made at lazy init when the hook is set
-  Stream updates_stream;
-  int pending_updates = 0;
-  bool updates_ran_elsewhere = false;  // on the all-gather stream, since the last apply
+  // Note [Optimizer in forward's owner]: null when off. It keeps which updates are pending.
+  optim::OptimizerInForward* optimizer_in_forward = nullptr;
   // Whether work (accumulation, cast, optimizer) follows the newest ring entry's event on the
   // RS stream; finalize then joins the RS stream itself, not only the ring.
   bool rs_work_after_ring = false;

@@ -170,8 +170,8 @@ namespace fsdp {
 
 namespace {
 [[noreturn]] void no_graphs(const Device& d) {
-  FSDP_USER_FAIL("device ", d.name(), " cannot capture CUDA graphs (--cuda-graph needs the CUDA "
-                 "backend: --backend cuda)");
+  FSDP_USER_FAIL("device ", d.name(), " cannot capture CUDA graphs (a captured step needs the "
+                 "CUDA backend)");
 }
 }  // namespace
 

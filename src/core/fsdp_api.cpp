@@ -154,12 +154,12 @@ void FsdpModule::set_optimizer_in_backward(ShardStepFn step) {
   state_->optimizer_in_backward = std::move(step);
 }
 
-void FsdpModule::set_optimizer_in_forward(ShardUpdateFn update) {
+void FsdpModule::set_optimizer_in_forward(optim::OptimizerInForward& updates) {
   FSDP_USER_CHECK(!state_->ctx, "set_optimizer_in_forward must be called before FSDP's lazy init "
                   "(the first forward, or an unshard() before it)");
   FSDP_USER_CHECK(!state_->optimizer_in_backward,
                   "the optimizer runs in backward or in forward, not both");
-  state_->optimizer_in_forward = std::move(update);
+  state_->optimizer_in_forward = &updates;
 }
 
 void FsdpModule::defer_shard_updates(Stream s) { state_->defer_updates(s); }
@@ -170,7 +170,9 @@ void FsdpModule::apply_pending_shard_updates(Stream s) {
 }
 
 int FsdpModule::pending_shard_updates() const {
-  return state_->ctx ? state_->ctx->pending_updates : 0;
+  const optim::OptimizerInForward* updates =
+      state_->ctx ? state_->ctx->optimizer_in_forward : nullptr;
+  return updates ? updates->pending_count() : 0;
 }
 
 void FsdpModule::set_event_log(std::vector<ScheduleEvent>* log) {

@@ -170,7 +170,6 @@ void FsdpState::lazy_init(Stream stream) {
   ctx->optimizer_in_backward = optimizer_in_backward;
   ctx->grad_shard_ready = grad_shard_ready;
   ctx->optimizer_in_forward = optimizer_in_forward;
-  if (optimizer_in_forward) ctx->updates_ready = ctx->events.acquire();  // kept for good
   if (ctx->separate_reduce_scatter_group)
     for (FsdpState* s : all_states)
       for (auto& g : s->groups) ctx->create_separate_comm(g->mesh());
@@ -194,10 +193,7 @@ void FsdpState::root_pre_forward(RunContext& run) {
   d.wait_event(ctx->all_gather_stream, optimizer_done_);
   // Note [Optimizer in forward]: compute is past the deferral here; a captured step's
   // updates then wait for an event recorded inside the capture.
-  if (ctx->pending_updates > 0) {
-    d.record_event(ctx->updates_ready, run.compute);
-    ctx->updates_stream = run.compute;
-  }
+  if (ctx->optimizer_in_forward) ctx->optimizer_in_forward->forward_begins(run.compute);
   ctx->forget_compute_started();
   ctx->post_forward_order.clear();
   ctx->forward_hooks.clear();
@@ -219,31 +215,26 @@ void FsdpState::root_pre_forward(RunContext& run) {
 void FsdpState::defer_updates(Stream s) {
   FSDP_USER_CHECK(is_root && ctx,
                   "defer_shard_updates: call it on the root, after its first forward");
-  FSDP_USER_CHECK(ctx->optimizer_in_forward,
+  optim::OptimizerInForward* updates = ctx->optimizer_in_forward;
+  FSDP_USER_CHECK(updates,
                   "defer_shard_updates needs set_optimizer_in_forward before the first forward");
-  FSDP_USER_CHECK(ctx->pending_updates == 0,
+  FSDP_USER_CHECK(updates->pending_count() == 0,
                   "defer_shard_updates: the previous step's updates have not all run (a forward "
                   "runs them, or apply_pending_shard_updates)");
-  mesh.device().record_event(ctx->updates_ready, s);
-  ctx->updates_stream = s;
+  // A group that is gathered, or holds a post-forward shard, is updated now: those copies
+  // predate the step either way, as with the step after backward; only the shard changes.
+  std::vector<bool> may_wait;
   for (FsdpState* st : all_states)
-    for (auto& g : st->groups) g->defer_update(s);
+    for (auto& g : st->groups) {
+      FSDP_CHECK(g->ordinal() == static_cast<int>(may_wait.size()), "group ", g->label(),
+                 " is out of order");
+      may_wait.push_back(g->is_sharded());
+    }
+  updates->defer(s, may_wait);
 }
 
 void FsdpState::apply_pending_updates(Stream s) {
-  if (!ctx || !ctx->optimizer_in_forward) return;
-  for (FsdpState* st : all_states)
-    for (auto& g : st->groups) g->run_pending_update(s, nullptr);
-  // Updates that already ran in all-gathers ran on the all-gather stream: whoever reads the
-  // shards on s (a checkpoint, say) must follow those too.
-  if (ctx->updates_ran_elsewhere && !(s == ctx->all_gather_stream)) {
-    Device& d = mesh.device();
-    const Event done = ctx->events.acquire();
-    d.record_event(done, ctx->all_gather_stream);
-    d.wait_event(s, done);
-    ctx->events.release(done);
-  }
-  ctx->updates_ran_elsewhere = false;
+  if (ctx && ctx->optimizer_in_forward) ctx->optimizer_in_forward->run_all(s);
 }
 
 void FsdpState::unshard(const char* phase) {
@@ -367,7 +358,8 @@ void FsdpState::catch_up_backward(RunContext& run, bool pre) {
   if (!c.backward_planned) {
     // Note [Optimizer in forward]: an update the forward did not run must read its grad
     // shard before this backward's reduce-scatters write it.
-    if (c.pending_updates > 0) root->apply_pending_updates(run.compute);
+    if (c.optimizer_in_forward && c.optimizer_in_forward->pending_count() > 0)
+      root->apply_pending_updates(run.compute);
     c.backward_planned = true;
     c.backward_plan.clear();
     for (auto it = c.forward_hooks.rbegin(); it != c.forward_hooks.rend(); ++it)

@@ -34,8 +34,8 @@ class FsdpState : public ModuleHooks {
   // Tells the context once none of this module's all-gather buffers is left (Note [All-gather
   // ordering]).
   void note_all_gather_freed(Stream compute);
-  // Root only (Note [Optimizer in forward]): mark every group's update pending after the work
-  // issued on s; run every pending update on s.
+  // Root only (Note [Optimizer in forward's owner]): close the step, every sharded group's
+  // update pending after the work issued on s; run every pending update on s.
   void defer_updates(Stream s);
   void apply_pending_updates(Stream s);
   // FsdpModule::unshard; before the root's first forward it initializes the tree first
@@ -63,7 +63,7 @@ class FsdpState : public ModuleHooks {
   std::vector<ScheduleEvent>* event_log = nullptr;
   ShardStepFn optimizer_in_backward;  // root only
   GradShardReadyFn grad_shard_ready;  // root only
-  ShardUpdateFn optimizer_in_forward;  // root only
+  optim::OptimizerInForward* optimizer_in_forward = nullptr;  // root only
 
   // The state of the nearest fully_shard'ed ancestor, set by that ancestor's fully_shard
   // (bottom-up, so it comes after this one); nullptr for the top of a tree.

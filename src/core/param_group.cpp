@@ -62,6 +62,10 @@ int ParamGroup::post_forward_size() const {
   return owner_->effective_reshard_after_forward() ? owner_->post_forward_size(*mesh_) : 0;
 }
 
+bool ParamGroup::update_pending() const {
+  return ctx_->optimizer_in_forward && ctx_->optimizer_in_forward->pending(ordinal_);
+}
+
 float* ParamGroup::ensure_grad_shard(Stream s) {
   if (!shard_grad_) {
     shard_grad_ = static_cast<float*>(device_->alloc(
@@ -98,7 +102,7 @@ void ParamGroup::unshard() {
   if (state_ == ShardedPostForward) {
     // Note [Post-forward mesh]: the N ranks of the small group hold the whole buffer.
     // (Its shard came from a forward all-gather, which ran any pending update first.)
-    FSDP_CHECK(!update_pending_, "group ", label_, ": an update is pending over a post-forward shard");
+    FSDP_CHECK(!update_pending(), "group ", label_, ": an update is pending over a post-forward shard");
     Comm& small = ctx_->post_forward_comm(*mesh_, post_forward_world_);
     const int64_t chunk = n * (layout_.world / post_forward_world_);
     device_->wait_event(s, post_forward_ready_);
@@ -110,8 +114,9 @@ void ParamGroup::unshard() {
     // The AG input is this rank's slot of the output: the copy-in casts straight into it, or
     // a pending update writes it (Note [Optimizer in forward]).
     void* slot = static_cast<char*>(gathered_) + static_cast<size_t>(n * mesh_->rank()) * dtype_size(t);
-    if (update_pending_) {
-      run_pending_update(s, slot);
+    if (update_pending()) {
+      device_->set_label(label_optimizer_);
+      ctx_->optimizer_in_forward->run(s, ordinal_, slot, t);
     } else {
       device_->set_label(label_ag_copy_in_);
       device_->cast(s, slot, t, shard_param_, DType::F32, n);
@@ -190,31 +195,6 @@ void ParamGroup::reshard(Stream compute, bool post_forward) {
   copied_out_.clear();
   for (Param* p : params_) p->value = Tensor{};
   state_ = small > 0 ? ShardedPostForward : Sharded;
-}
-
-void ParamGroup::defer_update(Stream s) {
-  FSDP_CHECK(!update_pending_, "group ", label_, ": deferred again before its update ran");
-  if (state_ == Sharded) {
-    update_pending_ = true;
-    ++ctx_->pending_updates;
-    return;
-  }
-  // Gathered or holding a post-forward shard: those copies predate the step either way, as
-  // with the step after backward; only the shard is updated, now.
-  device_->set_label(label_optimizer_);
-  ctx_->optimizer_in_forward(s, ordinal_, nullptr, owner_->mp.param_dtype);
-}
-
-void ParamGroup::run_pending_update(Stream s, void* param_copy) {
-  if (!update_pending_) return;
-  if (!(s == ctx_->updates_stream)) {
-    device_->wait_event(s, ctx_->updates_ready);
-    ctx_->updates_ran_elsewhere = true;
-  }
-  device_->set_label(label_optimizer_);
-  ctx_->optimizer_in_forward(s, ordinal_, param_copy, owner_->mp.param_dtype);
-  update_pending_ = false;
-  --ctx_->pending_updates;
 }
 
 void ParamGroup::materialize_zero_grad(Stream compute) {

@@ -40,6 +40,7 @@ class ParamGroup {
   // Whether the all-gather's buffer is allocated (Note [All-gather ordering]).
   bool holds_all_gather_buffer() const { return gathered_ != nullptr; }
   bool is_sharded_post_forward() const { return state_ == ShardedPostForward; }
+  bool is_sharded() const { return state_ == Sharded; }
 
   // Grad sink: counts grads; the last one of the group triggers post_backward().
   void on_grad(RunContext& ctx, int param_index, Tensor grad);
@@ -57,14 +58,9 @@ class ParamGroup {
   // For groups that got no reduce-scatter since the last mark: make the zeros real.
   void materialize_zero_grad(Stream compute);
 
-  // Note [Optimizer in forward]. defer_update marks this group's update pending, or runs it
-  // at once on s when the group is not sharded; run_pending_update runs a pending one on s,
-  // writing the new param (in the param dtype) to param_copy when given.
-  void defer_update(Stream s);
-  void run_pending_update(Stream s, void* param_copy);
-
   Mesh& mesh() const { return *mesh_; }
   int index() const { return index_; }
+  int ordinal() const { return ordinal_; }  // among the root's groups (sharded_groups order)
   const GroupLayout& layout() const { return layout_; }
   const std::vector<Param*>& params() const { return params_; }
   const std::string& label() const { return label_; }
@@ -77,6 +73,9 @@ class ParamGroup {
   enum UnshardState { Sharded, ShardedPostForward, Gathering, Unsharded };
   // The post-forward group size the next forward reshard goes to (0: fully sharded).
   int post_forward_size() const;
+  // Whether this group's optimizer step waits for its next all-gather (Note [Optimizer in
+  // forward's owner]).
+  bool update_pending() const;
   void reduce_scatter(RunContext& ctx, const std::vector<const void*>& srcs,
                       const std::vector<DType>& types);
   // Note [One-rank reduce-scatter]: the copy-in writes the fp32 grad shard directly, on
@@ -108,7 +107,6 @@ class ParamGroup {
   float* shard_param_ = nullptr;  // fp32 master shard, flat
   float* shard_grad_ = nullptr;   // fp32 grad shard, flat
   bool grad_shard_zero_ = true;  // logically zero; the memory may hold old values
-  bool update_pending_ = false;  // Note [Optimizer in forward]
 
   UnshardState state_ = Sharded;
   void* gathered_ = nullptr;  // [world][shard_numel] in the param dtype

@@ -21,6 +21,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,8 +75,11 @@ class ModelFamily {
   virtual int expert_parallel_size(const nn::ModelConfig&) const { return 1; }
   // Makes the FSDP units: by default every block, then the root. Returns the root's module.
   virtual FsdpModule& parallelize(nn::Model& model, ParallelizeContext& ctx) const;
-  // Why a CUDA graph cannot capture a step of this config; empty: it can.
-  virtual std::string capture_refusal(const nn::ModelConfig&) const { return {}; }
+  // Why a CUDA graph cannot capture a step of this config, naming the options that decide it
+  // (Note [Options checked once]); none: it can.
+  virtual std::optional<OptionError> capture_refusal(const nn::ModelConfig&) const {
+    return std::nullopt;
+  }
   // FLOPs per token beyond 6 x the GEMM params (attention's scores and values).
   virtual double attention_flops_per_token(const nn::ModelConfig&) const { return 0; }
   // Bytes that one block's forward keeps for its backward, per token of a micro-batch, with

@@ -10,8 +10,9 @@ namespace fsdp::models {
 struct MoeFamily final : ModelFamily {
   MoeFamily() : ModelFamily("moe", "L x dense mixture-of-experts blocks (router + E GELU experts), an optional head") {}
   void resolve(nn::ModelConfig& c) const override {
-    FSDP_USER_CHECK(c.experts >= 1, "experts must be >= 1, got ", c.experts);
-    FSDP_USER_CHECK(c.hidden >= 0, "hidden must be >= 0 (0: dim), got ", c.hidden);
+    FSDP_OPTION_CHECK(c.experts >= 1, OptionName{"experts"}, " must be >= 1, got ", c.experts);
+    FSDP_OPTION_CHECK(c.hidden >= 0, OptionName{"hidden"}, " must be >= 0 (0: dim), got ",
+                      c.hidden);
   }
   static int64_t hidden(const nn::ModelConfig& c) { return c.hidden ? c.hidden : c.dim; }
   void build(nn::Model& root) const override {

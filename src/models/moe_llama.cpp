@@ -14,10 +14,10 @@ static bool is_experts(const Module& owner) {
 }
 
 struct MoeLlamaFamily final : ModelFamily {
-  MoeLlamaFamily() : ModelFamily("moe-transformer", "the transformer with a top-k mixture-of-experts FFN in every other block, --ep ranks") {}
+  MoeLlamaFamily() : ModelFamily("moe-transformer", "the transformer with a top-k mixture-of-experts FFN in every other block, ep ranks") {}
   void resolve(nn::ModelConfig& c) const override {
     resolve_decoder(c);
-    FSDP_USER_CHECK(c.ep >= 1, "ep must be >= 1, got ", c.ep);
+    FSDP_OPTION_CHECK(c.ep >= 1, OptionName{"ep"}, " must be >= 1, got ", c.ep);
     nn::moe_config(c);  // one-line errors (experts divisible by ep, top-k, ...)
   }
   void build(nn::Model& root) const override {
@@ -60,12 +60,14 @@ struct MoeLlamaFamily final : ModelFamily {
     root.set_gradient_divide_factor(ctx.world.size());
     return root;
   }
-  std::string capture_refusal(const nn::ModelConfig& c) const override {
-    if (c.capacity_factor > 0) return {};
-    return "--cuda-graph cannot capture --model moe-transformer with dropless routing: its "
-           "shapes depend on the data (each MoE layer reads its routing back to the host to "
-           "size the experts' rows and the all-to-all), and a graph cannot wait for the host "
-           "inside a step; --capacity-factor > 0 routes on the device and captures";
+  std::optional<OptionError> capture_refusal(const nn::ModelConfig& c) const override {
+    if (c.capacity_factor > 0) return std::nullopt;
+    return OptionError::of(
+        OptionName{"cuda_graph"}, " cannot capture ", OptionName{"model"},
+        " moe-transformer with dropless routing: its shapes depend on the data (each MoE layer "
+        "reads its routing back to the host to size the experts' rows and the all-to-all), and "
+        "a graph cannot wait for the host inside a step; ", OptionName{"capacity_factor"},
+        " > 0 routes on the device and captures");
   }
   double attention_flops_per_token(const nn::ModelConfig& m) const override {
     return decoder_attention_flops_per_token(nn::transformer_config(m));

@@ -9,7 +9,8 @@ namespace fsdp::models {
 struct ResMlpFamily final : ModelFamily {
   ResMlpFamily() : ModelFamily("resmlp", "L x residual MLP blocks (fc1, GELU, fc2; hidden 4 x D), an optional head") {}
   void resolve(nn::ModelConfig& c) const override {
-    FSDP_USER_CHECK(c.hidden >= 0, "hidden must be >= 0 (0: 4 x dim), got ", c.hidden);
+    FSDP_OPTION_CHECK(c.hidden >= 0, OptionName{"hidden"}, " must be >= 0 (0: 4 x dim), got ",
+                      c.hidden);
   }
   static int64_t hidden(const nn::ModelConfig& c) { return c.hidden ? c.hidden : 4 * c.dim; }
   void build(nn::Model& root) const override {

@@ -19,7 +19,7 @@ MoeConfig moe_config(const ModelConfig& m) {
   c.ep_rank = m.ep_rank;
   c.group_tokens = m.moe_group_tokens;
   c.validate();
-  FSDP_USER_CHECK(m.moe_every >= 1, "--moe-every must be >= 1, got ", m.moe_every);
+  FSDP_OPTION_CHECK(m.moe_every >= 1, OptionName{"moe_every"}, " must be >= 1, got ", m.moe_every);
   return c;
 }
 

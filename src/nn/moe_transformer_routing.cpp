@@ -27,16 +27,21 @@
 
 namespace fsdp::nn {
 
+// Note [Options checked once]: the options by their ModelConfig names.
 void MoeConfig::validate() const {
-  FSDP_USER_CHECK(experts >= 1, "--experts must be >= 1, got ", experts);
-  FSDP_USER_CHECK(top_k >= 1 && top_k <= experts, "--top-k must be in [1, experts = ", experts,
-             "], got ", top_k);
-  FSDP_USER_CHECK(expert_ffn_dim >= 1, "--expert-ffn-dim must be >= 1, got ", expert_ffn_dim);
-  FSDP_USER_CHECK(capacity_factor >= 0, "--capacity-factor must be >= 0 (0: dropless), got ",
-             capacity_factor);
-  FSDP_USER_CHECK(aux_loss_weight >= 0, "--aux-loss-weight must be >= 0, got ", aux_loss_weight);
-  FSDP_USER_CHECK(ep >= 1, "--ep must be >= 1, got ", ep);
-  FSDP_CHECK(experts % ep == 0, "--experts (", experts, ") must be divisible by --ep (", ep, ")");
+  const OptionName experts_{"experts"}, ep_{"ep"};
+  FSDP_OPTION_CHECK(experts >= 1, experts_, " must be >= 1, got ", experts);
+  FSDP_OPTION_CHECK(top_k >= 1 && top_k <= experts, OptionName{"top_k"}, " must be in [1, ",
+                    experts_, " = ", experts, "], got ", top_k);
+  FSDP_OPTION_CHECK(expert_ffn_dim >= 1, OptionName{"expert_ffn_dim"}, " must be >= 1, got ",
+                    expert_ffn_dim);
+  FSDP_OPTION_CHECK(capacity_factor >= 0, OptionName{"capacity_factor"},
+                    " must be >= 0 (0: dropless), got ", capacity_factor);
+  FSDP_OPTION_CHECK(aux_loss_weight >= 0, OptionName{"aux_loss_weight"}, " must be >= 0, got ",
+                    aux_loss_weight);
+  FSDP_OPTION_CHECK(ep >= 1, ep_, " must be >= 1, got ", ep);
+  FSDP_OPTION_CHECK(experts % ep == 0, experts_, " (", experts, ") must be divisible by ", ep_,
+                    " (", ep, ")");
   FSDP_CHECK(ep_rank >= 0 && ep_rank < ep, "ep rank ", ep_rank, " outside [0, ", ep, ")");
 }
 

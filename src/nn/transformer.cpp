@@ -21,36 +21,47 @@ Tensor new_act(RunContext& ctx, int64_t rows, int64_t cols) {
 
 // ---- config, counts, init
 
+// Note [Options checked once]: the options by their ModelConfig names.
 void TransformerConfig::validate() const {
-  FSDP_USER_CHECK(layers >= 1, "--layers must be >= 1, got ", layers);
-  FSDP_USER_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 && vocab >= 1,
-             "transformer sizes must be positive: dim ", dim, ", heads ", heads, ", kv-heads ",
-             kv_heads, ", ffn-dim ", ffn_dim, ", seq-len ", seq_len, ", vocab ", vocab);
-  FSDP_USER_CHECK(head_size >= 0, "head_dim must be >= 1 (or 0: dim / heads), got ", head_size);
-  FSDP_USER_CHECK(head_size > 0 || dim % heads == 0, "--dim (", dim,
-                  ") must be a multiple of --heads (", heads, ")");
-  FSDP_USER_CHECK(head_dim() % 2 == 0, "the head dim (", head_size > 0 ? "head_dim" : "dim / heads",
-                  " = ", head_dim(), ") must be even for rotary embeddings");
-  FSDP_USER_CHECK(std::isfinite(rope_theta) && rope_theta > 1,
-                  "rope_theta must be a number > 1, got ", rope_theta);
-  FSDP_USER_CHECK(std::isfinite(norm_eps) && norm_eps > 0, "norm_eps must be > 0, got ", norm_eps);
+  const OptionName dim_{"dim"}, heads_{"heads"}, kv_heads_{"kv_heads"}, vocab_{"vocab"},
+      head_dim_{"head_dim"}, rope_theta_{"rope_theta"}, rope_scaling_{"rope_scaling"};
+  FSDP_OPTION_CHECK(layers >= 1, OptionName{"layers"}, " must be >= 1, got ", layers);
+  FSDP_OPTION_CHECK(dim >= 1 && heads >= 1 && kv_heads >= 1 && ffn_dim >= 1 && seq_len >= 1 &&
+                        vocab >= 1,
+                    "transformer sizes must be positive: ", dim_, " ", dim, ", ", heads_, " ",
+                    heads, ", ", kv_heads_, " ", kv_heads, ", ", OptionName{"ffn_dim"}, " ",
+                    ffn_dim, ", ", OptionName{"seq_len"}, " ", seq_len, ", ", vocab_, " ", vocab);
+  FSDP_OPTION_CHECK(head_size >= 0, head_dim_, " must be >= 1 (or 0: ", dim_, " / ", heads_,
+                    "), got ", head_size);
+  FSDP_OPTION_CHECK(head_size > 0 || dim % heads == 0, dim_, " (", dim,
+                    ") must be a multiple of ", heads_, " (", heads, ")");
+  if (head_size > 0)
+    FSDP_OPTION_CHECK(head_dim() % 2 == 0, head_dim_, " (", head_dim(),
+                      ") must be even for rotary embeddings");
+  else
+    FSDP_OPTION_CHECK(head_dim() % 2 == 0, "the head dim (", dim_, " / ", heads_, " = ",
+                      head_dim(), ") must be even for rotary embeddings");
+  FSDP_OPTION_CHECK(std::isfinite(rope_theta) && rope_theta > 1, rope_theta_,
+                    " must be a number > 1, got ", rope_theta);
+  FSDP_OPTION_CHECK(std::isfinite(norm_eps) && norm_eps > 0, OptionName{"norm_eps"},
+                    " must be > 0, got ", norm_eps);
   const RopeScaling& r = rope_scaling;
-  FSDP_USER_CHECK(r.type == "default" || r.type == "llama3", "rope_scaling type '", r.type,
-                  "' is not implemented (default and llama3 are)");
+  FSDP_OPTION_CHECK(r.type == "default" || r.type == "llama3", rope_scaling_, " type '", r.type,
+                    "' is not implemented (default and llama3 are)");
   if (r.type == "llama3") {
-    FSDP_USER_CHECK(std::isfinite(r.factor) && r.factor >= 1,
-                    "rope_scaling factor must be >= 1, got ", r.factor);
-    FSDP_USER_CHECK(std::isfinite(r.low_freq_factor) && std::isfinite(r.high_freq_factor) &&
-                        r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
-                    "rope_scaling needs 0 < low_freq_factor < high_freq_factor, got ",
-                    r.low_freq_factor, " and ", r.high_freq_factor);
-    FSDP_USER_CHECK(r.original_max_positions >= 1,
-                    "rope_scaling original_max_position_embeddings must be >= 1, got ",
-                    r.original_max_positions);
+    FSDP_OPTION_CHECK(std::isfinite(r.factor) && r.factor >= 1, OptionName{"rope_factor"},
+                      " must be >= 1, got ", r.factor);
+    FSDP_OPTION_CHECK(std::isfinite(r.low_freq_factor) && std::isfinite(r.high_freq_factor) &&
+                          r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor,
+                      rope_scaling_, " needs 0 < ", OptionName{"rope_low_freq_factor"}, " < ",
+                      OptionName{"rope_high_freq_factor"}, ", got ", r.low_freq_factor, " and ",
+                      r.high_freq_factor);
+    FSDP_OPTION_CHECK(r.original_max_positions >= 1, OptionName{"rope_original_max_positions"},
+                      " must be >= 1, got ", r.original_max_positions);
   }
-  FSDP_USER_CHECK(heads % kv_heads == 0, "--heads (", heads, ") must be a multiple of --kv-heads (",
-             kv_heads, ")");
-  FSDP_USER_CHECK(vocab <= INT32_MAX, "--vocab must fit token ids in int32, got ", vocab);
+  FSDP_OPTION_CHECK(heads % kv_heads == 0, heads_, " (", heads, ") must be a multiple of ",
+                    kv_heads_, " (", kv_heads, ")");
+  FSDP_OPTION_CHECK(vocab <= INT32_MAX, vocab_, " must fit token ids in int32, got ", vocab);
 }
 
 int64_t transformer_param_count(const TransformerConfig& c) {

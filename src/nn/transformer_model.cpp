@@ -40,9 +40,9 @@ TransformerConfig transformer_config(const ModelConfig& m) {
 TokenBatch make_token_batch(const ModelConfig& config, uint64_t seed, int step, int64_t first_row,
                             int64_t tokens) {
   const int64_t seq = config.seq_len, vocab = config.vocab;
-  FSDP_CHECK(seq >= 1 && vocab >= 1, "--seq-len and --vocab must be positive");
-  FSDP_CHECK(tokens % seq == 0 && first_row % seq == 0, "--tokens (", tokens,
-             ") must be a multiple of --seq-len (", seq, ") for the transformer");
+  FSDP_CHECK(seq >= 1 && vocab >= 1, "seq_len and vocab must be positive");
+  FSDP_CHECK(tokens % seq == 0 && first_row % seq == 0, "tokens (", tokens,
+             ") must be a multiple of seq_len (", seq, ") for the transformer");
   TokenBatch out;
   out.ids.reserve(static_cast<size_t>(tokens));
   out.labels.reserve(static_cast<size_t>(tokens));

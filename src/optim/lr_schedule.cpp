@@ -23,13 +23,18 @@ float default_adamw_lr(int64_t dim) {
   return 1e-3f * std::min(1.0f, 256.0f / static_cast<float>(std::max<int64_t>(dim, 1)));
 }
 
+// Note [Options checked once]: lr is the peak lr, lr_schedule the schedule's kind.
 void validate(const LrSchedule& s, float peak) {
-  FSDP_USER_CHECK(s.kind == "constant" || s.kind == "cosine" || s.kind == "linear",
-                  "--lr-schedule must be constant, cosine or linear, not '", s.kind, "'");
-  FSDP_USER_CHECK(std::isfinite(peak) && peak > 0, "--lr must be a positive number, got ", peak);
-  FSDP_USER_CHECK(std::isfinite(s.min_lr) && s.min_lr >= 0 && s.min_lr <= peak,
-                  "--min-lr must be between 0 and --lr (", peak, "), got ", s.min_lr);
-  FSDP_USER_CHECK(s.warmup_steps >= 0, "--warmup-steps must be >= 0, got ", s.warmup_steps);
+  const OptionName lr{"lr"};
+  FSDP_OPTION_CHECK(s.kind == "constant" || s.kind == "cosine" || s.kind == "linear",
+                    OptionName{"lr_schedule"}, " must be constant, cosine or linear, not '",
+                    s.kind, "'");
+  FSDP_OPTION_CHECK(std::isfinite(peak) && peak > 0, lr, " must be a positive number, got ", peak);
+  FSDP_OPTION_CHECK(std::isfinite(s.min_lr) && s.min_lr >= 0 && s.min_lr <= peak,
+                    OptionName{"min_lr"}, " must be between 0 and ", lr, " (", peak, "), got ",
+                    s.min_lr);
+  FSDP_OPTION_CHECK(s.warmup_steps >= 0, OptionName{"warmup_steps"}, " must be >= 0, got ",
+                    s.warmup_steps);
 }
 
 }  // namespace fsdp::optim

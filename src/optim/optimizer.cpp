@@ -50,10 +50,6 @@ Optimizer::Optimizer(Device& device, Stream stream, std::vector<ParamSpan> param
       device_.alloc(static_cast<size_t>(std::max(next, 1)) * sizeof(float), stream, MemTag::Other));
   device_.fill(stream, grad_sq_, DType::F32, std::max(next, 1), 0.0f);
   scalars_ = static_cast<StepScalars*>(device_.alloc(sizeof(StepScalars), stream, MemTag::Other));
-  deferred_scalars_ =
-      static_cast<StepScalars*>(device_.alloc(sizeof(StepScalars), stream, MemTag::Other));
-  deferred_sq_ = static_cast<float*>(
-      device_.alloc(static_cast<size_t>(std::max(next, 1)) * sizeof(float), stream, MemTag::Other));
 }
 
 Optimizer::~Optimizer() {
@@ -61,8 +57,6 @@ Optimizer::~Optimizer() {
   for (float* p : state_) device_.free(p, Stream{0});
   device_.free(grad_sq_, Stream{0});
   device_.free(scalars_, Stream{0});
-  device_.free(deferred_scalars_, Stream{0});
-  device_.free(deferred_sq_, Stream{0});
 }
 
 void Optimizer::begin_step(Stream s, float lr) {
@@ -144,30 +138,6 @@ void Optimizer::step(Stream s) {
   end_step();
   GradSquares sq{grad_sq_, grad_sq_valid_ ? static_cast<int>(sq_names_.size()) : 0};
   launch(s, tensors_.data(), static_cast<int>(tensors_.size()), scalars_, sq);
-}
-
-void Optimizer::defer_step(Stream s) {
-  if (!begun_) begin_step(s, config_.base_lr());
-  end_step();
-  // Copies, not the live buffers: the next step's begin_step and early sums rewrite those
-  // while this step's parts may still be waiting for their all-gathers.
-  device_.set_label("optimizer deferred");
-  device_.copy(s, deferred_scalars_, scalars_, sizeof(StepScalars));
-  deferred_sq_count_ = grad_sq_valid_ ? static_cast<int>(sq_names_.size()) : 0;
-  if (deferred_sq_count_ > 0)
-    device_.copy(s, deferred_sq_, grad_sq_, static_cast<size_t>(deferred_sq_count_) * sizeof(float));
-  deferred_ = true;
-}
-
-void Optimizer::step_deferred(Stream s, int index, void* param_copy, DType copy_dtype) {
-  FSDP_CHECK(deferred_, "step_deferred() needs defer_step() first");
-  FSDP_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()), "optimizer tensor ", index,
-             " out of range (", tensors_.size(), " tensors)");
-  OptimTensor t = tensors_[index];
-  FSDP_CHECK(t.grad, "optimizer tensor ", index, " has no grad shard to step with");
-  t.param_copy = param_copy;
-  t.param_copy_dtype = copy_dtype;
-  launch(s, &t, 1, deferred_scalars_, GradSquares{deferred_sq_, deferred_sq_count_});
 }
 
 void Optimizer::step_one(Stream s, int index, const void* grad, DType grad_dtype) {

@@ -10,7 +10,7 @@ namespace {
 void copy_into(Device& d, Stream s, const Tensor& dst, const Tensor& src, const char* what) {
   if (!dst.defined() && !src.defined()) return;
   FSDP_USER_CHECK(dst.defined() && src.defined() && dst.bytes() == src.bytes(),
-                  "--cuda-graph: the batch's ", what, " changed shape between steps (",
+                  "a captured step: the batch's ", what, " changed shape between steps (",
                   dst.rows, "x", dst.cols, " then ", src.rows, "x", src.cols,
                   "); a captured step reads fixed buffers");
   d.copy(s, dst.data, src.data, src.bytes());

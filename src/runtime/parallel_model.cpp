@@ -63,28 +63,29 @@ ParallelModel parallelize_model(Device& device, std::shared_ptr<Comm> world,
   return out;
 }
 
-std::unique_ptr<optim::Optimizer> place_optimizer(Device& device, Stream compute,
-                                                  FsdpModule& root, const TrainConfig& config) {
+PlacedOptimizer place_optimizer(Device& device, Stream compute, FsdpModule& root,
+                                const TrainConfig& config) {
   std::vector<optim::ParamSpan> spans;
   for (const ShardedGroupView& g : sharded_groups(root, !config.optimizer_in_backward))
     spans.push_back({g.param, g.grad, g.numel, g.mesh ? &g.mesh->comm() : nullptr, g.name});
-  auto optimizer = std::make_unique<optim::Optimizer>(device, compute, spans, config.optimizer);
-  optim::Optimizer* opt = optimizer.get();
+  PlacedOptimizer out;
+  out.optimizer = std::make_unique<optim::Optimizer>(device, compute, spans, config.optimizer);
+  optim::Optimizer* opt = out.optimizer.get();
   if (config.optimizer_in_backward)
     root.set_optimizer_in_backward(
         [opt](Stream s, int ordinal, float*, const void* grad, DType t, int64_t) {
           opt->step_one(s, ordinal, grad, t);
         });
-  if (config.optimizer_in_forward)
-    root.set_optimizer_in_forward([opt](Stream s, int ordinal, void* copy, DType t) {
-      opt->step_deferred(s, ordinal, copy, t);  // Note [Optimizer in forward]
-    });
+  if (config.optimizer_in_forward) {  // Note [Optimizer in forward's owner]
+    out.in_forward = std::make_unique<optim::OptimizerInForward>(*opt, compute);
+    root.set_optimizer_in_forward(*out.in_forward);
+  }
   // Note [Early grad norm]; an after_backward hook may change grads the early sums have read.
   if (!config.optimizer_in_backward && !config.after_backward)
     root.set_on_grad_shard_ready([opt](Stream s, int ordinal, const float* grad, int64_t) {
       opt->add_grad_square(s, ordinal, grad);  // Note [Early grad norm]
     });
-  return optimizer;
+  return out;
 }
 
 }  // namespace fsdp::runtime

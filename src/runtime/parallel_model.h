@@ -33,11 +33,18 @@ struct ParallelModel {
 ParallelModel parallelize_model(Device& device, std::shared_ptr<Comm> world,
                                 const TrainConfig& config);
 
+struct PlacedOptimizer {
+  std::unique_ptr<optim::Optimizer> optimizer;
+  // With the optimizer in forward, the owner of its deferred steps (Note [Optimizer in
+  // forward's owner]), handed to the root; null otherwise. It must go before the optimizer.
+  std::unique_ptr<optim::OptimizerInForward> in_forward;
+};
+
 // The optimizer over the root's sharded groups, where the config puts it: one multi-tensor
 // step after backward (with the early grad norm, Note [Early grad norm]), each group's step
 // in backward (Note [Optimizer in backward]) or in the next forward (Note [Optimizer in
 // forward]).
-std::unique_ptr<optim::Optimizer> place_optimizer(Device& device, Stream compute,
-                                                  FsdpModule& root, const TrainConfig& config);
+PlacedOptimizer place_optimizer(Device& device, Stream compute, FsdpModule& root,
+                                const TrainConfig& config);
 
 }  // namespace fsdp::runtime

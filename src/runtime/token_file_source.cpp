@@ -14,7 +14,7 @@ namespace {
 // first_row / rows of a world whose every rank holds rows / seq_len sequences.
 data::BatchShape shape_of(const nn::ModelConfig& model, int64_t rows, int world) {
   FSDP_USER_CHECK(rows % model.seq_len == 0, "tokens per rank (", rows,
-                  ") must be a whole number of sequences of --seq-len ", model.seq_len);
+                  ") must be a whole number of sequences of seq_len ", model.seq_len);
   return {rows / model.seq_len, model.seq_len, world};
 }
 

@@ -44,12 +44,13 @@ int64_t count_units(nn::Model& model) {
 std::string nonfinite_message(const StepValues& v, const std::vector<std::string>& names) {
   if (!std::isfinite(v.loss))
     return detail::concat("step ", v.step + 1, ": the loss is ", v.loss,
-                          "; training stopped (try a lower --lr)");
+                          "; training stopped (try a lower learning rate)");
   for (size_t i = 0; i < v.grad_squares.size(); ++i)
     if (!std::isfinite(v.grad_squares[i]))
       return detail::concat("step ", v.step + 1, ": the gradient of ",
                             names[i].empty() ? "the root" : names[i], " is not finite (norm ",
-                            std::sqrt(v.grad_squares[i]), "); training stopped (try a lower --lr)");
+                            std::sqrt(v.grad_squares[i]),
+                            "); training stopped (try a lower learning rate)");
   return {};
 }
 
@@ -103,6 +104,8 @@ class Trainer {
   RunContext ctx_;
   ParallelModel pm_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  // Note [Optimizer in forward's owner]: with the optimizer in forward; destroyed first.
+  std::unique_ptr<optim::OptimizerInForward> in_forward_;
   std::unique_ptr<BatchSource> source_, eval_source_;
   std::unique_ptr<StepReader> reader_;
   std::unique_ptr<TrainState> state_;
@@ -117,7 +120,6 @@ class Trainer {
   int first_step_ = 0;
   int capture_at_ = 0;
   int moe_layers_ = 0;
-  int deferred_groups_ = 0;  // updates an eager step leaves pending (Note [Optimizer in forward])
   bool stopped_ = false;
   bool prefetch_ = false;
   int64_t units_ = 0;
@@ -141,7 +143,9 @@ Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig&
   nn::Model& model = *pm_.model;
   FsdpModule& root = *pm_.root;
   result_.param_count = model.active_param_count();
-  optimizer_ = place_optimizer(device, compute_, root, config);
+  PlacedOptimizer placed = place_optimizer(device, compute_, root, config);
+  optimizer_ = std::move(placed.optimizer);
+  in_forward_ = std::move(placed.in_forward);
   result_.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
   source_ = make_source(config, rank, world->size());
   // The MoE layers' max loads are read with the step's loss (Model::copy_expert_loads).
@@ -225,12 +229,10 @@ void Trainer::issue_step(int step, float* step_loss, double& host_us,
   if (config_.after_backward) config_.after_backward(*state_);
   if (!config_.optimizer_in_backward) {
     optimizer_->compute_grad_squares(compute_);
-    if (config_.optimizer_in_forward) {  // Note [Optimizer in forward]
-      optimizer_->defer_step(compute_);
+    if (in_forward_)  // Note [Optimizer in forward]
       root.defer_shard_updates(compute_);
-    } else {
+    else
       optimizer_->step(compute_);
-    }
     zero_sharded_grads(root);
   }
   // Clears the loss for the next step; on a timeline it marks where this step ends.
@@ -292,8 +294,7 @@ void Trainer::step() {
   // Note [Optimizer in forward]: a captured step starts with every group's update pending,
   // as the step before its capture left them; after anything ran them early (evaluation, a
   // checkpoint, the after_step hook) one eager step restores that.
-  const bool graph_ready =
-      !config_.optimizer_in_forward || root.pending_shard_updates() == deferred_groups_;
+  const bool graph_ready = !in_forward_ || in_forward_->pending_as_deferred();
   if (graph_ && step >= capture_at_ && graph_ready) {
     for (int mb = 0; mb < config_.micro_batches; ++mb) graph_->stage(mb, make_batch(mb));
     if (!graph_->captured()) {
@@ -315,7 +316,6 @@ void Trainer::step() {
       current = make_batch(mb);
       return current;
     });
-    deferred_groups_ = root.pending_shard_updates();
   }
   if (prefetch_ && step + 1 < config_.steps)
     fsdp_module_of(*pm_.model->blocks().front())->unshard(/*async_op=*/true);
