@@ -43,6 +43,17 @@ SEQ, BATCH, VOCAB = 128, 4, 2048
 REL = 1e-5
 
 
+V5 = int(transformers.__version__.split(".")[0]) >= 5
+
+
+def rope(theta, scaling=None):
+    """The rope keys in this transformers' spelling: rope_parameters (5) or rope_theta and
+    rope_scaling (4)."""
+    if V5:
+        return {"rope_parameters": {"rope_type": "default", "rope_theta": theta, **(scaling or {})}}
+    return {"rope_theta": theta, **({"rope_scaling": scaling} if scaling else {})}
+
+
 def configs():
     t = transformers
     common = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
@@ -54,25 +65,25 @@ def configs():
         # Llama-3.2-1B's keys: tied, theta 500000, llama3 scaling factor 32, eps 1e-5. A short
         # original context (64) puts some of the 32-wide heads' frequencies in each band.
         "llama3.2": (t.LlamaForCausalLM, t.LlamaConfig(
-            **{**common, "num_attention_heads": 4}, rms_norm_eps=1e-5, rope_theta=500000.0,
-            rope_scaling={**llama3, "original_max_position_embeddings": 64},
+            **{**common, "num_attention_heads": 4}, rms_norm_eps=1e-5,
+            **rope(500000.0, {**llama3, "original_max_position_embeddings": 64}),
             tie_word_embeddings=True, attention_bias=False, mlp_bias=False, head_dim=64), None),
         # Llama-3.1-8B's: untied, llama3 factor 8.
         "llama3.1": (t.LlamaForCausalLM, t.LlamaConfig(
-            **common, rms_norm_eps=1e-5, rope_theta=500000.0,
-            rope_scaling={**llama3, "factor": 8.0, "original_max_position_embeddings": 64},
+            **common, rms_norm_eps=1e-5,
+            **rope(500000.0, {**llama3, "factor": 8.0, "original_max_position_embeddings": 64}),
             tie_word_embeddings=False), None),
         # Qwen2.5-0.5B's: tied, biases (always, in Qwen2), theta 1e6, eps 1e-6, no window.
         "qwen2.5": (t.Qwen2ForCausalLM, t.Qwen2Config(
-            **common, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+            **common, rms_norm_eps=1e-6, **rope(1000000.0), tie_word_embeddings=True,
             use_sliding_window=False, sliding_window=32768, max_window_layers=3), "200KB"),
         # Mistral-7B-v0.3's: untied, theta 1e6, sliding_window null.
         "mistral": (t.MistralForCausalLM, t.MistralConfig(
-            **common, rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+            **common, rms_norm_eps=1e-5, **rope(1000000.0), sliding_window=None,
             tie_word_embeddings=False), "300KB"),
         # Mistral-Nemo's shape of head: head_dim 64 where hidden / heads is 32.
         "mistral-nemo": (t.MistralForCausalLM, t.MistralConfig(
-            **common, head_dim=64, rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=None,
+            **common, head_dim=64, rms_norm_eps=1e-5, **rope(1000000.0), sliding_window=None,
             tie_word_embeddings=False), None),
     }
 
@@ -166,13 +177,14 @@ def main():
         if a.only and name not in a.only.split(","):
             continue
         torch.manual_seed(0)
-        config._attn_implementation = "eager"
-        model = cls(config).to(device).float()
+        model = cls._from_config(config, attn_implementation="eager").to(device).float()
         trained_loss = pretrain(model, train, a.train_steps, device)
         model.eval()
         d = out / name
         kw = {"max_shard_size": shard} if shard else {}
-        model.save_pretrained(str(d / "hf"), safe_serialization=True, **kw)
+        if not V5:  # transformers 5 writes safetensors only, and has no such argument
+            kw["safe_serialization"] = True
+        model.save_pretrained(str(d / "hf"), **kw)
         want_first, want_val = torch_losses(model, train, val, a.seed, a.eval_batches, device)
         js = d / "fsdp.json"
         cmd = [a.fsdp, "train", "--backend", a.backend, "--init-from", str(d / "hf"),
@@ -198,7 +210,7 @@ def main():
             if erc == 0:
                 back, info = transformers.AutoModelForCausalLM.from_pretrained(
                     str(exported), output_loading_info=True, attn_implementation="eager",
-                    torch_dtype=torch.float32)
+                    **({"dtype": torch.float32} if V5 else {"torch_dtype": torch.float32}))
                 back = back.to(device).eval()
                 r["export_missing"] = sorted(info["missing_keys"])
                 r["export_unexpected"] = sorted(info["unexpected_keys"])
@@ -208,6 +220,10 @@ def main():
                            and close(r["export_first"], want_first) and close(r["export_val"], want_val))
             else:
                 r["ok"] = False
+        if not r["ok"]:  # what went wrong, from the logs
+            for log in ("fsdp.log", "export.log"):
+                if (d / log).exists():
+                    print(f"  {log}: " + " | ".join((d / log).read_text().splitlines()[-3:]))
         ok = ok and r["ok"]
         results[name] = r
         rel = (abs(got_first - want_first) / abs(want_first)) if got_first is not None else float("nan")
