@@ -202,15 +202,16 @@ TEST(HfDialects, ShardedDirectoryLoadsTheSameModelAndEachRankReadsItsRows) {
     runtime::train_rank(device, comm, c);
     read[static_cast<size_t>(rank)] = io::thread_bytes_read() - before;
   });
-  // About half the rows of each tensor each (an odd row count rounds up on rank 0); the
-  // headers are parsed once per process, by whichever rank opens a shard first (Note [Shared
-  // readers]).
+  // About half the rows of each tensor each (an odd row count rounds up on rank 0), and each
+  // header at most once per rank. (The ranks share one parse only while both hold the file,
+  // Note [Shared readers]; a rank that finishes loading before the other starts lets it go, so
+  // how often the headers are parsed in all depends on timing and is tested with a held reader
+  // in test_safetensors.cpp.)
   for (int r = 0; r < 2; ++r) {
     EXPECT_GT(read[r], data * 3 / 8) << "rank " << r;
     EXPECT_LT(read[r], headers + data * 5 / 8)
         << "rank " << r << " read " << read[r] << " of " << data << " + " << headers;
   }
-  EXPECT_LT(read[0] + read[1], headers + data * 9 / 8) << "the headers were read more than once";
 }
 
 }  // namespace

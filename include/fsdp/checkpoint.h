@@ -4,8 +4,10 @@
 //   fsdp train ... --resume DIR            a checkpoint, or a save dir (its latest complete one)
 //   fsdp train ... --init-from FILE        full weights (fqn or Hugging Face Llama names)
 //   fsdp export --checkpoint DIR --out FILE [--dtype bf16]
+//   fsdp export --checkpoint DIR --hf OUT_DIR [--max-shard-size 5GB] [--dtype fp32]
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "fsdp/dtype.h"
@@ -31,5 +33,10 @@ void check_checkpoint_options(const CheckpointOptions& options);
 // the fqns otherwise.
 void export_checkpoint(const std::string& checkpoint_dir, const std::string& out_path,
                        DType dtype);
+// The same as a Hugging Face model directory `out_dir`: config.json (from the model the
+// checkpoint recorded), generation_config.json, the weights in shards of at most
+// max_shard_bytes and their index. Refused for a model with no Hugging Face config.
+void export_checkpoint_hf(const std::string& checkpoint_dir, const std::string& out_dir,
+                          DType dtype, uint64_t max_shard_bytes);
 
 }  // namespace fsdp

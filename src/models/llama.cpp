@@ -199,6 +199,9 @@ struct LlamaFamily final : ModelFamily {
   void read_hf_config(const std::string& type, HfKeys& keys, nn::ModelConfig& m) const override {
     read_decoder_hf_config(type, keys, m);
   }
+  nlohmann::json hf_config(const nn::ModelConfig& m, DType dtype) const override {
+    return decoder_hf_config(m, dtype);
+  }
 };
 
 const ModelFamily& llama_family() {

@@ -2,6 +2,7 @@
 // transformers' LlamaConfig, Qwen2Config and MistralConfig, read into the transformer's
 // options. Qwen2 always has q/k/v biases and Mistral never does (their classes fix them);
 // Llama's attention_bias would bias o_proj too, so it must be false.
+#include <algorithm>
 #include <limits>
 
 #include "fsdp/nn/transformer.h"
@@ -121,6 +122,56 @@ void read_decoder_hf_config(const std::string& type, HfKeys& k, nn::ModelConfig&
   k.require("attention_dropout", 0.0, "dropout changes what a step computes");
   read_rope(k, m);
   read_sliding_window(type, k, m);
+}
+
+nlohmann::json decoder_hf_config(const nn::ModelConfig& m, DType dtype) {
+  const nn::TransformerConfig c = nn::transformer_config(m);
+  // The class whose math this model is: Qwen2's q/k/v biases, Mistral's window, else Llama.
+  const std::string type = c.attention_bias ? "qwen2" : m.sliding_window > 0 ? "mistral" : "llama";
+  const std::string arch = type == "qwen2"     ? "Qwen2ForCausalLM"
+                           : type == "mistral" ? "MistralForCausalLM"
+                                               : "LlamaForCausalLM";
+  const nn::RopeScaling& r = c.rope_scaling;
+  int64_t positions = c.seq_len;
+  if (r.type == "llama3")
+    positions = std::max(
+        positions, static_cast<int64_t>(static_cast<double>(r.original_max_positions) * r.factor));
+  nlohmann::json j = {{"architectures", {arch}},
+                      {"model_type", type},
+                      {"hidden_size", c.dim},
+                      {"intermediate_size", c.ffn_dim},
+                      {"num_hidden_layers", c.layers},
+                      {"num_attention_heads", c.heads},
+                      {"num_key_value_heads", c.kv_heads},
+                      {"head_dim", c.head_dim()},
+                      {"vocab_size", c.vocab},
+                      {"hidden_act", "silu"},
+                      {"rms_norm_eps", m.norm_eps},
+                      {"rope_theta", c.rope_theta},
+                      {"rope_scaling", nullptr},
+                      {"tie_word_embeddings", c.tie_embeddings},
+                      {"attention_dropout", 0.0},
+                      {"max_position_embeddings", positions},
+                      {"initializer_range", nn::kTransformerInitStd},
+                      {"use_cache", true},
+                      {"torch_dtype", dtype == DType::BF16 ? "bfloat16" : "float32"}};
+  if (r.type == "llama3")
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", r.factor},
+                         {"low_freq_factor", r.low_freq_factor},
+                         {"high_freq_factor", r.high_freq_factor},
+                         {"original_max_position_embeddings", r.original_max_positions}};
+  if (type == "llama") {
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+  } else if (type == "qwen2") {
+    j["use_sliding_window"] = m.sliding_window > 0;
+    j["sliding_window"] = m.sliding_window > 0 ? nlohmann::json(m.sliding_window) : nullptr;
+    j["max_window_layers"] = 0;  // every layer, as this model's window
+  } else {
+    j["sliding_window"] = m.sliding_window;
+  }
+  return j;
 }
 
 }  // namespace fsdp::models

@@ -28,5 +28,8 @@ void read_decoder_shape_fields(const nlohmann::json& j, nn::ModelConfig& m);
 checkpoint::HfNames decoder_hf_names(const nn::TransformerConfig& c);
 // llama_hf.cpp: the keys of a config.json of model_type llama, qwen2 or mistral.
 void read_decoder_hf_config(const std::string& model_type, HfKeys& keys, nn::ModelConfig& m);
+// ... and the config.json that reads back as `m`: model_type qwen2 with biases, mistral with a
+// sliding window, else llama.
+nlohmann::json decoder_hf_config(const nn::ModelConfig& m, DType dtype);
 
 }  // namespace fsdp::models

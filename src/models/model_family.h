@@ -105,6 +105,9 @@ class ModelFamily {
   // model_type values this family reads, and reading one: sets the model fields of `config`
   // (kind included) from `keys`, taking each key it knows and refusing values it cannot build.
   virtual std::vector<std::string> hf_model_types() const { return {}; }
+  // The config.json of a model of `config` with weights in `dtype` (export --hf), which
+  // read_hf_config reads back as the same model; null when the family has none.
+  virtual nlohmann::json hf_config(const nn::ModelConfig&, DType) const { return nullptr; }
   virtual void read_hf_config(const std::string& /*model_type*/, HfKeys& /*keys*/,
                               nn::ModelConfig& /*config*/) const {}
   // Which modules hold a rank's E / ep experts (Note [Expert params in checkpoints]); the
