@@ -56,14 +56,23 @@ runtime::TrainConfig transformer(int layers) {
 
 // ---- parity and collectives
 
+// The schedule's events (every unshard, reshard, post-backward and reduce-scatter, in order)
+// are those without checkpointing: the recompute gathers nothing, and each unit reshards at
+// its post-backward, after its recompute and its backward.
 TEST(ActivationCheckpointing, TransformerTrainsBitwiseWithTheSameCollectivesInEveryMode) {
   for (const bool reshard : {true, false}) {
     runtime::TrainConfig c = transformer(3);
     c.reshard_after_forward = reshard;
+    std::vector<ScheduleEvent> none_events, events;
+    c.event_log = &none_events;
     const auto none = run_fsdp(2, c);
+    ASSERT_FALSE(none_events.empty());
+    c.event_log = &events;
     for (const char* mode : {"full", "every:2", "selective"}) {
       const std::string what = std::string(mode) + (reshard ? ", reshard" : ", no reshard");
+      events.clear();
       const auto got = run_fsdp(2, with_policy(c, mode));
+      EXPECT_EQ(events, none_events) << what;
       for (int r = 0; r < 2; ++r) expect_same_training(got[r], none[r], what);
       expect_same_collectives(got[0], none[0], what);
       // The RS ring's bound: as many RS inputs alive at most as without checkpointing.
