@@ -216,8 +216,7 @@ TEST(ActivationCheckpointing, PeakFallsAndTheEstimateFollowsEveryMode) {
     for (const char* mode : {"none", "selective", "every:2", "full"}) {
       const runtime::TrainConfig c = with_policy(base, mode);
       const int64_t peak = run_fsdp(2, c)[0].memory.peak_bytes;
-      const double estimate =
-          static_cast<double>(runtime::estimate_rank_memory(c, 2).device_bytes);
+      const double estimate = static_cast<double>(runtime::estimate_rank_memory(c, 2).device_bytes);
       const std::string what = base.model.kind + ", " + mode;
       std::printf("%s: measured peak %lld bytes, estimate %.0f\n", what.c_str(),
                   static_cast<long long>(peak), estimate);
@@ -264,12 +263,13 @@ TEST(ActivationCheckpointingOptions, ParsesEveryModeAndRefusesTheRestInOneLine) 
   for (int i = 0; i < 6; ++i)
     if (every3.of_block(i) == ActivationCheckpoint::Full) checkpointed.push_back(i);
   EXPECT_EQ(checkpointed, (std::vector<int>{0, 3}));
-  for (const char* bad : {"every:0", "every:x", "every:", "every:-2", "every: 2", "every:99999999999",
-                          "Full", "op", ""}) {
+  for (const char* bad : {"every:0", "every:x", "every:", "every:-2", "every: 2",
+                          "every:99999999999", "Full", "op", ""}) {
     const auto [option, what] = option_error_of([&] { policy(bad); });
     EXPECT_EQ(option, "activation_checkpoint") << bad << ": " << what;
     EXPECT_EQ(what, std::string("activation_checkpoint must be none, full, every:N (N >= 1: every "
-                                "N-th block) or selective, got '") + bad + "'");
+                                "N-th block) or selective, got '") +
+                        bad + "'");
   }
   // A config made as a struct meets the same rule where train_rank checks it.
   runtime::TrainConfig c = transformer(2);
@@ -348,9 +348,10 @@ TEST(ActivationCheckpointingOptions, AnFsdpUnitInsideACheckpointedBlockIsRefused
     }
     device.synchronize();
   });
-  EXPECT_EQ(what, "module 'layers.0' is checkpointed (full) but 'layers.0.attention' inside it "
-                  "is an FSDP unit of its own, whose hooks its recompute would run again: "
-                  "checkpoint the inner unit instead");
+  EXPECT_EQ(what,
+            "module 'layers.0' is checkpointed (full) but 'layers.0.attention' inside it "
+            "is an FSDP unit of its own, whose hooks its recompute would run again: "
+            "checkpoint the inner unit instead");
 }
 
 }  // namespace
