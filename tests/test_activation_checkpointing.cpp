@@ -56,14 +56,23 @@ runtime::TrainConfig transformer(int layers) {
 
 // ---- parity and collectives
 
+// The schedule's events (every unshard, reshard, post-backward and reduce-scatter, in order)
+// are those without checkpointing: the recompute gathers nothing, and each unit reshards at
+// its post-backward, after its recompute and its backward.
 TEST(ActivationCheckpointing, TransformerTrainsBitwiseWithTheSameCollectivesInEveryMode) {
   for (const bool reshard : {true, false}) {
     runtime::TrainConfig c = transformer(3);
     c.reshard_after_forward = reshard;
+    std::vector<ScheduleEvent> none_events, events;
+    c.event_log = &none_events;
     const auto none = run_fsdp(2, c);
+    ASSERT_FALSE(none_events.empty());
+    c.event_log = &events;
     for (const char* mode : {"full", "every:2", "selective"}) {
       const std::string what = std::string(mode) + (reshard ? ", reshard" : ", no reshard");
+      events.clear();
       const auto got = run_fsdp(2, with_policy(c, mode));
+      EXPECT_EQ(events, none_events) << what;
       for (int r = 0; r < 2; ++r) expect_same_training(got[r], none[r], what);
       expect_same_collectives(got[0], none[0], what);
       // The RS ring's bound: as many RS inputs alive at most as without checkpointing.
@@ -207,8 +216,7 @@ TEST(ActivationCheckpointing, PeakFallsAndTheEstimateFollowsEveryMode) {
     for (const char* mode : {"none", "selective", "every:2", "full"}) {
       const runtime::TrainConfig c = with_policy(base, mode);
       const int64_t peak = run_fsdp(2, c)[0].memory.peak_bytes;
-      const double estimate =
-          static_cast<double>(runtime::estimate_rank_memory(c, 2).device_bytes);
+      const double estimate = static_cast<double>(runtime::estimate_rank_memory(c, 2).device_bytes);
       const std::string what = base.model.kind + ", " + mode;
       std::printf("%s: measured peak %lld bytes, estimate %.0f\n", what.c_str(),
                   static_cast<long long>(peak), estimate);
@@ -244,12 +252,13 @@ TEST(ActivationCheckpointingOptions, ParsesEveryModeAndRefusesTheRestInOneLine) 
   for (int i = 0; i < 6; ++i)
     if (every3.of_block(i) == ActivationCheckpoint::Full) checkpointed.push_back(i);
   EXPECT_EQ(checkpointed, (std::vector<int>{0, 3}));
-  for (const char* bad : {"every:0", "every:x", "every:", "every:-2", "every: 2", "every:99999999999",
-                          "Full", "op", ""}) {
+  for (const char* bad : {"every:0", "every:x", "every:", "every:-2", "every: 2",
+                          "every:99999999999", "Full", "op", ""}) {
     const auto [option, what] = option_error_of([&] { policy(bad); });
     EXPECT_EQ(option, "activation_checkpoint") << bad << ": " << what;
     EXPECT_EQ(what, std::string("activation_checkpoint must be none, full, every:N (N >= 1: every "
-                                "N-th block) or selective, got '") + bad + "'");
+                                "N-th block) or selective, got '") +
+                        bad + "'");
   }
   // A config made as a struct meets the same rule where train_rank checks it.
   runtime::TrainConfig c = transformer(2);
@@ -328,9 +337,10 @@ TEST(ActivationCheckpointingOptions, AnFsdpUnitInsideACheckpointedBlockIsRefused
     }
     device.synchronize();
   });
-  EXPECT_EQ(what, "module 'layers.0' is checkpointed (full) but 'layers.0.attention' inside it "
-                  "is an FSDP unit of its own, whose hooks its recompute would run again: "
-                  "checkpoint the inner unit instead");
+  EXPECT_EQ(what,
+            "module 'layers.0' is checkpointed (full) but 'layers.0.attention' inside it "
+            "is an FSDP unit of its own, whose hooks its recompute would run again: "
+            "checkpoint the inner unit instead");
 }
 
 }  // namespace

@@ -139,16 +139,14 @@ class Module {
   // default). Set it on a block before its first forward.
   void set_activation_checkpoint(ActivationCheckpoint mode) { checkpoint_ = mode; }
   ActivationCheckpoint activation_checkpoint() const { return checkpoint_; }
-  // Drops what forward kept for backward in this module and its descendants: all of it
-  // (Full, their checkpointed inputs too), or what each one's backward remakes (Selective).
-  void drop_saved(ActivationCheckpoint what);
 
   ModuleHooks* hooks = nullptr;  // set by fully_shard; owned by owned_hooks below
 
  protected:
   virtual Tensor forward_impl(RunContext& ctx, const Tensor& x) = 0;
   virtual Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) = 0;
-  // This module's own part of drop_saved (its children get their own call): Full drops
+  // Note [Activation checkpointing]: what this module frees after a checkpointed forward
+  // (its children get their own call): Full drops
   // every tensor forward_impl kept for backward_impl; Selective only those backward_impl
   // makes again when it finds them missing. Default: nothing.
   virtual void drop_own_saved(ActivationCheckpoint) {}
@@ -168,6 +166,9 @@ class Module {
   void set_fqn(const std::string& fqn);
   // Full: runs forward_impl again on the kept input (its output is not needed).
   void recompute_forward(RunContext& ctx);
+  // Drops what forward kept for backward in this module and its descendants: all of it
+  // (Full, their checkpointed inputs too), or what each one's backward remakes (Selective).
+  void drop_saved(ActivationCheckpoint what);
 
   ActivationCheckpoint checkpoint_ = ActivationCheckpoint::None;
   Tensor checkpoint_input_;  // Full: forward's input, from forward() to backward()

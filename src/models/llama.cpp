@@ -56,7 +56,8 @@ double dense_block_saved_bytes_per_token(const nn::TransformerConfig& c, DType a
   // Attention's, then the FFN norm's output, w13's output (SwiGLU's input), SwiGLU's output
   // (w2's input), the block's output.
   const double d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
-  return attention_saved_bytes_per_token(c, act) + (2 * d + 3 * f) * static_cast<double>(dtype_size(act));
+  return attention_saved_bytes_per_token(c, act) +
+         (2 * d + 3 * f) * static_cast<double>(dtype_size(act));
 }
 
 double selective_dropped_bytes_per_token(const nn::TransformerConfig& c, double swiglu_width,

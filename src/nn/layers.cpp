@@ -137,7 +137,8 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out, bool input_g
 }
 
 void Linear::restore_saved_input(Tensor x) {
-  FSDP_CHECK(x.cols == in_, "Linear ", fqn(), ": a remade input of ", x.cols, " features, not ", in_);
+  FSDP_CHECK(x.cols == in_, "Linear ", fqn(), ": a remade input of ", x.cols, " features, not ",
+             in_);
   saved_x_ = std::move(x);
 }
 

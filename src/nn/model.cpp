@@ -41,8 +41,7 @@ int64_t Model::param_count() {
 
 ActivationCheckpoint ActivationCheckpointConfig::of_block(int layer) const {
   if (mode != ActivationCheckpoint::Full) return mode;
-  return every >= 1 && layer % every == 0 ? ActivationCheckpoint::Full
-                                                : ActivationCheckpoint::None;
+  return every >= 1 && layer % every == 0 ? ActivationCheckpoint::Full : ActivationCheckpoint::None;
 }
 
 std::string ActivationCheckpointConfig::to_string() const {

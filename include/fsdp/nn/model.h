@@ -131,7 +131,8 @@ struct ActivationCheckpointConfig {
   ActivationCheckpoint of_block(int layer) const;
   // "none", "full", "every:N" (N > 1) or "selective": what parse_activation_checkpoint reads.
   std::string to_string() const;
-  friend bool operator==(const ActivationCheckpointConfig&, const ActivationCheckpointConfig&) = default;
+  friend bool operator==(const ActivationCheckpointConfig&,
+                         const ActivationCheckpointConfig&) = default;
 };
 // Reads none | full | every:N | selective; an OptionError naming activation_checkpoint
 // otherwise (Note [Options checked once]).

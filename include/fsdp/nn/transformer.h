@@ -219,7 +219,6 @@ class TransformerBlock : public Module {
   FeedForward* feed_forward_;
 };
 
-
 // The seed of one parameter's init: distinct streams for each (layer, role) from the model's
 // seed. Layer -1 is the root (embedding, head).
 enum class InitRole : int { Embedding, Output, Wqkv, Wo, FeedForward };
