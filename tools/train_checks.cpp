@@ -333,6 +333,21 @@ std::string check_train_options_in_api_terms(TrainOptions& o, std::string& why) 
 
 }  // namespace
 
+void check_simulate_options(TrainOptions& o, int gpus) {
+  try {
+    check_ranges(o);
+    split_micro_batches(o);
+    resolve_defaults(o);
+    o.effective_world = gpus;
+    if (o.cuda_graph) o.config.prefetch_next_step = false;  // as check_cuda_graph
+    check_config(o);
+    check_writable("--json", o.json_path);
+    check_writable("--trace", o.trace_path);
+  } catch (const OptionError& e) {  // Note [Options checked once]
+    throw UserError(flag_of(e.option()) + e.rest());
+  }
+}
+
 std::string check_train_options(TrainOptions& o, std::string& why) {
   try {
     return check_train_options_in_api_terms(o, why);

@@ -79,6 +79,8 @@ void write_trace_file(const std::string& path, const std::vector<runtime::RankRe
 // with a one-line UserError; fills in the "auto" defaults. Returns the backend it chose and
 // sets `why` to the reason, for --backend auto.
 std::string check_train_options(TrainOptions& options, std::string& why);
+// The same checks for `fsdp simulate` on `gpus` simulated GPUs (no backend to choose, no data).
+void check_simulate_options(TrainOptions& options, int gpus);
 // train_data.cpp: with --data, the token-file batch sources, the validation batches and the
 // vocabulary from the corpus's meta.json; one-line errors for bad data files.
 void attach_token_data(TrainOptions& options);
