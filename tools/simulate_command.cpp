@@ -259,7 +259,7 @@ int run_simulate(SimulateOptions& o) {
                             {"device", so.calibration.device},
                             {"simulated_rank", o.gpus - 1},
                             {"step", to_json(base)}};
-  if (!o.cost_log_path.empty()) write_cost_log(o.cost_log_path, costs, config.steps - config.warmup);
+  if (!o.cost_log_path.empty()) write_cost_log(o.cost_log_path, costs, config.steps);
   if (!o.train.trace_path.empty()) write_trace_file(o.train.trace_path, {result});
   if (o.sweep) {
     std::printf("\nsweep (%s):\n", describe_cluster(so).c_str());

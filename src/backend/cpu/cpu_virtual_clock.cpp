@@ -198,10 +198,9 @@ void VirtualClock::advance_if_idle() {
 }
 
 void VirtualClock::advance() {
-  // When each sleeper would wake at the rates of now (Note [Shared channels]: n sleepers on a
-  // channel each progress at 1/n).
+  // When each sleeper would wake at the rates of now (Note [Shared channels]).
   auto wake_time = [this](const ClockParticipant* p) {
-    return p->channel ? now_us_ + p->remaining_us * p->channel->active : p->wake_at_us;
+    return p->channel ? now_us_ + p->remaining_us * p->channel->stretch() : p->wake_at_us;
   };
   double next = std::numeric_limits<double>::infinity();
   for (const ClockParticipant* p : participants_)
@@ -217,7 +216,7 @@ void VirtualClock::advance() {
     if (p->state != ClockParticipant::State::Sleeping) continue;
     if (p->channel) {
       const double w = wake_time(p);
-      p->remaining_us -= (next - now_us_) / p->channel->active;
+      p->remaining_us -= (next - now_us_) / p->channel->stretch();
       if (w <= next || p->remaining_us <= 1e-9 * std::max(1.0, next)) done.push_back(p);
     } else if (p->wake_at_us <= next) {
       done.push_back(p);

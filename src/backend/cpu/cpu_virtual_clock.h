@@ -30,15 +30,21 @@ struct ClockParticipant {
 };
 
 // Note [Shared channels]
-// A capacity that the participants sleeping on it share equally: while n of them sleep on
-// it, each gets 1/n of it, so a job of w microseconds alone takes n * w while n - 1 others
-// run beside it the whole time. The simulation backend puts a collective's transfer on the
-// channel of its link, so that collectives of separate communicators over one link slow
-// each other down as they do on the wire. The rates change only when a job starts or ends,
-// and time advances from one such event to the next, so the sharing is exact (a fluid model,
-// not a sampled one). Guarded by the clock's mutex.
+// A capacity that the participants sleeping on it share: while n of them sleep on it, each
+// progresses at 1 / (1 + sharing * (n - 1)) of its work per microsecond. sharing 1 is an
+// equal split (a job of w microseconds alone takes n * w while n - 1 others run beside it the
+// whole time); 0 leaves every job its full speed. The simulation backend puts a collective's
+// transfer on its link's channel (sharing 1), so that collectives of separate communicators
+// over one link slow each other down as they do on the wire, and a kernel on its device's
+// channel (the calibration's sharing), so that kernels of different streams slow each other
+// down as they do on a GPU. The rates change only when a job starts or ends, and time advances
+// from one such event to the next, so the sharing is exact (a fluid model, not a sampled one).
+// Guarded by the clock's mutex.
 struct SharedChannel {
-  int active = 0;  // participants sleeping on it now
+  int active = 0;        // participants sleeping on it now
+  double sharing = 1.0;  // in [0, 1]
+  // How much longer a job takes while `active` share the channel.
+  double stretch() const { return 1.0 + sharing * (active > 1 ? active - 1 : 0); }
 };
 
 class VirtualClock {

@@ -88,6 +88,7 @@ constexpr double kMaxUs = 1e9, kMaxGbps = 1e6, kMaxDim = 1e9;
 LinkCurve read_link(const Reader& r, const json& j, const std::string& key) {
   r.object(j, key);
   LinkCurve l;
+  if (j.contains("base_us")) l.base_us = r.number(j["base_us"], key + ".base_us", 0, 1e6);
   l.latency_us = r.number(Reader::member(j, "latency_us"), key + ".latency_us", 0, 1e6);
   const json& rows = r.array(Reader::member(j, "busbw_gbps"), key + ".busbw_gbps");
   if (rows.empty()) r.fail(key + ".busbw_gbps", "needs at least one [bytes, GB/s] row");
@@ -200,6 +201,8 @@ Calibration parse_calibration(const std::string& text, const std::string& source
   c.collective_launch_us = r.number(Reader::member(host, "collective_launch_us"),
                                     "host.collective_launch_us", 0, 1e5);
   c.kernel_min_us = r.number(Reader::member(j, "kernel_min_us"), "kernel_min_us", 0, 1e5);
+  if (j.contains("kernel_sharing"))
+    c.kernel_sharing = r.number(j["kernel_sharing"], "kernel_sharing", 0, 1);
   const json& mem = r.object(Reader::member(j, "memory"), "memory");
   c.memory_gbps = r.number(Reader::member(mem, "gbps"), "memory.gbps", 0, kMaxGbps, true);
   c.host_copy_gbps = r.number(Reader::member(mem, "host_copy_gbps"), "memory.host_copy_gbps", 0,

@@ -9,7 +9,9 @@
 //    "device_memory_gib" (optional): what a rank's peak must fit in;
 //  - "host": {"kernel_launch_us", "gemm_launch_us", "collective_launch_us"}: host time of one
 //    call (what an eager step's host pays per op; 0 under a captured step);
-//  - "kernel_min_us": the least time a kernel takes on the device;
+//  - "kernel_min_us": the least time a kernel takes on the device; "kernel_sharing" (optional,
+//    in [0, 1], 1 when absent): how kernels of different streams share the GPU while they
+//    overlap (Note [Shared channels]), so that op timings measured alone add up in a step;
 //  - "memory": {"gbps": copy bandwidth (bytes read + written per second, in GB/s),
 //    "host_copy_gbps": host <-> device, "by_op": {op class: GB/s}} for memory-bound kernels
 //    whose measured bandwidth differs from a copy's (Note [Op costs] names the classes);
@@ -19,7 +21,8 @@
 //    what they lose to the kernels beside them in a real step (1 when absent);
 //  - "attention": {"forward": [...], "backward": [...]}, rows {"batch", "seq", "heads",
 //    "kv_heads", "head_dim", "us"}, and "default_tflops_forward" / "_backward";
-//  - "links": {"nvlink": L, "network": L}, L = {"latency_us": per ring step, "busbw_gbps":
+//  - "links": {"nvlink": L, "network": L}, L = {"base_us": once per collective (launch and
+//    synchronization; 0 when absent), "latency_us": per ring step, "busbw_gbps":
 //    [[message bytes, GB/s], ...]}: NCCL's bus bandwidth by message size (log-linear in
 //    between, flat beyond the ends). The network's is per GPU (its own NIC).
 #pragma once
@@ -47,6 +50,7 @@ struct AttentionSample {
 };
 
 struct LinkCurve {
+  double base_us = 0;                             // once per collective
   double latency_us = 0;                          // per ring step
   std::vector<std::pair<double, double>> busbw;   // (message bytes, GB/s), by bytes
   // Bus bandwidth for a message of `bytes`, in GB/s.
@@ -63,6 +67,7 @@ struct Calibration {
   double device_memory_gib = 0;  // 0: unknown (nothing is said about fitting)
   double kernel_launch_us = 0, gemm_launch_us = 0, collective_launch_us = 0;
   double kernel_min_us = 0;
+  double kernel_sharing = 1.0;  // Note [Shared channels]: how overlapping kernels share the GPU
   double memory_gbps = 3000;
   double host_copy_gbps = 25;
   std::map<std::string, double> op_gbps;  // memory-bound op class -> GB/s

@@ -9,7 +9,8 @@
 //    broadcast), and NVLink carries the rest; both run at once, so
 //    the transfer takes the longer of the two, at the calibrated bus bandwidth for the
 //    message size (links.nvlink, links.network: per GPU).
-//  - The latency is a ring step per hop, (P - n) over NVLink and (n - 1) over the network;
+//  - The latency is the link's base (launch and synchronization: the network's when the
+//    members span nodes) and a ring step per hop, (P - n) over NVLink and (n - 1) over the network;
 //    all-reduce across nodes takes the tree's instead when that is shorter (2 (l - 1) NVLink
 //    steps and 2 log2 n network steps), as NCCL picks for small messages at scale.
 //  - An all-to-all sends each peer its bytes directly: NVLink to the peers on the node, the
@@ -100,6 +101,9 @@ CollectiveCost collective_cost(const Calibration& c, SimCollective kind, const C
       break;
     }
   }
+  cost.latency_us += n > 1 || (kind == SimCollective::AllToAll && a2a_remote_bytes > 0)
+                         ? c.network.base_us
+                         : c.nvlink.base_us;
   return cost;
 }
 

@@ -5,9 +5,10 @@
 //    events are the CPU backend's (StreamDevice): each stream is a worker thread, each op a
 //    task that lets its device time pass on the clock, so streams overlap, wait for events and
 //    stall exactly as the schedule makes them, and the timeline is the real trace format.
-//    Streams run side by side without slowing each other, as on the CPU backend; priorities
-//    are accepted and ignored. What a kernel loses to the kernels beside it in a real step is
-//    in its calibrated time (Note [Calibration file]: in-step factors, traced bandwidths).
+//    Kernels of different streams that overlap share the device (Note [Shared channels], at
+//    the calibration's kernel_sharing: 1 splits it equally, as a GPU's SMs and memory are
+//    shared), so a memory-bound kernel beside a GEMM slows both; collectives' transfers run on
+//    their links, beside the kernels. Priorities are accepted and ignored (the share is equal).
 //  - Ops do no arithmetic. Each costs device time from the calibration (Note [Op costs]):
 //    GEMMs and attention by shape from measured tables, memory-bound kernels by their bytes
 //    at measured bandwidths, plus, on the host, a launch cost per call (none for a captured
@@ -108,7 +109,9 @@ double hot_bias(int experts, int top_k, double max_load) {
 }  // namespace
 
 SimShared::SimShared(SimOptions o)
-    : options(std::move(o)), world(std::make_shared<cpu::WorldState>(1, world_options())) {}
+    : options(std::move(o)), world(std::make_shared<cpu::WorldState>(1, world_options())) {
+  kernels.sharing = options.calibration.kernel_sharing;
+}
 
 SimDevice::SimDevice(std::shared_ptr<SimShared> shared, int rank)
     : StreamDevice(shared->world, rank, "sim"),
@@ -123,7 +126,7 @@ void SimDevice::host_cost(double us) {
 }
 
 void SimDevice::timed(Stream s, OpKind kind, const char* op, double us, double launch_us,
-                      double bytes, double flops) {
+                      double bytes, double flops, bool alone) {
   host_cost(launch_us);
   if (flops > 0) shared_->flops.fetch_add(flops, std::memory_order_relaxed);
   if (shared_->options.cost_log) {
@@ -134,7 +137,15 @@ void SimDevice::timed(Stream s, OpKind kind, const char* op, double us, double l
     e.flops += flops;
     e.us += us;
   }
-  enqueue(s, kind, [this, us] { world()->pass_time(us, &cancellation()); });
+  if (alone) {
+    enqueue(s, kind, [this, us] { world()->pass_time(us, &cancellation()); });
+    return;
+  }
+  enqueue(s, kind, [this, us] {
+    cpu::ClockParticipant* self = cpu::this_thread_participant();
+    FSDP_CHECK(self != nullptr, "a simulated kernel outside a stream");
+    world()->clock->sleep_on_channel(*self, shared_->kernels, us, &cancellation());
+  });
 }
 
 void SimDevice::memory_op(Stream s, const char* op, double bytes, OpKind kind) {

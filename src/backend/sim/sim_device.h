@@ -24,6 +24,8 @@ struct SimShared {
   const std::shared_ptr<cpu::WorldState> world;  // one host, on the virtual clock
   // Note [Shared channels]: every transfer over NVLink, or over the network, sleeps on one.
   cpu::SharedChannel nvlink, network;
+  // Every kernel of the device (Note [Simulation backend]: streams slow each other down).
+  cpu::SharedChannel kernels;
   std::mutex cost_mutex;
   CostLog costs;
   std::atomic<double> flops{0};
@@ -40,8 +42,10 @@ class SimDevice final : public cpu::StreamDevice {
   const Calibration& calibration() const { return shared_->options.calibration; }
   // Enqueues an op that occupies stream s for `us` of device time, after the host's cost of
   // the call (`launch_us`); `op` names its cost class for the cost log.
+  // A kernel shares the device with the kernels of the other streams while they overlap;
+  // `alone` (Device::spin) takes exactly its time whatever runs beside it.
   void timed(Stream s, OpKind kind, const char* op, double us, double launch_us, double bytes = 0,
-             double flops = 0);
+             double flops = 0, bool alone = false);
   // A memory-bound kernel of class `op` moving `bytes`.
   void memory_op(Stream s, const char* op, double bytes, OpKind kind = OpKind::Kernel);
   // The host's cost of one call, on the virtual clock.

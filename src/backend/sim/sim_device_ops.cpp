@@ -2,6 +2,7 @@
 // bytes a memory-bound kernel moves are what it reads plus what it writes, at the op's dtypes.
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "backend/sim/sim_device.h"
 #include "fsdp/error.h"
@@ -15,6 +16,17 @@ constexpr size_t kShadowMaxBytes = size_t{1} << 20;  // as sim_device.cpp keeps
 double sz(DType t) { return static_cast<double>(dtype_size(t)); }
 double d(int64_t n) { return static_cast<double>(n); }
 int layout_of(bool trans_a, bool trans_b) { return (trans_a ? 2 : 0) | (trans_b ? 1 : 0); }
+// The cost log's class of a GEMM: its layout (Note [Calibration file]).
+const char* gemm_class(int layout) {
+  static const char* names[4] = {"gemm_nn", "gemm_nt", "gemm_tn", "gemm_tt"};
+  return names[layout & 3];
+}
+// The cost log's class of an attention call: its shape, which a calibration fit keys by.
+std::string attention_class(bool backward, int64_t batch, int64_t seq, int64_t heads,
+                            int64_t kv_heads, int64_t head_dim) {
+  return detail::concat(backward ? "attention_backward" : "attention_forward", " b", batch, " s",
+                        seq, " h", heads, " kv", kv_heads, " d", head_dim);
+}
 
 void check_dims(const char* op, std::initializer_list<int64_t> dims) {
   for (int64_t v : dims) FSDP_CHECK(v >= 0, op, ": negative size ", v);
@@ -142,7 +154,8 @@ void SimDevice::gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n,
                      const void*, const void*, DType ab_t, float, void*, DType) {
   check_dims("gemm", {m, n, k});
   const Calibration& c = calibration();
-  timed(s, OpKind::Kernel, "gemm", gemm_us(c, ab_t, m, n, k, layout_of(trans_a, trans_b)),
+  const int layout = layout_of(trans_a, trans_b);
+  timed(s, OpKind::Kernel, gemm_class(layout), gemm_us(c, ab_t, m, n, k, layout),
         c.gemm_launch_us, 0, 2.0 * d(m) * d(n) * d(k));
 }
 
@@ -167,7 +180,8 @@ void SimDevice::gemm_relu(Stream s, bool trans_a, bool trans_b, int64_t m, int64
                           const void*, const void*, DType ab_t, void*, DType) {
   check_dims("gemm_relu", {m, n, k});
   const Calibration& c = calibration();
-  timed(s, OpKind::Kernel, "gemm", gemm_us(c, ab_t, m, n, k, layout_of(trans_a, trans_b)),
+  const int layout = layout_of(trans_a, trans_b);
+  timed(s, OpKind::Kernel, gemm_class(layout), gemm_us(c, ab_t, m, n, k, layout),
         c.gemm_launch_us, 0, 2.0 * d(m) * d(n) * d(k));
 }
 
@@ -284,7 +298,8 @@ void SimDevice::attention_forward(Stream s, const void*, int64_t, const void*, i
                                   int64_t, float*) {
   check_dims("attention_forward", {batch, seq, heads, kv_heads, head_dim});
   const Calibration& c = calibration();
-  timed(s, OpKind::Kernel, "attention_forward",
+  timed(s, OpKind::Kernel,
+        attention_class(false, batch, seq, heads, kv_heads, head_dim).c_str(),
         attention_us(c, false, batch, seq, heads, kv_heads, head_dim), c.kernel_launch_us, 0,
         attention_flops(false, batch, seq, heads, head_dim));
 }
@@ -296,7 +311,8 @@ void SimDevice::attention_backward(Stream s, const void*, int64_t, const void*, 
                                    void*) {
   check_dims("attention_backward", {batch, seq, heads, kv_heads, head_dim});
   const Calibration& c = calibration();
-  timed(s, OpKind::Kernel, "attention_backward",
+  timed(s, OpKind::Kernel,
+        attention_class(true, batch, seq, heads, kv_heads, head_dim).c_str(),
         attention_us(c, true, batch, seq, heads, kv_heads, head_dim), c.kernel_launch_us, 0,
         attention_flops(true, batch, seq, heads, head_dim));
 }
@@ -312,7 +328,7 @@ void SimDevice::swiglu_backward(Stream s, const void*, const void*, DType t, int
 
 void SimDevice::spin(Stream s, double microseconds) {
   // Tests force op durations with it: exactly that long, no launch cost.
-  timed(s, OpKind::Kernel, "spin", microseconds, 0);
+  timed(s, OpKind::Kernel, "spin", microseconds, 0, 0, 0, /*alone=*/true);
 }
 
 }  // namespace fsdp::sim
