@@ -50,6 +50,12 @@ MEMORY_BOUND_MIN_BYTES = 1 << 20  # per op: below, the kernel minimum dominates
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")
 
 
+def shown(path):
+    """A path as the calibration records it: relative inside the repository, else its name."""
+    rel = os.path.relpath(os.path.abspath(path))
+    return os.path.basename(path) if rel.startswith("..") else rel
+
+
 def kind_of(label):
     # As bench/trace_op_totals.py: module names dropped ("RS layers.3" -> "RS").
     words = [w for w in label.split() if not re.match(r"^(layers\.\d+\S*|root|head)$", w)]
@@ -172,7 +178,7 @@ def main():
         for path in a.gemms:
             for dtype, m, n, k, layout, us in gemm_rows(path):
                 by_shape[(dtype, m, n, k, layout)].append(us)
-            sources.append(f"gemm timings: {path}")
+            sources.append(f"gemm timings: {shown(path)}")
         table = []
         for (dtype, m, n, k, layout), us in sorted(by_shape.items()):
             table.append({"dtype": dtype, "m": m, "n": n, "k": k, "layout": layout,
@@ -188,7 +194,7 @@ def main():
             if r.get("op") in ("attention_forward", "attention_backward"):
                 attention["backward" if r["op"].endswith("backward") else "forward"].append(
                     {k: r[k] for k in ("batch", "seq", "heads", "kv_heads", "head_dim", "us")})
-        sources.append(f"attention timings: {path}")
+        sources.append(f"attention timings: {shown(path)}")
 
     # ---- memory-bound kernels alone
     alone = collections.defaultdict(list)
@@ -196,7 +202,7 @@ def main():
         for r in json_lines(path):
             if r.get("op") == "memory" and r["us"] > 0:
                 alone[r["class"]].append(r["bytes"] / r["us"] / 1e3)
-        sources.append(f"memory-bound kernels alone: {path}")
+        sources.append(f"memory-bound kernels alone: {shown(path)}")
     if alone:
         cal["memory"].setdefault("by_op", {})
         for op, gbps in sorted(alone.items()):
@@ -209,7 +215,7 @@ def main():
     traced_attention = {"forward": [], "backward": []}
     for measured_path, costs_path in a.step:
         measured, sim = measured_ops(measured_path), cost_log(costs_path)
-        sources.append(f"op timings of a real step: {measured_path} (simulated: {costs_path})")
+        sources.append(f"op timings of a real step: {shown(measured_path)} (simulated: {shown(costs_path)})")
         for kind, (us, ops, streams) in sorted(measured.items()):
             classes = sim.get(kind)
             if not classes or us <= 0:
@@ -263,7 +269,7 @@ def main():
     samples = []  # (op, ranks, bytes, us)
     for path in a.collectives:
         samples += [(r["op"], r["ranks"], r["bytes"], r["us"]) for r in json_lines(path) if r.get("op") in COLLECTIVES]
-        sources.append(f"collective timings: {path}")
+        sources.append(f"collective timings: {shown(path)}")
     for trace_path, costs_path in a.collectives_trace:
         d, sim = load_json(trace_path), cost_log(costs_path)
         ranks = len(d["otherData"]["fsdp"]["ranks"])
@@ -276,7 +282,7 @@ def main():
             for op, (n, nbytes, _, _) in sim.get(k, {}).items():
                 if op in COLLECTIVES and n > 0:
                     samples.append((op, ranks, nbytes / n, us))
-        sources.append(f"collective timings of a real step (the fastest of each kind): {trace_path}")
+        sources.append(f"collective timings of a real step (the fastest of each kind): {shown(trace_path)}")
     if samples:
         link = cal["links"]["nvlink"]
         steps = lambda op, p: (2 if op == "all_reduce" else 1) * (p - 1)
@@ -324,7 +330,7 @@ def main():
         cal["kernel_sharing"] = best[0]
         log(f"kernel_sharing = {best[0]}")
         sources.append("kernel_sharing: the in-step op times of " +
-                       ", ".join(m for m, _, _ in a.sharing))
+                       ", ".join(shown(m) for m, _, _ in a.sharing))
 
     cal["sources"] = sources
     with open(a.out, "w") as f:

@@ -21,23 +21,16 @@ python3 bench/fit_calibration.py --seed bench/calibrations/h200_seed.json \
   --gemms $RUNS/2026-11-30-mlp16-gemm-floor/gemm_floor_8192.json \
   --out "$T/table.json" --log "$T/table.log"
 
-# 2. The traced steps' commands, simulated with that table, for their ops' bytes and shapes.
+# 2. The 2-GPU traced step's command, simulated, for its collectives' bytes.
 sim() {  # NAME ARGS...
   local name=$1; shift
   $B simulate --calibration "$T/table.json" --cost-log "$T/$name.jsonl" "$@" > "$T/$name.log"
 }
-sim llama1b_s4 $LLAMA1B --tokens 8192 --gpus 1 --steps 4 --warmup 1
-sim llama1b_s1 $LLAMA1B --tokens 2048 --gpus 1 --steps 4 --warmup 1
-sim mlp16_t2048 $MLP16 --tokens 2048 --gpus 1 --optimizer-in-backward 1 --clip-grad-norm 0
 sim mlp16_n2 $MLP16 --tokens 8192 --gpus 2 --steps 12 --warmup 4
 
 # 3. NVLink from the fastest collectives of a 2-GPU step; kernel_sharing from the in-step op
 #    times of traced real steps.
 python3 bench/fit_calibration.py --seed "$T/table.json" \
-  --step $RUNS/2026-12-01-llama1b-graph-vs-eager/eager.ops.txt "$T/llama1b_s4.jsonl" \
-  --step $RUNS/2026-12-01-graph-timeline/llama1b_s1_eager.ops.txt "$T/llama1b_s1.jsonl" \
-  --step $RUNS/2026-12-01-graph-timeline/mlp16_t2048_eager.ops.txt "$T/mlp16_t2048.jsonl" \
-  --step $RUNS/2026-11-30-mlp16-traces/trace_mlp16_t8192_k1_sep0.json.gz "$T/mlp16_n2.jsonl" \
   --collectives-trace $RUNS/2026-11-30-mlp16-traces/trace_mlp16_t8192_k1_sep0.json.gz "$T/mlp16_n2.jsonl" \
   --fsdp "$B" \
   --sharing $RUNS/2026-12-01-llama1b-graph-vs-eager/eager.ops.txt 1 "$LLAMA1B --tokens 8192" \
