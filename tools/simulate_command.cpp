@@ -89,6 +89,10 @@ CLI::App* add_simulate_command(CLI::App& app, SimulateOptions& o) {
   cmd->add_option("--json", o.train.json_path, "write the numbers to this file");
   cmd->add_option("--trace", o.train.trace_path,
                   "write the simulated rank's trace (the format of fsdp train --trace)");
+  cmd->add_option("--rs-reclaim", o.rs_reclaim,
+                  "how the RS ring reclaims its buffers: bounded (the engine's) | fsdp2.12 "
+                  "(PyTorch 2.12's drain by the last group, for comparison)")
+      ->check(CLI::IsMember({"bounded", "fsdp2.12"}));
   cmd->add_option("--cost-log", o.cost_log_path,
                   "write every op's class, bytes, flops and time by label (JSON lines), for "
                   "calibration fits");
@@ -131,6 +135,8 @@ SimulatedStep simulate_step(const sim::SimOptions& so, const runtime::TrainConfi
   s.other_comm_ms = m.other_comm_ms;
   s.ag_rs_overlap_ms = m.ag_rs_overlap_ms;
   s.peak_bytes = r.memory.peak_bytes;
+  s.peak_bytes_by_step = r.peak_bytes_by_step;
+  s.rs_inputs_in_flight_max = r.memory.tag_peak_live[static_cast<int>(MemTag::RsInput)];
   const double capacity = so.calibration.device_memory_gib * 1024.0 * 1024.0 * 1024.0;
   s.fits = capacity <= 0 || static_cast<double>(s.peak_bytes) <= capacity;
   if (costs_out) *costs_out = world.cost_log();
@@ -150,6 +156,8 @@ nlohmann::json to_json(const SimulatedStep& s) {
           {"other_comm_ms", s.other_comm_ms},
           {"ag_rs_overlap_ms", s.ag_rs_overlap_ms},
           {"peak_mem_bytes", s.peak_bytes},
+          {"peak_mem_bytes_by_step", s.peak_bytes_by_step},
+          {"rs_inputs_in_flight_max", s.rs_inputs_in_flight_max},
           {"fits", s.fits}};
 }
 
@@ -162,8 +170,13 @@ void print_step(const SimulatedStep& s) {
               "%.3f, RS drain %.3f, other %.3f (AG/RS overlap %.3f)\n",
               s.exposed_comm_ms, s.exposed_ag_ms, s.rs_recycle_stall_ms, s.rs_drain_ms,
               s.other_comm_ms, s.ag_rs_overlap_ms);
-  std::printf("peak memory %.2f GiB per rank%s\n", gib(s.peak_bytes),
+  std::printf("peak memory %.2f GiB per rank%s", gib(s.peak_bytes),
               s.fits ? "" : " (more than the GPU has)");
+  if (s.peak_bytes_by_step.size() > 2)
+    std::printf(" (after step 1: %.2f GiB, after step %zu: %.2f GiB)",
+                gib(s.peak_bytes_by_step.front()), s.peak_bytes_by_step.size(),
+                gib(s.peak_bytes_by_step.back()));
+  std::printf("; RS inputs in flight at most %lld\n", static_cast<long long>(s.rs_inputs_in_flight_max));
 }
 
 struct Setting {
@@ -240,7 +253,8 @@ int run_simulate(SimulateOptions& o) {
     so.moe_load = {true, o.moe_max_load, std::max(o.train.config.model.top_k, 1)};
   }
   runtime::TrainConfig& config = o.train.config;
-  config.cuda_graph = false;  // simulated: the graph's effect is its host cost (none)
+  config.cuda_graph = false;
+  if (o.rs_reclaim == "fsdp2.12") config.rs_policy = RsReclaimPolicy::Fsdp2_12LastGroupDrains;  // simulated: the graph's effect is its host cost (none)
 
   std::printf("simulated: %s; calibration %s\n", describe_cluster(so).c_str(),
               o.calibration_path.c_str());

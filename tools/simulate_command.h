@@ -26,6 +26,7 @@ struct SimulateOptions {
   std::string moe_load = "balanced";
   double moe_max_load = 0;
   std::string cost_log_path;
+  std::string rs_reclaim = "bounded";
 };
 
 // One simulated configuration's numbers (per rank, per step).
@@ -35,6 +36,8 @@ struct SimulatedStep {
   double exposed_comm_ms = 0, exposed_ag_ms = 0, rs_recycle_stall_ms = 0, rs_drain_ms = 0;
   double other_comm_ms = 0, ag_rs_overlap_ms = 0;
   int64_t peak_bytes = 0;
+  int64_t rs_inputs_in_flight_max = 0;  // the most RS input buffers alive at once
+  std::vector<int64_t> peak_bytes_by_step;  // the peak so far, read after each step
   bool fits = true;  // the peak fits the GPU's memory (when the calibration says how much)
 };
 
