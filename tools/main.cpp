@@ -12,6 +12,7 @@
 #include "tools/export_command.h"
 #include "tools/prepare_data_command.h"
 #include "tools/report_command.h"
+#include "tools/simulate_command.h"
 #include "tools/train_command.h"
 
 #ifndef FSDP_GIT_COMMIT
@@ -50,6 +51,8 @@ int main(int argc, char** argv) {
   CLI::App* report_cmd = fsdp::tools::add_report_command(app, report);
   fsdp::tools::ExportOptions export_options;
   CLI::App* export_cmd = fsdp::tools::add_export_command(app, export_options);
+  fsdp::tools::SimulateOptions simulate;
+  CLI::App* simulate_cmd = fsdp::tools::add_simulate_command(app, simulate);
   fsdp::tools::PrepareDataOptions prepare;
   CLI::App* prepare_cmd = fsdp::tools::add_prepare_data_command(app, prepare);
   // An unknown first word is an unknown command, said so (CLI11 would call it an extra
@@ -78,6 +81,7 @@ int main(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) return fsdp::tools::run_train(train);
     if (report_cmd->parsed()) return fsdp::tools::run_report(report);
+    if (simulate_cmd->parsed()) return fsdp::tools::run_simulate(simulate);
     if (prepare_cmd->parsed()) return fsdp::tools::run_prepare_data(prepare);
     if (export_cmd->parsed()) return fsdp::tools::run_export(export_options);
   } catch (const fsdp::Error& e) {

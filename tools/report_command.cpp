@@ -183,7 +183,9 @@ CLI::App* add_report_command(CLI::App& app, ReportOptions& o) {
       ->required();
   cmd->add_option("--svg", o.svg_path, "draw one step of one rank into this SVG file");
   cmd->add_option("--top", o.top, "stalls listed per rank")->check(non_negative_count());
-  cmd->add_option("--rank", o.rank, "the rank drawn (default 0)")->check(non_negative_count());
+  cmd->add_option("--rank", o.rank,
+                  "the rank drawn [default: the trace's first: rank 0, or a simulated trace's one rank]")
+      ->check(non_negative_count());
   cmd->add_option("--step", o.step,
                   "the recorded step drawn, 0 = first recorded (default: the last)");
   return cmd;
@@ -261,13 +263,14 @@ int run_report(const ReportOptions& o) {
               max_steps);
   std::fputs(format_report(ranks, o.top).c_str(), stdout);
   if (!o.svg_path.empty()) {
-    auto it = std::find_if(ranks.begin(), ranks.end(),
-                           [&](const TracedRank& r) { return r.rank == o.rank; });
-    FSDP_USER_CHECK(it != ranks.end(), "--rank ", o.rank, ": the trace has ranks 0..",
-               ranks.back().rank);
+    auto it = o.rank < 0 ? ranks.begin()
+                         : std::find_if(ranks.begin(), ranks.end(),
+                                        [&](const TracedRank& r) { return r.rank == o.rank; });
+    FSDP_USER_CHECK(it != ranks.end(), "--rank ", o.rank, ": the trace holds ranks ",
+                    ranks.front().rank, "..", ranks.back().rank);
     const std::string svg = render_report_svg(*it, o.step, o.trace_path);
     io::write_file_atomic(o.svg_path, svg);  // Note [Output paths]
-    std::printf("\nwrote %s (rank %d)\n", o.svg_path.c_str(), o.rank);
+    std::printf("\nwrote %s (rank %d)\n", o.svg_path.c_str(), it->rank);
   }
   return 0;
 }

@@ -16,7 +16,7 @@ struct ReportOptions {
   std::string trace_path;
   std::string svg_path;  // empty: no picture
   int top = 5;           // stalls listed per rank
-  int rank = 0;          // the rank drawn
+  int rank = -1;         // the rank drawn; -1: the trace's first (rank 0 of a real run)
   int step = -1;         // the recorded step drawn (0 = first recorded); -1: the last one
 };
 

@@ -350,6 +350,22 @@ TrainRun resolve_train_run(const TrainOptions& o) {
   return run;
 }
 
+runtime::TrainConfig simulate_config_of(const TrainOptions& o, int gpus) {
+  try {
+    check_train_options(o);
+    TrainRun run;
+    run.config = o.config;
+    apply_hf_model(o, run);
+    resolve_defaults(o, run.config);
+    runtime::check_train_config(run.config, gpus);
+    check_writable("--json", o.json_path);
+    check_writable("--trace", o.trace_path);
+    return run.config;
+  } catch (const OptionError& e) {  // Note [Options checked once]
+    throw UserError(e.spelled(flag_of));
+  }
+}
+
 TrainRun train_run_of(const TrainOptions& o) {
   try {
     check_train_options(o);

@@ -107,6 +107,9 @@ void write_trace_file(const std::string& path, const std::vector<runtime::RankRe
 TrainRun train_run_of(const TrainOptions& options);
 void check_train_options(const TrainOptions& options);
 TrainRun resolve_train_run(const TrainOptions& options);
+// The same for `fsdp simulate` on `gpus` simulated GPUs (no backend to choose, no data): the
+// resolved config.
+runtime::TrainConfig simulate_config_of(const TrainOptions& options, int gpus);
 // train_data.cpp: with --data, the token-file batch sources, the validation batches and the
 // vocabulary from the corpus's meta.json; one-line errors for bad data files.
 void attach_token_data(const TrainOptions& options, TrainRun& run);

@@ -54,6 +54,15 @@ class Comm {
   // Collective over this communicator: ranks with the same color form a new communicator,
   // ordered by (key, rank). A negative color takes no part and gets nullptr.
   std::unique_ptr<Comm> split(int color, int key, const std::string& name);
+  // Note [Group splits]
+  // split() into equal groups of `group_size` members spaced `stride` apart: member m joins
+  // the members b * stride * group_size + m % stride + i * stride (i < group_size), where
+  // b = m / (stride * group_size), in member order. stride 1: consecutive members; stride s
+  // with group_size size() / s: every s-th member. It is split(color, rank()) with that
+  // group's color; what it adds is that the backend learns the layout, which the simulation
+  // backend needs: it runs one rank for all, so it cannot learn the others' colors.
+  // size() must be a multiple of stride * group_size.
+  std::unique_ptr<Comm> split_groups(int group_size, int stride, const std::string& name);
 
   // How many collectives of each kind this rank issued (for exact-count tests).
   int64_t issued(CollectiveKind kind) const { return issued_[static_cast<int>(kind)]; }
@@ -75,6 +84,13 @@ class Comm {
                              void* recv, const std::vector<int64_t>& recv_counts, DType t,
                              Stream s) = 0;
   virtual std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) = 0;
+  // `color` is the group's, as split_groups computed it; the default is do_split.
+  virtual std::unique_ptr<Comm> do_split_groups(int group_size, int stride, int color,
+                                                const std::string& name) {
+    (void)group_size;
+    (void)stride;
+    return do_split(color, rank(), name);
+  }
 
  private:
   int rank_;

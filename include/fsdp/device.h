@@ -139,6 +139,10 @@ class Device {
   virtual ~Device() = default;
 
   virtual std::string name() const = 0;  // "cpu:3", "cuda:0"
+  // False on the simulation backend, whose memory holds nothing and whose ops compute
+  // nothing (Note [Simulation backend] in src/backend/sim/sim_device.cpp): the engine then
+  // makes no host values for it (initial weights), since none would reach the device.
+  virtual bool computes_values() const { return true; }
 
   // ---- streams and events
   virtual Stream create_stream(const std::string& name, StreamPriority priority) = 0;

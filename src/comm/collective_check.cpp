@@ -149,15 +149,26 @@ class CheckedComm final : public Comm {
   // Split takes no stream: the exchange runs on the stream of the last checked collective,
   // or, before the first, on a stream of the check's own (made only then).
   std::unique_ptr<Comm> do_split(int color, int key, const std::string& name) override {
+    check_split();
+    return wrap(inner_->split(color, key, name));
+  }
+  std::unique_ptr<Comm> do_split_groups(int group_size, int stride, int,
+                                        const std::string& name) override {
+    check_split();
+    return wrap(inner_->split_groups(group_size, stride, name));
+  }
+
+ private:
+  void check_split() {
     if (!last_stream_.valid())
       last_stream_ = device_.create_stream("collective-check", StreamPriority::Normal);
     check(make(CheckedOp::Split, DType::I32, 0), last_stream_);
-    std::unique_ptr<Comm> child = inner_->split(color, key, name);
+  }
+  std::unique_ptr<Comm> wrap(std::unique_ptr<Comm> child) {
     if (!child) return nullptr;
     return std::make_unique<CheckedComm>(std::shared_ptr<Comm>(std::move(child)), device_);
   }
 
- private:
   Fingerprint make(CheckedOp op, DType t, int64_t bytes) {
     Fingerprint f;
     f.seq = next_seq_++;

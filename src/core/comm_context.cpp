@@ -12,7 +12,7 @@ CommContext::CommContext(Device& d)
 
 void CommContext::create_separate_comm(Mesh& mesh) {
   auto& slot = separate_comms_[mesh.comm().world_ranks()];
-  if (!slot) slot = mesh.comm().split(0, mesh.rank(), mesh.comm().name() + "/rs");
+  if (!slot) slot = mesh.comm().split_groups(mesh.comm().size(), 1, mesh.comm().name() + "/rs");
 }
 
 Comm& CommContext::reduce_scatter_comm(Mesh& mesh) {
@@ -31,8 +31,8 @@ void CommContext::ensure_all_reduce_stream() {
 void CommContext::create_post_forward_comm(Mesh& mesh, int size) {
   auto& slot = post_forward_comms_[{mesh.comm().world_ranks(), size}];
   if (!slot)
-    slot = mesh.comm().split(mesh.rank() / size, mesh.rank(),
-                             mesh.comm().name() + "/post_forward" + std::to_string(size));
+    slot = mesh.comm().split_groups(size, 1, mesh.comm().name() + "/post_forward" +
+                                                 std::to_string(size));
 }
 
 Comm& CommContext::post_forward_comm(Mesh& mesh, int size) {

@@ -164,6 +164,17 @@ std::unique_ptr<Comm> Comm::split(int color, int key, const std::string& name) {
   return do_split(color, key, name);
 }
 
+std::unique_ptr<Comm> Comm::split_groups(int group_size, int stride, const std::string& name) {
+  FSDP_CHECK(group_size >= 1 && stride >= 1 &&
+                 static_cast<int64_t>(group_size) * stride <= size() &&
+                 size() % (group_size * stride) == 0,
+             "split of communicator '", this->name(), "' (", size(), " members) into groups of ",
+             group_size, " members ", stride, " apart: the groups do not tile it");
+  const int block = group_size * stride;
+  const int color = rank() / block * stride + rank() % stride;
+  return do_split_groups(group_size, stride, color, name);
+}
+
 }  // namespace fsdp
 
 namespace fsdp {

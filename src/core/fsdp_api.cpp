@@ -32,10 +32,10 @@ Mesh make_hsdp_mesh(std::string name, Device& device, Comm& world, int replicate
   FSDP_CHECK(static_cast<int64_t>(replicate) * shard == world.size(), "HSDP mesh '", name,
              "': replicate x shard (", replicate, " x ", shard, ") must equal the world size ",
              world.size());
-  const int r = world.rank();
-  // Collective over `world`, in the same order on every rank: shard groups, then replicas.
-  std::shared_ptr<Comm> shard_comm = world.split(r / shard, r, name + "/shard");
-  std::shared_ptr<Comm> replicate_comm = world.split(r % shard, r, name + "/replicate");
+  // Collective over `world`, in the same order on every rank: shard groups (consecutive
+  // ranks), then replicas (every shard-th rank).
+  std::shared_ptr<Comm> shard_comm = world.split_groups(shard, 1, name + "/shard");
+  std::shared_ptr<Comm> replicate_comm = world.split_groups(replicate, shard, name + "/replicate");
   return Mesh(std::move(name), device, std::move(shard_comm), std::move(replicate_comm));
 }
 

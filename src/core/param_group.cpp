@@ -23,19 +23,24 @@ ParamGroup::ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params,
       params_(std::move(params)),
       index_(index),
       layout_(make_group_layout(shapes_of(params_), mesh.size())) {
-  std::vector<const std::vector<float>*> values;
-  for (const Param* p : params_) {
-    FSDP_CHECK(static_cast<int64_t>(p->init_values().size()) == p->numel(), "param '",
-               p->name(), "' of module '", state.module.fqn(), "' has ",
-               p->init_values().size(), " initial values but its shape holds ", p->numel(),
-               " (already sharded by another fully_shard call?)");
-    values.push_back(&p->init_values());
-    full_numel_ += p->numel();
-  }
-  const std::vector<float> shard = shard_of(layout_, mesh.rank(), values);
+  for (const Param* p : params_) full_numel_ += p->numel();
   const size_t bytes = static_cast<size_t>(layout_.shard_numel) * sizeof(float);
   shard_param_ = static_cast<float*>(device_->alloc(bytes, init_stream, MemTag::ShardedState));
-  device_->copy_from_host(init_stream, shard_param_, shard.data(), bytes);
+  if (device_->computes_values()) {
+    std::vector<const std::vector<float>*> values;
+    for (const Param* p : params_) {
+      FSDP_CHECK(static_cast<int64_t>(p->init_values().size()) == p->numel(), "param '",
+                 p->name(), "' of module '", state.module.fqn(), "' has ",
+                 p->init_values().size(), " initial values but its shape holds ", p->numel(),
+                 " (already sharded by another fully_shard call?)");
+      values.push_back(&p->init_values());
+    }
+    const std::vector<float> shard = shard_of(layout_, mesh.rank(), values);
+    device_->copy_from_host(init_stream, shard_param_, shard.data(), bytes);
+  } else {
+    // A simulated device (Device::computes_values): the shard's cost, none of its values.
+    device_->fill(init_stream, shard_param_, DType::F32, layout_.shard_numel, 0.0f);
+  }
   grads_.resize(params_.size());
   uses_seen_.assign(params_.size(), 0);
   all_gather_done_ = device_->create_event();

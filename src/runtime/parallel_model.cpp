@@ -34,7 +34,7 @@ ParallelModel parallelize_model(Device& device, std::shared_ptr<Comm> world,
                   ") must divide the number of data-parallel ranks (", w.size(), ")");
   model_config.ep_rank = rank % out.ep;
   model_config.moe_group_tokens = config.tokens;
-  if (out.ep > 1) out.ep_comm = w.split(rank / out.ep, rank, "ep");
+  if (out.ep > 1) out.ep_comm = w.split_groups(out.ep, 1, "ep");
   out.model = models::build_model(model_config);
   out.model->set_expert_comm(out.ep_comm.get());
   nn::apply_activation_checkpointing(*out.model, config.activation_checkpoint);

@@ -52,183 +52,19 @@
 namespace fsdp::cpu {
 
 CpuDevice::CpuDevice(std::shared_ptr<WorldState> world, int rank)
-    : world_(std::move(world)),
-      rank_(rank),
-      cancellation_(*world_, shutting_down_, error_),
-      allocator_(world_->options.checked, world_->options.quarantine_bytes,
-                 world_->options.memory_capacity_bytes, "cpu:" + std::to_string(rank)) {
+    : StreamDevice(world, rank, "cpu"),
+      allocator_(world->options.checked, world->options.quarantine_bytes,
+                 world->options.memory_capacity_bytes, "cpu:" + std::to_string(rank)) {
   kernels::configure_blas_once();
-  if (world_->clock) {
-    const ClockParticipant* other = this_thread_participant();
-    FSDP_CHECK(other == nullptr || other->clock != world_->clock.get(),
-               "with the virtual clock each device needs its own host thread, and this thread "
-               "already drives another device of the world (or is one of its streams)");
-    world_->clock->join(host_participant_, /*host=*/true);
-    set_this_thread_participant(&host_participant_);
-  }
 }
 
-CpuDevice::~CpuDevice() {
-  // The host issues nothing more: simulated time need not wait for it while streams drain.
-  if (world_->clock) {
-    world_->clock->leave(host_participant_);
-    if (this_thread_participant() == &host_participant_) set_this_thread_participant(nullptr);
-  }
-  // Waits that can no longer be satisfied now fail instead of blocking the join below.
-  shutting_down_.store(true, std::memory_order_release);
-  for (int i = num_streams_.load(std::memory_order_acquire) - 1; i >= 0; --i) streams_[i].reset();
-}
+// The streams' last tasks release memory into the allocator: they go first.
+CpuDevice::~CpuDevice() { stop_streams(); }
 
-std::string CpuDevice::name() const {
-  return "cpu:" + std::to_string(rank_);
-}
-
-// ---- streams
-
-Stream CpuDevice::create_stream(const std::string& name, StreamPriority /*priority*/) {
-  std::lock_guard<std::mutex> lock(stream_create_mutex_);
-  const int id = num_streams_.load(std::memory_order_relaxed);
-  FSDP_CHECK(id < kMaxStreams, "too many streams on ", this->name(), " (at most ", kMaxStreams,
-             ")");
-  StreamHost host{rank_, world_, &error_, &timeline_, &cancellation_};
-  streams_[id] = std::make_unique<StreamWorker>(std::move(host), id, name);
-  num_streams_.store(id + 1, std::memory_order_release);
-  return Stream{id};
-}
-
-StreamWorker& CpuDevice::worker(Stream s) {
-  const int n = num_streams_.load(std::memory_order_acquire);
-  FSDP_CHECK(s.id >= 0 && s.id < n, "stream ", s.id, " does not exist on ", name(), " (it has ", n,
-             ")");
-  return *streams_[s.id];
-}
-
-void CpuDevice::enqueue(Stream s, OpKind kind, std::function<void()> run) {
-  StreamWorker& w = worker(s);
-  Task task;
-  task.run = std::move(run);
-  task.label = label_.load(std::memory_order_relaxed);
-  task.kind = kind;
-  w.enqueue(std::move(task));
-}
-
-void CpuDevice::synchronize_stream(Stream s) {
-  worker(s).wait_idle();
-  error_.rethrow_if_set();
-}
-
-void CpuDevice::synchronize() {
-  const int n = num_streams_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) streams_[i]->wait_idle();
+std::string CpuDevice::check_after_synchronize() {
   // Blocks still in quarantine are checked here too, so that a write after free is caught
   // in a run too short to cycle the quarantine.
-  const std::string written = allocator_.check_quarantine();
-  if (!written.empty()) error_.set(detail::concat("[rank ", rank_, " ", name(), "] ", written));
-  error_.rethrow_if_set();
-}
-
-// ---- events
-
-CpuDevice::EventSlot& CpuDevice::slot(Event e) {
-  FSDP_CHECK(e.id >= 0 && e.id < static_cast<int>(events_.size()) && events_[e.id].live, "event ",
-             e.id, " does not exist on ", name(), " (never created, or destroyed)");
-  return events_[e.id];
-}
-
-Event CpuDevice::create_event() {
-  std::lock_guard<std::mutex> lock(event_mutex_);
-  int id;
-  if (!free_event_ids_.empty()) {
-    id = free_event_ids_.back();
-    free_event_ids_.pop_back();
-  } else {
-    id = static_cast<int>(events_.size());
-    events_.emplace_back();
-  }
-  EventSlot& s = events_[id];
-  s.live = true;
-  s.created_at = s.recorded;  // a reused id starts out never recorded
-  s.last_label = nullptr;
-  return Event{id};
-}
-
-void CpuDevice::destroy_event(Event e) {
-  std::lock_guard<std::mutex> lock(event_mutex_);
-  // Generations still pending complete normally; waits already enqueued keep working.
-  slot(e).live = false;
-  free_event_ids_.push_back(e.id);
-}
-
-void CpuDevice::record_event(Event e, Stream s) {
-  StreamWorker& w = worker(s);
-  int64_t generation;
-  {
-    std::lock_guard<std::mutex> lock(event_mutex_);
-    EventSlot& sl = slot(e);
-    generation = ++sl.recorded;
-    sl.pending.insert(generation);
-    sl.last_label = w.last_label();
-  }
-  Task task;
-  task.bookkeeping = true;
-  task.run = [this, id = e.id, generation] {
-    std::lock_guard<std::mutex> lock(event_mutex_);
-    events_[id].pending.erase(generation);
-    event_cv_.notify_all();
-  };
-  w.enqueue(std::move(task));
-}
-
-void CpuDevice::wait_event(Stream s, Event e) {
-  StreamWorker& w = worker(s);
-  int64_t generation;
-  const char* waited_for;
-  {
-    std::lock_guard<std::mutex> lock(event_mutex_);
-    EventSlot& sl = slot(e);
-    if (sl.recorded == sl.created_at) return;  // never recorded: nothing to wait for
-    generation = sl.recorded;
-    waited_for = sl.last_label;
-  }
-  Task task;
-  task.kind = OpKind::Wait;
-  task.label = label_.load(std::memory_order_relaxed);
-  task.waited_for = waited_for;
-  task.run = [this, id = e.id, generation] {
-    std::unique_lock<std::mutex> lock(event_mutex_);
-    event_cv_.wait(lock, &cancellation_,
-                   [&] { return events_[id].pending.count(generation) == 0; });
-  };
-  w.enqueue(std::move(task));
-}
-
-bool CpuDevice::query_event(Event e) {
-  // On the virtual clock the answer is for the current simulated time once everything due
-  // then has happened, and a "no" lets time move on, so that polling neither races the
-  // streams nor holds time still (Note [Virtual clock]).
-  const bool simulated = world_->clock && this_thread_participant() == &host_participant_;
-  if (simulated) world_->clock->settle(host_participant_, &cancellation_);
-  bool reached;
-  {
-    std::lock_guard<std::mutex> lock(event_mutex_);
-    EventSlot& sl = slot(e);
-    reached = sl.recorded == sl.created_at || sl.pending.count(sl.recorded) == 0;
-  }
-  if (simulated && !reached) world_->clock->step(host_participant_);
-  return reached;
-}
-
-void CpuDevice::synchronize_event(Event e) {
-  std::unique_lock<std::mutex> lock(event_mutex_);
-  EventSlot& sl = slot(e);
-  if (sl.recorded != sl.created_at) {
-    const int64_t generation = sl.recorded;
-    const int id = e.id;
-    event_cv_.wait(lock, &cancellation_,
-                   [&] { return events_[id].pending.count(generation) == 0; });
-  }
-  lock.unlock();
-  error_.rethrow_if_set();
+  return allocator_.check_quarantine();
 }
 
 // ---- memory
@@ -236,19 +72,16 @@ void CpuDevice::synchronize_event(Event e) {
 void* CpuDevice::alloc(size_t bytes, Stream s, MemTag tag) {
   worker(s);  // validates the stream; the memory itself is usable at once
   void* ptr = allocator_.allocate(bytes, tag);
-  sample_memory();
+  sample_memory(allocator_.current_bytes());
   return ptr;
 }
 
 void CpuDevice::free(void* ptr, Stream s) {
   if (ptr == nullptr) return;
-  StreamWorker& w = worker(s);
+  worker(s);  // validates the stream
   const core::AllocationLedger::Entry entry = allocator_.forget(ptr);
-  sample_memory();
-  Task task;
-  task.bookkeeping = true;
-  task.run = [this, ptr, entry] { allocator_.release(ptr, entry); };
-  w.enqueue(std::move(task));
+  sample_memory(allocator_.current_bytes());
+  enqueue_bookkeeping(s, [this, ptr, entry] { allocator_.release(ptr, entry); });
 }
 
 MemStats CpuDevice::memory_stats() const {
@@ -268,32 +101,5 @@ void CpuDevice::free_host(void* ptr) {
   std::free(ptr);
 }
 
-void CpuDevice::sample_memory() {
-  if (timeline_.enabled()) timeline_.add_memory(now_us(), allocator_.current_bytes());
-}
-
-// ---- labels and timeline
-
-void CpuDevice::set_label(const char* label) {
-  label_.store(label, std::memory_order_relaxed);
-}
-void CpuDevice::enable_timeline(bool on) {
-  timeline_.set_enabled(on);
-}
-double CpuDevice::now_us() const {
-  return world_->now_us();
-}
-
-Timeline CpuDevice::take_timeline() {
-  synchronize();
-  Timeline out = timeline_.take();
-  const int n = num_streams_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) out.stream_names.push_back(streams_[i]->name());
-  return out;
-}
-
-void CpuDevice::record_host_span(const char* label, double start_us, double end_us) {
-  if (timeline_.enabled()) timeline_.add_op(label, -1, OpKind::Host, start_us, end_us, nullptr);
-}
 
 }  // namespace fsdp::cpu

@@ -1,40 +1,20 @@
 // One rank's CPU device. See Note [CPU backend] in cpu_device.cpp.
 #pragma once
 
-#include <array>
-#include <atomic>
-#include <functional>
 #include <memory>
-#include <mutex>
-#include <set>
 #include <string>
-#include <vector>
 
 #include "backend/cpu/cpu_allocator.h"
-#include "backend/cpu/cpu_stream.h"
+#include "backend/cpu/cpu_stream_device.h"
 #include "backend/cpu/cpu_world_state.h"
 #include "fsdp/device.h"
 
 namespace fsdp::cpu {
 
-constexpr int kMaxStreams = 64;
-
-class CpuDevice final : public Device {
+class CpuDevice final : public StreamDevice {
  public:
   CpuDevice(std::shared_ptr<WorldState> world, int rank);
   ~CpuDevice() override;
-
-  std::string name() const override;
-
-  Stream create_stream(const std::string& name, StreamPriority priority) override;
-  Event create_event() override;
-  void destroy_event(Event e) override;
-  void record_event(Event e, Stream s) override;
-  void wait_event(Stream s, Event e) override;
-  bool query_event(Event e) override;
-  void synchronize_event(Event e) override;
-  void synchronize_stream(Stream s) override;
-  void synchronize() override;
 
   void* alloc(size_t bytes, Stream s, MemTag tag) override;
   void free(void* ptr, Stream s) override;
@@ -128,55 +108,11 @@ class CpuDevice final : public Device {
   void synthetic_batch(Stream s, void* dst, DType t, int64_t rows, int64_t cols, uint64_t seed,
                        int64_t step, int64_t first_row, float bound) override;
 
-  void set_label(const char* label) override;
-  void enable_timeline(bool on) override;
-  Timeline take_timeline() override;
-  double now_us() const override;
-  void record_host_span(const char* label, double start_us, double end_us) override;
-
-  // ---- for the communicators of this backend
-  int rank() const { return rank_; }
-  const std::shared_ptr<WorldState>& world() const { return world_; }
-  const Cancellation& cancellation() const { return cancellation_; }
-  bool failed() const { return error_.is_set(); }
-  // Enqueues `run` on s under the current label.
-  void enqueue(Stream s, OpKind kind, std::function<void()> run);
+ protected:
+  std::string check_after_synchronize() override;
 
  private:
-  struct EventSlot {
-    bool live = false;
-    int64_t recorded = 0;              // generations recorded so far (monotonic, across reuse)
-    int64_t created_at = 0;            // `recorded` when the current owner created it
-    std::set<int64_t> pending;         // recorded generations whose point is not reached yet
-    const char* last_label = nullptr;  // the op the latest recorded generation follows
-  };
-
-  StreamWorker& worker(Stream s);
-  EventSlot& slot(Event e);  // event_mutex_ held
-  void sample_memory();
-
-  const std::shared_ptr<WorldState> world_;
-  const int rank_;
-  std::atomic<bool> shutting_down_{false};
-  StickyError error_;
-  const Cancellation cancellation_;
-  TimelineRecorder timeline_;
   CheckedAllocator allocator_;
-  std::atomic<const char*> label_{nullptr};
-
-  // The thread that made the device drives it; see Note [Virtual clock].
-  ClockParticipant host_participant_;
-
-  std::mutex event_mutex_;
-  ClockedCondition event_cv_;
-  std::vector<EventSlot> events_;
-  std::vector<int> free_event_ids_;
-
-  // Fixed-size so that enqueue can look a stream up without a lock while another thread
-  // creates one; num_streams_ publishes a new entry after it is built.
-  std::mutex stream_create_mutex_;
-  std::array<std::unique_ptr<StreamWorker>, kMaxStreams> streams_;
-  std::atomic<int> num_streams_{0};
 };
 
 }  // namespace fsdp::cpu

@@ -300,10 +300,10 @@ void CpuDevice::synthetic_labels(Stream s, int32_t* labels, int64_t rows, int64_
 }
 
 void CpuDevice::spin(Stream s, double microseconds) {
-  if (world_->clock) {
+  if (world()->clock) {
     // Simulated: the stream is occupied for exactly that long on the virtual clock.
     enqueue(s, OpKind::Kernel,
-            [this, microseconds] { world_->pass_time(microseconds, &cancellation_); });
+            [this, microseconds] { world()->pass_time(microseconds, &cancellation()); });
     return;
   }
   enqueue(s, OpKind::Kernel, [microseconds] { kernels::spin(microseconds); });

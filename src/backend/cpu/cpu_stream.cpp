@@ -128,7 +128,7 @@ void StreamWorker::loop() {
   // Errors raised by this stream's work name the rank and device it works for.
   ThreadIdentity& identity = this_thread_identity();
   identity.rank = host_.rank;
-  identity.device = "cpu:" + std::to_string(host_.rank);
+  identity.device = host_.device_name;
   t_chaos = &chaos_;
   t_world = host_.world.get();
   if (host_.world->clock) set_this_thread_participant(&participant_);

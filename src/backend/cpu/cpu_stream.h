@@ -55,6 +55,7 @@ struct StreamHost {
   StickyError* error = nullptr;
   TimelineRecorder* timeline = nullptr;
   const Cancellation* cancellation = nullptr;
+  std::string device_name;  // for the errors its work raises
 };
 
 // Random delays for chaos mode, from a generator seeded by (seed, rank, stream) so a run's

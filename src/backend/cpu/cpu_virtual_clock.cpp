@@ -109,6 +109,26 @@ void VirtualClock::sleep_for(ClockParticipant& p, double us, const Cancellation*
   p.wake_at_us = now_us_ + us;
   --running_;
   advance_if_idle();
+  wait_asleep(lock, p, cancel);
+}
+
+void VirtualClock::sleep_on_channel(ClockParticipant& p, SharedChannel& channel, double work_us,
+                                    const Cancellation* cancel) {
+  if (!(work_us > 0)) return;
+  std::unique_lock<std::mutex> lock(mutex_);
+  FSDP_CHECK(p.state == ClockParticipant::State::Running, "virtual clock: a timed op on a thread "
+             "that is not running");
+  p.state = ClockParticipant::State::Sleeping;
+  p.channel = &channel;
+  p.remaining_us = work_us;
+  ++channel.active;
+  --running_;
+  advance_if_idle();
+  wait_asleep(lock, p, cancel);
+}
+
+void VirtualClock::wait_asleep(std::unique_lock<std::mutex>& lock, ClockParticipant& p,
+                               const Cancellation* cancel) {
   const auto since = std::chrono::steady_clock::now();
   while (p.state != ClockParticipant::State::Running) {
     try {
@@ -121,6 +141,10 @@ void VirtualClock::sleep_for(ClockParticipant& p, double us, const Cancellation*
                   " rank(s) of the world have not made their device after ", start_timeout_s_,
                   " s");
     } catch (...) {
+      if (p.channel) {
+        --p.channel->active;
+        p.channel = nullptr;
+      }
       p.state = ClockParticipant::State::Running;
       ++running_;
       throw;
@@ -174,18 +198,39 @@ void VirtualClock::advance_if_idle() {
 }
 
 void VirtualClock::advance() {
+  // When each sleeper would wake at the rates of now (Note [Shared channels]).
+  auto wake_time = [this](const ClockParticipant* p) {
+    return p->channel ? now_us_ + p->remaining_us * p->channel->stretch() : p->wake_at_us;
+  };
   double next = std::numeric_limits<double>::infinity();
   for (const ClockParticipant* p : participants_)
-    if (p->state == ClockParticipant::State::Sleeping) next = std::min(next, p->wake_at_us);
+    if (p->state == ClockParticipant::State::Sleeping) next = std::min(next, wake_time(p));
   // Everyone is blocked: nothing can happen at any later time either (a deadlock, which the
   // collective timeout reports), so time stays.
   if (next == std::numeric_limits<double>::infinity()) return;
-  now_us_ = std::max(now_us_, next);
+  next = std::max(now_us_, next);
+  // Progress on the channels up to `next`, at the shares of before anyone wakes; a job within
+  // rounding of its end ends now.
+  std::vector<ClockParticipant*> done;
   for (ClockParticipant* p : participants_) {
-    if (p->state == ClockParticipant::State::Sleeping && p->wake_at_us <= now_us_) {
-      p->state = ClockParticipant::State::Running;
-      ++running_;
+    if (p->state != ClockParticipant::State::Sleeping) continue;
+    if (p->channel) {
+      const double w = wake_time(p);
+      p->remaining_us -= (next - now_us_) / p->channel->stretch();
+      if (w <= next || p->remaining_us <= 1e-9 * std::max(1.0, next)) done.push_back(p);
+    } else if (p->wake_at_us <= next) {
+      done.push_back(p);
     }
+  }
+  now_us_ = next;
+  for (ClockParticipant* p : done) {
+    if (p->channel) {
+      --p->channel->active;
+      p->channel = nullptr;
+      p->remaining_us = 0;
+    }
+    p->state = ClockParticipant::State::Running;
+    ++running_;
   }
   sleepers_cv_.notify_all();
 }

@@ -14,6 +14,7 @@ namespace fsdp::cpu {
 
 class VirtualClock;
 class Cancellation;
+struct SharedChannel;
 
 // A thread whose progress simulated time waits for: a stream worker, or the host thread that
 // drives a device. Its state is guarded by its clock's mutex.
@@ -22,6 +23,28 @@ struct ClockParticipant {
   VirtualClock* clock = nullptr;
   State state = State::Running;
   double wake_at_us = 0;  // Sleeping: when it runs again
+  // Sleeping on a SharedChannel instead: the work (microseconds at the channel's full
+  // capacity) still to do.
+  SharedChannel* channel = nullptr;
+  double remaining_us = 0;
+};
+
+// Note [Shared channels]
+// A capacity that the participants sleeping on it share: while n of them sleep on it, each
+// progresses at 1 / (1 + sharing * (n - 1)) of its work per microsecond. sharing 1 is an
+// equal split (a job of w microseconds alone takes n * w while n - 1 others run beside it the
+// whole time); 0 leaves every job its full speed. The simulation backend puts a collective's
+// transfer on its link's channel (sharing 1), so that collectives of separate communicators
+// over one link slow each other down as they do on the wire, and a kernel on its device's
+// channel (the calibration's sharing), so that kernels of different streams slow each other
+// down as they do on a GPU. The rates change only when a job starts or ends, and time advances
+// from one such event to the next, so the sharing is exact (a fluid model, not a sampled one).
+// Guarded by the clock's mutex.
+struct SharedChannel {
+  int active = 0;        // participants sleeping on it now
+  double sharing = 1.0;  // in [0, 1]
+  // How much longer a job takes while `active` share the channel.
+  double stretch() const { return 1.0 + sharing * (active > 1 ? active - 1 : 0); }
 };
 
 class VirtualClock {
@@ -45,6 +68,10 @@ class VirtualClock {
   // Lets `us` of simulated time pass for p (which must be Running), waking in wall time once
   // the clock reaches it. Throws fsdp::Error if `cancel` fires first (p is Running again).
   void sleep_for(ClockParticipant& p, double us, const Cancellation* cancel);
+  // The same for `work_us` of work on a shared channel (Note [Shared channels]): it ends once
+  // the work is done at the share the channel gives p from moment to moment.
+  void sleep_on_channel(ClockParticipant& p, SharedChannel& channel, double work_us,
+                        const Cancellation* cancel);
   // For a host that asks about progress (query_event): returns once no other participant is
   // Running, so everything due at the current simulated time has happened and the answer is
   // the same on every run. p is Running again, and alone, so nothing moves until it waits.
@@ -56,6 +83,9 @@ class VirtualClock {
  private:
   void advance_if_idle();  // mutex_ held
   void advance();          // mutex_ held, nobody Running: on to the next wake-up, if any
+  // mutex_ held: sleeps p (state Sleeping already) until something wakes it.
+  void wait_asleep(std::unique_lock<std::mutex>& lock, ClockParticipant& p,
+                   const Cancellation* cancel);
 
   mutable std::mutex mutex_;
   std::condition_variable sleepers_cv_;

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The simulation backend's predictions beside every committed measured step (docs/simulate.md).
+
+    python3 bench/sim_accuracy.py [--fsdp build/fsdp] [--calibration bench/calibrations/h200.json]
+                                  [--out TABLE.md]
+
+Each row: a measured step time from docs/performance.md (its run folder under bench/runs/), and
+`fsdp simulate` of the same command on the same number of GPUs. The calibration holds op timings
+only (bench/calibrations/make_h200.sh), so no row's step time went into it.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+LLAMA1B = ("--model transformer --layers 22 --dim 2048 --heads 32 --kv-heads 4 --ffn-dim 5632 "
+           "--seq-len 2048 --vocab 32000 --param-dtype bf16 --lr 3e-4 --min-lr 3e-5 --weight-decay 0.1 "
+           "--clip-grad-norm 1.0 --warmup-steps 5 --optimizer-in-backward 0")
+MLP16 = "--model mlp --layers 16 --dim 4096 --param-dtype bf16"
+MOE = ("--model moe-transformer --layers 16 --dim 2048 --heads 16 --kv-heads 4 --ffn-dim 5504 "
+       "--seq-len 2048 --vocab 4096 --experts 8 --top-k 2 --expert-ffn-dim 1408 --capacity-factor 0 "
+       "--aux-loss-weight 0.01 --moe-every 2 --tokens 8192 --param-dtype bf16 --lr 3e-4 --min-lr 3e-5 "
+       "--warmup-steps 5 --weight-decay 0.1 --clip-grad-norm 1.0 --optimizer-in-backward 0")
+
+
+def mlp(tokens, oib):
+    clip = "--clip-grad-norm 0" if oib else "--clip-grad-norm 0 --optimizer-in-backward 0"
+    return f"{MLP16} --tokens {tokens} {clip}" + (" --optimizer-in-backward 1" if oib else "")
+
+
+# (row, GPUs, measured step ms, run folder, simulate arguments)
+ROWS = [
+    ("llama1b, 1 seq, eager", 1, 40.40, "2026-12-02-model-layer", f"{LLAMA1B} --tokens 2048"),
+    ("llama1b, 2 seqs, eager", 1, 65.76, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 4096"),
+    ("llama1b, 4 seqs, eager", 1, 112.20, "2026-12-02-model-layer", f"{LLAMA1B} --tokens 8192"),
+    ("llama1b, 1 seq, graph", 1, 41.89, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 2048 --cuda-graph"),
+    ("llama1b, 2 seqs, graph", 1, 65.52, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 4096 --cuda-graph"),
+    ("llama1b, 4 seqs, graph", 1, 113.32, "2026-12-01-llama1b-graph-vs-eager", f"{LLAMA1B} --tokens 8192 --cuda-graph"),
+    ("mlp16, 2048 tokens, eager", 1, 7.06, "2026-12-01-labels-on-device", mlp(2048, True)),
+    ("mlp16, 8192 tokens, eager", 1, 20.33, "2026-12-01-labels-on-device", mlp(8192, True)),
+    ("mlp16, 2048 tokens, graph", 1, 7.04, "2026-12-01-labels-on-device", mlp(2048, True) + " --cuda-graph"),
+    ("mlp16, 8192 tokens, graph", 1, 20.50, "2026-12-01-labels-on-device", mlp(8192, True) + " --cuda-graph"),
+    ("MoE transformer, k 1, S 0", 1, 91.36, "2026-12-01-moe-transformer", f"{MOE} --rs-max-input-buffers 1"),
+    ("MoE transformer, k 2, S 0", 1, 90.34, "2026-12-01-moe-transformer", f"{MOE} --rs-max-input-buffers 2"),
+    ("MoE transformer, k 1, S 1", 1, 90.47, "2026-12-01-moe-transformer", f"{MOE} --separate-rs-group 1"),
+    ("MoE transformer, k 2, S 1", 1, 90.18, "2026-12-01-moe-transformer",
+     f"{MOE} --rs-max-input-buffers 2 --separate-rs-group 1"),
+    ("MoE transformer, ep 2, k 1, S 0", 2, 102.26, "2026-12-01-h200x2-launch-moe", f"{MOE} --ep 2"),
+    ("MoE transformer, ep 2, k 2, S 1", 2, 101.24, "2026-12-01-h200x2-launch-moe",
+     f"{MOE} --ep 2 --rs-max-input-buffers 2 --separate-rs-group 1"),
+]
+# bench/runs/2026-11-30-mlp16-h200x2/h200x2.json: every row of ours (R, K, S, O by its name)
+H200X2 = "bench/runs/2026-11-30-mlp16-h200x2/h200x2.json"
+
+
+def h200x2_rows():
+    rows = []
+    for r in json.load(open(H200X2)):
+        if r.get("engine") != "fsdp" or r.get("status") != "ok":
+            continue
+        n, t = r["world_size"], r["tokens_per_rank"]
+        oib = r.get("optimizer_in_backward", True)
+        args = mlp(t, oib)
+        if n > 1:
+            args += (f" --reshard-after-forward {int(r['reshard_after_forward'])}"
+                     f" --rs-max-input-buffers {r['rs_max_input_buffers']}"
+                     f" --separate-rs-group {int(r['separate_rs_group'])}")
+        rows.append((f"h200x2 {r['source']}", n, r["step_ms"], "2026-11-30-mlp16-h200x2", args))
+    return rows
+
+
+def simulate(fsdp, calibration, gpus, args):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "s.json")
+        cmd = [fsdp, "simulate", "--gpus", str(gpus), "--calibration", calibration, "--json", out] + args.split()
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return json.load(open(out))["step"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--fsdp", default="build/fsdp")
+    ap.add_argument("--calibration", default="bench/calibrations/h200.json")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    lines = ["| row | GPUs | measured ms | predicted ms | error | run |", "|---|---|---|---|---|---|"]
+    errors = []
+    for name, gpus, measured, run, args in ROWS + h200x2_rows():
+        predicted = simulate(a.fsdp, a.calibration, gpus, args)["step_ms"]
+        err = (predicted - measured) / measured
+        errors.append(abs(err))
+        lines.append(f"| {name} | {gpus} | {measured:.2f} | {predicted:.2f} | {100 * err:+.1f}% | {run} |")
+        print(lines[-1], flush=True)
+    summary = (f"{len(errors)} rows: mean |error| {100 * statistics.mean(errors):.1f}%, "
+               f"worst {100 * max(errors):.1f}%")
+    print(summary)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write("\n".join(lines) + "\n\n" + summary + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

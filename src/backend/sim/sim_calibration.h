@@ -1,0 +1,101 @@
+// What the simulation backend knows about a GPU and its links: measured op timings and bus
+// bandwidths, read from a calibration file (Note [Calibration file]), and the cost of each op
+// derived from them (Note [Op costs]).
+//
+// Note [Calibration file]
+// JSON, {"format": "fsdp-sim-calibration", "version": 1, ...}; every number is checked
+// (finite, in range) when the file is read, and a bad one fails naming its key:
+//  - "device": what was measured (text); "peak_tflops": dense bf16 peak, for MFU;
+//    "device_memory_gib" (optional): what a rank's peak must fit in;
+//  - "host": {"kernel_launch_us", "gemm_launch_us", "collective_launch_us"}: host time of one
+//    call (what an eager step's host pays per op; 0 under a captured step);
+//  - "kernel_min_us": the least time a kernel takes on the device; "kernel_sharing" (optional,
+//    in [0, 1], 1 when absent): how kernels of different streams share the GPU while they
+//    overlap (Note [Shared channels]), so that op timings measured alone add up in a step;
+//  - "memory": {"gbps": copy bandwidth (bytes read + written per second, in GB/s),
+//    "host_copy_gbps": host <-> device, "by_op": {op class: GB/s}} for memory-bound kernels
+//    whose measured bandwidth differs from a copy's (Note [Op costs] names the classes);
+//  - "gemm": {"default_tflops": {dtype: TFLOP/s}, "in_step_factor": {layout: factor},
+//    "table": [{"dtype", "m", "n", "k", "layout", "us"}]}: measured GEMMs alone; layout is
+//    "nn", "nt", "tn" or "tt" (trans_a, trans_b); in_step_factor scales a layout's GEMMs for
+//    what they lose to the kernels beside them in a real step (1 when absent);
+//  - "attention": {"forward": [...], "backward": [...]}, rows {"batch", "seq", "heads",
+//    "kv_heads", "head_dim", "us"}, and "default_tflops_forward" / "_backward";
+//  - "links": {"nvlink": L, "network": L}, L = {"base_us": once per collective (launch and
+//    synchronization; 0 when absent), "latency_us": per ring step, "busbw_gbps":
+//    [[message bytes, GB/s], ...]}: NCCL's bus bandwidth by message size (log-linear in
+//    between, flat beyond the ends). The network's is per GPU (its own NIC).
+#pragma once
+
+#include <array>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/dtype.h"
+
+namespace fsdp::sim {
+
+struct GemmSample {
+  DType dtype = DType::BF16;
+  int64_t m = 0, n = 0, k = 0;
+  int layout = 0;  // bit 1: trans_a, bit 0: trans_b
+  double us = 0;
+};
+
+struct AttentionSample {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  double us = 0;
+};
+
+struct LinkCurve {
+  double base_us = 0;                             // once per collective
+  double latency_us = 0;                          // per ring step
+  std::vector<std::pair<double, double>> busbw;   // (message bytes, GB/s), by bytes
+  // Bus bandwidth for a message of `bytes`, in GB/s.
+  double gbps(double bytes) const;
+  // The curve scaled so that its largest bandwidth is `peak_gbps`.
+  void scale_to(double peak_gbps);
+  double peak_gbps() const;
+};
+
+struct Calibration {
+  std::string device = "unknown";
+  std::string source;  // the file it was read from ("" for a built-in one)
+  double peak_tflops = 989;
+  double device_memory_gib = 0;  // 0: unknown (nothing is said about fitting)
+  double kernel_launch_us = 0, gemm_launch_us = 0, collective_launch_us = 0;
+  double kernel_min_us = 0;
+  double kernel_sharing = 1.0;  // Note [Shared channels]: how overlapping kernels share the GPU
+  double memory_gbps = 3000;
+  double host_copy_gbps = 25;
+  std::map<std::string, double> op_gbps;  // memory-bound op class -> GB/s
+  std::map<DType, double> gemm_default_tflops;
+  std::array<double, 4> gemm_in_step_factor{1, 1, 1, 1};  // by layout
+  std::vector<GemmSample> gemms;
+  std::vector<AttentionSample> attention_forward, attention_backward;
+  double attention_forward_tflops = 300, attention_backward_tflops = 250;
+  LinkCurve nvlink, network;
+};
+
+// Reads and checks a calibration file; a UserError naming the file and the bad key.
+Calibration read_calibration(const std::string& path);
+Calibration parse_calibration(const std::string& text, const std::string& source);
+// A calibration of round numbers with no host costs and no latency: every op costs exactly
+// its bytes or flops at the rates given, which is what hand-computed tests want.
+Calibration ideal_calibration(double memory_gbps, double tflops, double link_gbps);
+
+// ---- Note [Op costs]
+// Device microseconds of one op on the calibrated GPU; no op is shorter than kernel_min_us.
+double gemm_us(const Calibration& c, DType ab_t, int64_t m, int64_t n, int64_t k, int layout);
+// Causal attention, grouped-query; forward or backward.
+double attention_us(const Calibration& c, bool backward, int64_t batch, int64_t seq,
+                    int64_t heads, int64_t kv_heads, int64_t head_dim);
+// A memory-bound kernel of op class `op` moving `bytes` (read + written).
+double memory_us(const Calibration& c, const std::string& op, double bytes);
+// The flops the attention counts (causal: half the score matrix), forward or backward.
+double attention_flops(bool backward, int64_t batch, int64_t seq, int64_t heads,
+                       int64_t head_dim);
+
+}  // namespace fsdp::sim

@@ -1,0 +1,80 @@
+// `fsdp simulate` from the command line: the numbers it prints, its trace read back by
+// `fsdp report` (whose SVG draws the trace's one simulated rank by default), its JSON, and
+// one-line errors for bad input.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "command_util.h"
+
+namespace fsdp::testing {
+namespace {
+
+const std::string kCalibration = std::string(FSDP_SOURCE_DIR) + "/bench/calibrations/h200.json";
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() /
+          ("fsdp_simulate_" + std::to_string(::getpid()) + "_" + name)).string();
+}
+
+TEST(SimulateCli, PrintsTheStepWritesATraceThatReportDrawsAndJson) {
+  const std::string trace = temp_path("trace.json"), svg = temp_path("t.svg"),
+                    json = temp_path("s.json");
+  const CommandResult r = run_fsdp_command(
+      "simulate --model mlp --layers 4 --dim 512 --tokens 1024 --param-dtype bf16 --gpus 16 "
+      "--gpus-per-node 8 --calibration " + kCalibration + " --trace " + trace + " --json " + json);
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("one rank is simulated (rank 15) and stands for all 16"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("losses and grad norms: not computed"), std::string::npos);
+  EXPECT_NE(r.output.find("exposed communication"), std::string::npos);
+  EXPECT_NE(r.output.find("peak memory"), std::string::npos);
+  std::ifstream in(json);
+  const nlohmann::json s = nlohmann::json::parse(in);
+  EXPECT_EQ(s["gpus"], 16);
+  EXPECT_GT(s["step"]["step_ms"].get<double>(), 0);
+  EXPECT_GT(s["step"]["peak_mem_bytes"].get<int64_t>(), 0);
+  // The trace holds rank 15 only; the SVG draws it without --rank.
+  const CommandResult report = run_fsdp_command("report " + trace + " --svg " + svg);
+  ASSERT_EQ(report.code, 0) << report.output;
+  EXPECT_NE(report.output.find("rank 15"), std::string::npos) << report.output;
+  EXPECT_NE(report.output.find("wrote " + svg + " (rank 15)"), std::string::npos) << report.output;
+  EXPECT_TRUE(std::filesystem::file_size(svg) > 0);
+  const CommandResult other = run_fsdp_command("report " + trace + " --svg " + svg + " --rank 3");
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.output.find("fsdp: error: --rank 3: the trace holds ranks 15..15"), std::string::npos)
+      << other.output;
+  for (const std::string& p : {trace, svg, json}) std::filesystem::remove(p);
+}
+
+TEST(SimulateCli, BadInputFailsInOneLine) {
+  const std::string cal = " --calibration " + kCalibration;
+  struct Case { std::string args, message; };
+  const Case cases[] = {
+      {"--gpus 0" + cal, "fsdp: error: --gpus must be >= 1, got 0\n"},
+      {"--gpus 12" + cal, "fsdp: error: --gpus (12) must fill whole nodes of --gpus-per-node (8)\n"},
+      {"--calibration /nonexistent.json", "fsdp: error: calibration file '/nonexistent.json' does not exist\n"},
+      {"--calibration /", "fsdp: error: calibration file '/' is not a regular file\n"},
+      {"--moe-max-load 0.5" + cal, "fsdp: error: --moe-max-load needs --moe-load skewed\n"},
+  };
+  for (const Case& c : cases) {
+    const CommandResult r = run_fsdp_command("simulate " + c.args);
+    EXPECT_EQ(r.code, 1) << c.args;
+    EXPECT_EQ(r.output, c.message) << c.args;
+  }
+  const std::string bad = temp_path("bad.json");
+  std::ofstream(bad) << "{\"format\": \"fsdp-sim-calibration\", \"version\": 2}";
+  const CommandResult r = run_fsdp_command("simulate --calibration " + bad);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.output, "fsdp: error: calibration file '" + bad + "': 'version' must be 1\n");
+  std::filesystem::remove(bad);
+}
+
+}  // namespace
+}  // namespace fsdp::testing
