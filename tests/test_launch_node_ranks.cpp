@@ -114,20 +114,23 @@ TEST(NodeRanks, ARankThatNeverArrivesIsNamedByTheOthers) {
         << results[r];
 }
 
-TEST(NodeRanks, AFailingRankStopsTheOthersAndTheLaunchFails) {
+// The launch's error is the failing rank's own line (what the JSON summary records too), not
+// only its exit status.
+TEST(NodeRanks, AFailingRankStopsTheOthersAndTheLaunchFailsWithItsError) {
   LaunchFlags f;
   f.nproc = 3;
   std::string error;
   try {
     run_node_ranks(node_of(f), kLong, [](const LaunchEnv& e, Store& store) -> std::string {
-      if (e.rank == 1) FSDP_FAIL("rank one gives up");
+      if (e.rank == 1) FSDP_USER_FAIL("out of memory on cuda:1: 2.0 GiB did not fit\nsecond line");
       store.barrier("start", e.rank, e.world_size, kLong);  // never completes: it is stopped
       return "finished";
     });
   } catch (const Error& e) {
     error = e.what();
   }
-  EXPECT_NE(error.find("rank 1 exited with status 1; the other ranks were stopped"),
+  EXPECT_NE(error.find("rank 1: out of memory on cuda:1: 2.0 GiB did not fit second line; the "
+                       "other ranks were stopped"),
             std::string::npos) << error;
 }
 

@@ -76,6 +76,7 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   auto result_path = [&](int local_rank) {
     return dir + "/rank" + std::to_string(local_rank) + ".out";
   };
+  auto error_path = [&](int local_rank) { return result_path(local_rank) + ".error"; };
   std::vector<pid_t> pids;
   std::fflush(stdout);
   std::fflush(stderr);
@@ -101,6 +102,7 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
         FSDP_CHECK(out.good(), "cannot write the rank's result to ", result_path(local_rank));
       } catch (const std::exception& e) {
         std::fprintf(stderr, "fsdp: error: %s\n", e.what());
+        write_rank_error(error_path(local_rank), e.what());
         code = 1;
       }
       std::fflush(stdout);
@@ -111,7 +113,9 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   }
   if (server) server->start();
   // Names the first rank to fail, stops and reaps the others (rank_processes.h).
-  const std::string first_failure = wait_for_rank_processes(pids, node.rank);
+  const std::string first_failure = wait_for_rank_processes(
+      pids, node.rank, /*grace_s=*/10, {}, {},
+      [&](int rank) { return read_rank_error(error_path(rank - node.rank)); });
   if (!StopSignals::received())
     keep_store_until_all_nodes_reaped(node, server != nullptr, store_host, port, timeout, secret);
   bool failed = !first_failure.empty();
@@ -121,6 +125,7 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
     if (!in.good()) failed = true;
     else results[local_rank].assign(std::istreambuf_iterator<char>(in), {});
     ::unlink(result_path(local_rank).c_str());
+    ::unlink(error_path(local_rank).c_str());
   }
   ::rmdir(dir.c_str());
   stop_signals.end_if_received();  // every rank is reaped and its file gone: go as told

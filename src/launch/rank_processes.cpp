@@ -6,12 +6,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "fsdp/error.h"
@@ -21,6 +23,7 @@ namespace fsdp::launch {
 namespace {
 
 volatile sig_atomic_t g_stop_signal = 0;
+constexpr size_t kMaxRankErrorBytes = 64 << 10;
 
 void record_stop(int sig) { g_stop_signal = sig; }
 
@@ -90,7 +93,8 @@ std::string describe_rank_exit(int rank, int status) {
 std::string wait_for_rank_processes(
     const std::vector<pid_t>& pids, int first_rank, double grace_s,
     const std::function<void(int rank, const std::string& failure)>& on_first_failure,
-    const std::function<void(int rank)>& on_reaped) {
+    const std::function<void(int rank)>& on_reaped,
+    const std::function<std::string(int rank)>& own_error) {
   using Clock = std::chrono::steady_clock;
   std::vector<bool> reaped(pids.size(), false);
   size_t left = pids.size();
@@ -124,9 +128,12 @@ std::string wait_for_rank_processes(
       // A pid that is not our child any more (reaped elsewhere) cannot be accounted for.
       const int rank = first_rank + static_cast<int>(r);
       if (on_reaped) on_reaped(rank);
-      const std::string failure =
+      std::string failure =
           got < 0 ? detail::concat("rank ", rank, " could not be waited for: ", std::strerror(errno))
                   : describe_rank_exit(rank, status);
+      if (!failure.empty() && got > 0 && WIFEXITED(status) && own_error)
+        if (const std::string own = own_error(rank); !own.empty())
+          failure = detail::concat("rank ", rank, ": ", own);
       if (failure.empty() || !first_failure.empty()) continue;
       // The first failure: the others would wait for this rank forever, so stop them now.
       first_failure = failure;
@@ -146,6 +153,26 @@ std::string wait_for_rank_processes(
     if (!progressed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return first_failure;
+}
+
+void write_rank_error(const std::string& path, const std::string& what) noexcept {
+  try {
+    std::string line = what.substr(0, kMaxRankErrorBytes);
+    std::replace(line.begin(), line.end(), '\n', ' ');  // one line, whatever the error held
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << line;
+  } catch (...) {
+    // the rank still prints its error and exits non-zero: its launcher says that much
+  }
+}
+
+std::string read_rank_error(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) return "";
+  std::string text(kMaxRankErrorBytes, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text;
 }
 
 }  // namespace fsdp::launch

@@ -20,11 +20,20 @@ namespace fsdp::launch {
 // "stopped by signal 15 (Terminated)". `on_first_failure(rank, description)`, when given,
 // runs once, before the others are stopped (to record the failure where ranks on other hosts
 // can read it); `on_reaped(rank)` runs as each child is reaped, before that (to count the
-// ranks out). Every launch form that forks ranks waits through this one function.
+// ranks out). `own_error(rank)`, when given, is the error a rank that exited non-zero left
+// (read_rank_error): the failure is then "rank 0: out of memory on cuda:0 ...", its own line,
+// not only its exit status. Every launch form that forks ranks waits through this one function.
 std::string wait_for_rank_processes(
     const std::vector<pid_t>& pids, int first_rank = 0, double grace_s = 10,
     const std::function<void(int rank, const std::string& failure)>& on_first_failure = {},
-    const std::function<void(int rank)>& on_reaped = {});
+    const std::function<void(int rank)>& on_reaped = {},
+    const std::function<std::string(int rank)>& own_error = {});
+
+// A failing rank process leaves its one-line error at `path` before it exits (never throws:
+// it is on the way out), so its launcher's message and JSON summary say what went wrong; the
+// launcher reads it back (at most 64 KiB; "" when there is none).
+void write_rank_error(const std::string& path, const std::string& what) noexcept;
+std::string read_rank_error(const std::string& path);
 
 // How `status` (from waitpid) ended rank `rank`; "" for a clean exit.
 std::string describe_rank_exit(int rank, int status);
