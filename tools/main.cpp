@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
 #include "tools/export_command.h"
+#include "tools/job_file.h"
 #include "tools/prepare_data_command.h"
 #include "tools/report_command.h"
 #include "tools/simulate_command.h"
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
     return fail("error", std::string(e.what()) + " (see --help)", 2);
   }
   try {
+    for (CLI::App* cmd : app.get_subcommands()) fsdp::tools::apply_job_file(*cmd);  // --config
     if (train_cmd->parsed()) return fsdp::tools::run_train(train);
     if (report_cmd->parsed()) return fsdp::tools::run_report(report);
     if (simulate_cmd->parsed()) return fsdp::tools::run_simulate(simulate);

@@ -16,6 +16,7 @@
 #include "runtime/rank_result_fields.h"
 #include "runtime/rank_result_json.h"
 #include "tools/cli_validators.h"
+#include "tools/job_file.h"
 #include "tools/step_printer.h"
 #include "tools/trace_writer.h"
 
@@ -23,6 +24,7 @@ namespace fsdp::tools {
 
 void add_train_options(CLI::App& app, TrainOptions& o) {
   app.option_defaults()->always_capture_default();
+  add_job_file_option(app);  // Note [Job files]
   app.add_option("--backend", o.backend, "cpu | cuda | auto (cuda when a GPU is visible)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   o.world_size_opt = app.add_option(
