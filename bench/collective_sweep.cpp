@@ -13,6 +13,7 @@
 #include <functional>
 #include <vector>
 
+#include "bench_util.h"
 #include "fsdp/comm.h"
 #include "fsdp/error.h"
 #include "fsdp/launch.h"
@@ -22,18 +23,7 @@ namespace {
 using namespace fsdp;
 
 double us_per_call(Device& d, Stream s, int reps, const std::function<void()>& body) {
-  for (int i = 0; i < 3; ++i) body();
-  d.synchronize_stream(s);
-  std::vector<double> us;
-  for (int round = 0; round < 5; ++round) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) body();
-    d.synchronize_stream(s);
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                     .count() / reps);
-  }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return bench::us_per_call(d, s, reps, body, /*warmup=*/3, /*rounds=*/5);
 }
 
 }  // namespace

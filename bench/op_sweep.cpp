@@ -27,18 +27,7 @@ namespace {
 using namespace fsdp;
 
 double us_per_call(Device& d, Stream s, int reps, const std::function<void()>& body) {
-  for (int i = 0; i < 2; ++i) body();
-  d.synchronize_stream(s);
-  std::vector<double> us;
-  for (int round = 0; round < 3; ++round) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) body();
-    d.synchronize_stream(s);
-    us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0)
-                     .count() / reps);
-  }
-  std::sort(us.begin(), us.end());
-  return us[us.size() / 2];
+  return bench::us_per_call(d, s, reps, body, /*warmup=*/2, /*rounds=*/3);
 }
 
 struct Shape {
