@@ -164,6 +164,12 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(a) for _ in range(a.layers))
         self.norm = RMSNorm(a.dim)
         self.output = nn.Linear(a.dim, a.vocab, bias=False)
+        self.tied = a.tie_embeddings
+        self.tie()
+
+    def tie(self):  # one parameter for the embedding and the head (Llama 3.2); to_empty unties
+        if self.tied:
+            self.output.weight = self.tok_embeddings.weight
 
     def forward(self, tokens):
         h = self.tok_embeddings(tokens)
@@ -175,7 +181,7 @@ class Transformer(nn.Module):
 def expected_param_count(a):
     hd = a.dim // a.heads
     block = 2 * a.dim + (a.heads + 2 * a.kv_heads) * hd * a.dim + a.heads * hd * a.dim + 3 * a.dim * a.ffn_dim
-    return 2 * a.vocab * a.dim + a.layers * block + a.dim
+    return (1 if a.tie_embeddings else 2) * a.vocab * a.dim + a.layers * block + a.dim
 
 
 def init_weights(model, seed):
@@ -383,6 +389,8 @@ class LlamaSpec:
 
     def flops_params(self, a, params):
         """The params that count for flops per token (non-embedding), and a description."""
+        if a.tie_embeddings:  # the one weight is also the head's GEMM, which counts
+            return params, "params (tied: the embedding is the head)"
         return params - a.vocab * a.dim, "params - vocab * dim"
 
     def config_name(self, a):
@@ -403,6 +411,8 @@ def parse_args(spec):
     m.add_argument("--seq-len", type=int, default=256)
     m.add_argument("--vocab", type=int, required=True)
     m.add_argument("--rope-theta", type=float, default=10000.0)
+    m.add_argument("--tie-embeddings", action="store_true",
+                   help="the head uses the embedding's weight (as `fsdp train --tie-embeddings`)")
     spec.add_args(m)
     t = p.add_argument_group("training")
     t.add_argument("--batch", type=int, default=4, help="sequences per rank")
@@ -477,6 +487,8 @@ def main(spec=None):
     with torch.device("meta"):  # no CPU copy of a 1B model: storage comes on the GPU below
         model = spec.build(a)
     model.to_empty(device=device)
+    if hasattr(model, "tie"):
+        model.tie()
     for module in model.modules():
         if isinstance(module, Attention):
             module.reset_rope()

@@ -1,0 +1,1 @@
+python3 bench/torch_llama.py --data data/pydocs-4k/train.bin --layers 16 --dim 2048 --heads 32 --kv-heads 8 --ffn-dim 8192 --seq-len 2048 --vocab 128256 --rope-theta 500000 --tie-embeddings --batch 4 --steps 20 --bench-warmup 5 --warmup-steps 5 --lr 3e-4 --min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --param-dtype bf16 --log-every 5 --out /tmp/llama32-1b/torch4.json
