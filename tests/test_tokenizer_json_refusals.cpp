@@ -257,10 +257,10 @@ TEST(TokenizerJsonRefusals, FilesAreCheckedBeforeTheyAreRead) {
   fs::remove_all(dir);
   fs::create_directories(dir + "/empty");
   EXPECT_EQ(load_error(dir + "/none.json"),
-            "--tokenizer " + dir + "/none.json: cannot open: No such file or directory");
-  EXPECT_EQ(load_error(dir + "/empty"), "--tokenizer " + dir +
-                                            "/empty is a directory with neither "
-                                            "tokenizer.json nor tokenizer.model");
+            "cannot open '" + dir + "/none.json': No such file or directory");
+  EXPECT_EQ(load_error(dir + "/empty"), "tokenizer directory " + dir +
+                                            "/empty holds neither tokenizer.json nor "
+                                            "tokenizer.model");
   std::ofstream(dir + "/vocab.txt") << "a\n";
   EXPECT_NE(load_error(dir + "/vocab.txt")
                 .find("expected a Hugging Face tokenizer.json (a name ending "
@@ -269,12 +269,12 @@ TEST(TokenizerJsonRefusals, FilesAreCheckedBeforeTheyAreRead) {
   // Larger than the bound: refused from its size, without reading (the file is sparse).
   { std::ofstream big(dir + "/big.json"); }
   fs::resize_file(dir + "/big.json", (uint64_t{64} << 20) + 1);
-  EXPECT_EQ(load_error(dir + "/big.json"), "--tokenizer " + dir +
-                                               "/big.json: 67108865 bytes, more "
-                                               "than the 67108864 this reader takes");
+  EXPECT_EQ(load_error(dir + "/big.json"), "'" + dir +
+                                               "/big.json' holds 67108865 bytes, more than "
+                                               "the 67108864 bytes that a tokenizer file may hold");
   ASSERT_EQ(::mkfifo((dir + "/fifo.json").c_str(), 0600), 0);  // would block if opened
   EXPECT_EQ(load_error(dir + "/fifo.json"),
-            "--tokenizer " + dir + "/fifo.json: not a regular file");
+            "cannot read '" + dir + "/fifo.json': it is a FIFO, not a regular file");
   // A model's directory: its tokenizer.json and the tokenizer_config.json beside it.
   const fsdp::tokenizer::LoadedTokenizer t =
       fsdp::tokenizer::load_tokenizer(fixture_path("llama3_like"));

@@ -172,8 +172,13 @@ void ReadFile::read_at(void* dst, uint64_t bytes, uint64_t offset) const {
 }
 
 std::string ReadFile::read_all(uint64_t max_bytes, const std::string& what) const {
-  FSDP_USER_CHECK(identity_.bytes <= max_bytes, "'", path_, "' holds ", size_text(identity_.bytes),
-                  ", more than the ", size_text(max_bytes), " that ", what, " may hold");
+  if (identity_.bytes > max_bytes) {
+    // In bytes where the rounded sizes would read the same ("64.0 MiB, more than 64.0 MiB").
+    const bool close = size_text(identity_.bytes) == size_text(max_bytes);
+    auto text = [&](uint64_t b) { return close ? std::to_string(b) + " bytes" : size_text(b); };
+    FSDP_USER_FAIL("'", path_, "' holds ", text(identity_.bytes), ", more than the ",
+                   text(max_bytes), " that ", what, " may hold");
+  }
   auto grew = [&] {
     FSDP_USER_FAIL("'", path_, "' grew past the ", size_text(max_bytes), " that ", what,
                    " may hold while it was read");

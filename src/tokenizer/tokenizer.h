@@ -82,10 +82,6 @@ std::unique_ptr<Tokenizer> tokenizer_from_json(std::string_view json, std::strin
 std::unique_ptr<Tokenizer> tokenizer_from_sentencepiece(const std::string& model,
                                                         const std::string& name);
 
-// Reads a whole regular file of at most max_bytes; `what` names it in the one-line errors
-// ("--tokenizer"). The kind is checked before opening (a FIFO would block).
-std::string read_bounded_file(const std::string& path, int64_t max_bytes, const std::string& what);
-
 // The byte offset of the first byte of `text` that is not part of well-formed UTF-8 (no
 // overlong forms, surrogates or code points above U+10FFFF), or npos.
 size_t invalid_utf8_offset(std::string_view text);
