@@ -120,6 +120,7 @@ TEST(NodeRanks, AFailingRankStopsTheOthersAndTheLaunchFailsWithItsError) {
   LaunchFlags f;
   f.nproc = 3;
   std::string error;
+  ::testing::internal::CaptureStderr();
   try {
     run_node_ranks(node_of(f), kLong, [](const LaunchEnv& e, Store& store) -> std::string {
       if (e.rank == 1) FSDP_USER_FAIL("out of memory on cuda:1: 2.0 GiB did not fit\nsecond line");
@@ -129,9 +130,12 @@ TEST(NodeRanks, AFailingRankStopsTheOthersAndTheLaunchFailsWithItsError) {
   } catch (const Error& e) {
     error = e.what();
   }
+  const std::string printed = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(error.find("rank 1: out of memory on cuda:1: 2.0 GiB did not fit second line; the "
                        "other ranks were stopped"),
             std::string::npos) << error;
+  // The launch's error is the one line the user sees: the rank does not print it again.
+  EXPECT_EQ(printed.find("did not fit"), std::string::npos) << printed;
 }
 
 // A rank killed mid-run is named as killed, and the launch ends instead of waiting for it.

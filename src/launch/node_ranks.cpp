@@ -101,8 +101,9 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
         out.close();
         FSDP_CHECK(out.good(), "cannot write the rank's result to ", result_path(local_rank));
       } catch (const std::exception& e) {
-        std::fprintf(stderr, "fsdp: error: %s\n", e.what());
-        write_rank_error(error_path(local_rank), e.what());
+        // Its launcher prints it (once, naming the rank), unless the file cannot be written.
+        if (!write_rank_error(error_path(local_rank), e.what()))
+          std::fprintf(stderr, "fsdp: error: %s\n", e.what());
         code = 1;
       }
       std::fflush(stdout);
@@ -121,6 +122,10 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   bool failed = !first_failure.empty();
   std::vector<std::string> results(local);
   for (int local_rank = 0; local_rank < local; ++local_rank) {
+    // Ranks that failed after the first (stopped, or failing on their own): their lines here.
+    const std::string error = read_rank_error(error_path(local_rank));
+    if (!error.empty() && first_failure.find(error) == std::string::npos)
+      std::fprintf(stderr, "fsdp: error: rank %d: %s\n", node.rank + local_rank, error.c_str());
     std::ifstream in(result_path(local_rank), std::ios::binary);
     if (!in.good()) failed = true;
     else results[local_rank].assign(std::istreambuf_iterator<char>(in), {});
@@ -130,7 +135,7 @@ std::vector<std::string> run_node_ranks(const LaunchEnv& node, rendezvous::Milli
   ::rmdir(dir.c_str());
   stop_signals.end_if_received();  // every rank is reaped and its file gone: go as told
   if (!first_failure.empty())
-    FSDP_USER_FAIL(first_failure, "; the other ranks were stopped (any errors they printed are above)");
+    FSDP_USER_FAIL(first_failure, "; the other ranks were stopped (their errors, if any, are above)");
   FSDP_CHECK(!failed, "a rank left no result");
   return results;
 }

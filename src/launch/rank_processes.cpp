@@ -155,14 +155,16 @@ std::string wait_for_rank_processes(
   return first_failure;
 }
 
-void write_rank_error(const std::string& path, const std::string& what) noexcept {
+bool write_rank_error(const std::string& path, const std::string& what) noexcept {
   try {
     std::string line = what.substr(0, kMaxRankErrorBytes);
     std::replace(line.begin(), line.end(), '\n', ' ');  // one line, whatever the error held
     std::ofstream out(path, std::ios::binary | std::ios::trunc);
     out << line;
+    out.close();
+    return out.good();
   } catch (...) {
-    // the rank still prints its error and exits non-zero: its launcher says that much
+    return false;  // the rank prints its error itself, and its launcher names its exit
   }
 }
 

@@ -32,7 +32,7 @@ std::string wait_for_rank_processes(
 // A failing rank process leaves its one-line error at `path` before it exits (never throws:
 // it is on the way out), so its launcher's message and JSON summary say what went wrong; the
 // launcher reads it back (at most 64 KiB; "" when there is none).
-void write_rank_error(const std::string& path, const std::string& what) noexcept;
+bool write_rank_error(const std::string& path, const std::string& what) noexcept;  // false: not written
 std::string read_rank_error(const std::string& path);
 
 // How `status` (from waitpid) ended rank `rank`; "" for a clean exit.
