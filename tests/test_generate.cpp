@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/sim/sim_backend.h"
 #include "checkpoint/full_weights.h"
 #include "checkpoint/sharded_state.h"
 #include "command_util.h"
@@ -88,6 +89,28 @@ TEST_F(KvCacheOps, RowsPastTheCacheAreRefused) {
   EXPECT_THROW(dev->attention_kv_cache(s, q, 32, q, 16, q, 16, DType::F32, 1, 0, 4, 3, 2, 8,
                                        cache, cache, out, 32),
                Error);  // heads not a multiple of kv_heads
+}
+
+// The simulation backend costs a decode step as the memory it moves: the whole cache read.
+TEST(KvCacheSim, AStepCostsTheCacheItReads) {
+  sim::SimOptions o;
+  o.calibration = sim::ideal_calibration(1000, 100, 100);
+  o.cost_log = true;
+  sim::SimWorld world(o);
+  std::unique_ptr<Device> dev = world.make_device();
+  const Stream s = dev->create_stream("s", StreamPriority::Normal);
+  const int64_t heads = 8, kv_heads = 2, hd = 64, kvw = kv_heads * hd, capacity = 1000;
+  void* p = dev->alloc(64 << 20, s, MemTag::Other);  // simulated memory: an address only
+  const std::vector<float> freqs = nn::rope_inv_freq(hd, 10000.0, {});
+  dev->rope_at(s, p, heads * hd, DType::BF16, 1, heads, hd, 999, freqs.data());
+  dev->attention_kv_cache(s, p, heads * hd, p, kvw, p, kvw, DType::BF16, 1, 999, capacity, heads,
+                          kv_heads, hd, p, p, p, heads * hd);
+  dev->free(p, s);
+  dev->synchronize();
+  double bytes = -1;
+  for (const auto& [key, cost] : world.cost_log())
+    if (key.second == "attention_kv_cache") bytes = cost.bytes;
+  EXPECT_EQ(bytes, (4.0 * kvw + 2.0 * capacity * kvw + 2.0 * heads * hd) * 2);
 }
 
 // ---- the model: Qwen2-style biases, a tied head, GQA and llama3 rope scaling, with weights

@@ -74,10 +74,10 @@ __global__ void __launch_bounds__(kTile)
       s = dot * scale;
     }
     const float new_max = fmaxf(running_max, block_reduce(s, scratch, false));
-    const float pj = j < keys ? __expf(s - new_max) : 0.0f;
+    const float pj = j < keys ? expf(s - new_max) : 0.0f;
     p[threadIdx.x] = pj;
     const float tile_sum = block_reduce(pj, scratch, true);  // its barrier also publishes p
-    const float rescale = running_max == -INFINITY ? 0.0f : __expf(running_max - new_max);
+    const float rescale = running_max == -INFINITY ? 0.0f : expf(running_max - new_max);
     running_sum = running_sum * rescale + tile_sum;
     running_max = new_max;
     const int64_t in_tile = keys - j0 < kTile ? keys - j0 : kTile;
