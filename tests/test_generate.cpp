@@ -333,6 +333,11 @@ TEST(GenerateCommand, BadInputIsOneLine) {
   fails_with("--prompt hi --top-p 0", "--top-p must be in (0, 1]");
   fails_with("--prompt hi --top-p 1.01", "--top-p must be in (0, 1]");
   fails_with("--prompt hi --max-new-tokens 48", "more than the model's 48 positions");
+  const testing::CommandResult missing = testing::run_fsdp_command(
+      "generate --init-from " + dir + "/nothing-here --prompt hi");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find("/nothing-here' does not exist"), std::string::npos)
+      << missing.output;
   // No tokenizer: the weights file alone, with its config.json named.
   const testing::CommandResult r = testing::run_fsdp_command(
       "generate --backend cpu --init-from " + dir + "/model.safetensors --hf-config " + dir +

@@ -57,14 +57,16 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommandOptions& o) {
 namespace {
 
 nn::ModelConfig model_of(const GenerateCommandOptions& o) {
+  FSDP_USER_CHECK(io::path_exists(o.init_from), "--init-from '", o.init_from, "' does not exist");
   const std::string in_dir = models::hf_config_in(o.init_from);
   FSDP_USER_CHECK(o.hf_config.empty() || in_dir.empty(), "--hf-config '", o.hf_config,
                   "' and --init-from '", o.init_from,
                   "' (whose config.json sets the model) both set the model: give one of them");
   const std::string file = o.hf_config.empty() ? in_dir : o.hf_config;
   FSDP_USER_CHECK(!file.empty(), "--init-from '", o.init_from,
-                  "' has no config.json: give a Hugging Face directory, or the model's "
-                  "config.json with --hf-config");
+                  "' has no config.json: give a Hugging Face directory (`fsdp export "
+                  "--checkpoint CKPT --hf DIR --dtype fp32` makes one of a checkpoint), or the "
+                  "model's config.json with --hf-config");
   nn::ModelConfig m;
   models::apply_hf_config(file, m);
   return m;
