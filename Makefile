@@ -1,4 +1,5 @@
-# make run   sets up what is missing, builds, and trains briefly on the best backend
+# make run   sets up what is missing, builds, trains briefly on the best backend and prints a
+#            short sample of text from the trained model (fsdp generate)
 #            (one process per GPU where there are GPUs; its first line says what it chose).
 # make test  the same set-up, then the whole test suite; where there are GPUs, also the GPU
 #            tests and the CUDA-vs-CPU parity checks of scripts/gpu_check.sh.

@@ -41,11 +41,29 @@ esac
 
 build=$1
 cuda_built=$(sed -n 's/^cuda_backend //p' "$build/build_summary.txt" 2>/dev/null)
+# The trained model is saved (the last step only), exported as a Hugging Face directory and
+# asked to continue a prompt: a short sample beside the validation loss (docs/generate.md).
+save="$build/run-checkpoint"
+model="$build/run-model"
+rm -rf "$save" "$model"
+sample() {  # BACKEND
+  "$build/fsdp" export --checkpoint "$save" --hf "$model" --dtype fp32 > /dev/null || return 1
+  local text
+  text=$("$build/fsdp" generate --backend "$1" --init-from "$model" --tokenizer "$DATA/tokenizer.model" \
+           --prompt "The tutorial" --max-new-tokens 40 --temperature 0.8 --top-p 0.9 --seed 1) || return 1
+  echo "sample (fsdp generate --init-from $model, temperature 0.8, top-p 0.9): $text"
+}
 # shellcheck disable=SC2086
 if [ "$gpus" -gt 0 ] && [ "$cuda_built" = ON ]; then
-  exec "$build/fsdp" train --backend cuda --nproc "$gpus" $GPU_ARGS --json "$build/run.json"
+  "$build/fsdp" train --backend cuda --nproc "$gpus" $GPU_ARGS --json "$build/run.json" \
+    --save-dir "$save" || exit $?
+  sample cuda
+  exit $?
 fi
 if [ "$gpus" -gt 0 ]; then
   echo "make run: changed plan: $build has no CUDA backend (configured without nvcc or NCCL): CPU backend, $CPU_RANKS ranks"
 fi
-exec "$build/fsdp" train --backend cpu --world-size "$CPU_RANKS" $CPU_ARGS --json "$build/run.json"
+# shellcheck disable=SC2086
+"$build/fsdp" train --backend cpu --world-size "$CPU_RANKS" $CPU_ARGS --json "$build/run.json" \
+  --save-dir "$save" || exit $?
+sample cpu

@@ -10,6 +10,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "fsdp/error.h"
 #include "tools/export_command.h"
+#include "tools/generate_command.h"
 #include "tools/job_file.h"
 #include "tools/prepare_data_command.h"
 #include "tools/report_command.h"
@@ -56,6 +57,8 @@ int main(int argc, char** argv) {
   CLI::App* simulate_cmd = fsdp::tools::add_simulate_command(app, simulate);
   fsdp::tools::PrepareDataOptions prepare;
   CLI::App* prepare_cmd = fsdp::tools::add_prepare_data_command(app, prepare);
+  fsdp::tools::GenerateCommandOptions generate;
+  CLI::App* generate_cmd = fsdp::tools::add_generate_command(app, generate);
   // An unknown first word is an unknown command, said so (CLI11 would call it an extra
   // argument).
   if (argc > 1 && argv[1][0] != '-') {
@@ -86,6 +89,7 @@ int main(int argc, char** argv) {
     if (simulate_cmd->parsed()) return fsdp::tools::run_simulate(simulate);
     if (prepare_cmd->parsed()) return fsdp::tools::run_prepare_data(prepare);
     if (export_cmd->parsed()) return fsdp::tools::run_export(export_options);
+    if (generate_cmd->parsed()) return fsdp::tools::run_generate(generate);
   } catch (const fsdp::Error& e) {
     return fail("error", e.what(), 1);
   } catch (const std::exception& e) {

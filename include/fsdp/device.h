@@ -349,6 +349,26 @@ class Device {
                                   DType t, int64_t batch, int64_t seq, int64_t heads,
                                   int64_t kv_heads, int64_t head_dim, void* dq, void* dk,
                                   void* dv);
+  // Note [KV cache]
+  // Text generation runs one sequence a few tokens at a time: each call's new rows are at
+  // positions [position, position + rows) of the sequence, and their keys and values join a
+  // cache of the earlier ones, so a new token costs one row's work, not the whole sequence's.
+  // Two ops serve it, forward only:
+  // rope_at: rope() of consecutive positions first_position + r (r < rows): the same angle,
+  // in the same fp32 operations, as rope() gives the token at that position.
+  virtual void rope_at(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
+                       int64_t head_dim, int64_t first_position, const float* inv_freq);
+  // attention_kv_cache: writes the new rows' keys k and values v (each [rows, kv_heads *
+  // head_dim], with its row stride) into rows [position, position + rows) of the dense caches
+  // k_cache and v_cache ([capacity, kv_heads * head_dim], dtype t), then computes
+  // attention_forward's causal grouped-query attention for the new queries q: query row i, at
+  // position position + i, attends to the cached keys and values [0, position + i]. No lse
+  // (there is no backward). position + rows <= capacity.
+  virtual void attention_kv_cache(Stream s, const void* q, int64_t ldq, const void* k,
+                                  int64_t ldk, const void* v, int64_t ldv, DType t, int64_t rows,
+                                  int64_t position, int64_t capacity, int64_t heads,
+                                  int64_t kv_heads, int64_t head_dim, void* k_cache,
+                                  void* v_cache, void* out, int64_t ldo);
   // SwiGLU on h = [rows, 2*ffn] (gate columns, then up columns): out = silu(gate) * up.
   virtual void swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
                               void* out);

@@ -32,4 +32,22 @@ inline void check_moe_routing(const Device::MoeRouting& r, const char* op) {
   check_ptr(r.stats, "stats", op);
 }
 
+// Note [KV cache]: the shapes of attention_kv_cache, its strides and its buffers.
+inline void check_kv_cache_attention(int64_t rows, int64_t position, int64_t capacity,
+                                     int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                     int64_t ldq, int64_t ldk, int64_t ldv, int64_t ldo,
+                                     const char* op) {
+  FSDP_CHECK(rows >= 1 && heads >= 1 && kv_heads >= 1 && head_dim >= 1, op, ": rows ", rows,
+             ", heads ", heads, ", kv_heads ", kv_heads, ", head_dim ", head_dim,
+             " must all be positive");
+  FSDP_CHECK(heads % kv_heads == 0, op, ": heads (", heads, ") must be a multiple of kv_heads (",
+             kv_heads, ")");
+  FSDP_CHECK(position >= 0 && capacity >= 1 && position <= capacity - rows, op, ": rows [",
+             position, ", ", position, " + ", rows, ") do not fit a cache of ", capacity);
+  FSDP_CHECK(ldq >= heads * head_dim && ldo >= heads * head_dim && ldk >= kv_heads * head_dim &&
+                 ldv >= kv_heads * head_dim,
+             op, ": a row stride is smaller than its row (ldq ", ldq, ", ldk ", ldk, ", ldv ", ldv,
+             ", ldo ", ldo, ")");
+}
+
 }  // namespace fsdp::backend

@@ -149,6 +149,15 @@ void Device::attention_backward(Stream, const void*, int64_t, const void*, int64
                                 void*) {
   not_on_backend(*this, "attention_backward");
 }
+void Device::rope_at(Stream, void*, int64_t, DType, int64_t, int64_t, int64_t, int64_t,
+                     const float*) {
+  not_on_backend(*this, "rope_at");
+}
+void Device::attention_kv_cache(Stream, const void*, int64_t, const void*, int64_t, const void*,
+                                int64_t, DType, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                int64_t, void*, void*, void*, int64_t) {
+  not_on_backend(*this, "attention_kv_cache");
+}
 void Device::swiglu_forward(Stream, const void*, DType, int64_t, int64_t, void*) {
   not_on_backend(*this, "swiglu_forward");
 }

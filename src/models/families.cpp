@@ -62,6 +62,14 @@ double ModelFamily::block_saved_bytes_per_token(const nn::ModelConfig& config, i
   return saved_bytes_per_token(config, act);  // selective: refused where the family has none
 }
 
+std::string ModelFamily::generation_refusal() const {
+  if (batch_kind() != BatchKind::Tokens)
+    return detail::concat("the ", name_, " model is not a language model (its inputs are "
+                          "features, not token ids): it cannot generate text");
+  return detail::concat("the ", name_, " model's blocks have no KV-cache forward: it cannot "
+                        "generate text yet");
+}
+
 std::string ModelFamily::selective_checkpoint_refusal() const {
   return detail::concat("the ", name_, " model's blocks have no selective policy (which of "
                         "their outputs are cheap to make again); full and every:N checkpoint "

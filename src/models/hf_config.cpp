@@ -78,9 +78,11 @@ void apply_hf_config(const std::string& file, nn::ModelConfig& config) {
   for (const char* k :
        {"architectures", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
         "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "initializer_range",
-        "max_position_embeddings", "output_attentions", "output_hidden_states", "return_dict"})
+        "output_attentions", "output_hidden_states", "return_dict"})
     keys.ignore(k);
   nn::ModelConfig m = config;
+  // The positions the model was made for: text generation's bound (it does not change the math).
+  m.max_positions = keys.integer("max_position_embeddings", 1, int64_t{1} << 40, 0);
   reader->read_hf_config(type, keys, m);
   keys.done("the model");
   config = m;

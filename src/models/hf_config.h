@@ -12,7 +12,8 @@
 //     on the MLP, a sliding window shorter than the sequences) is refused, naming the key
 //     and its value;
 //   - keys that do not change the math are read and left: token ids, dtypes, versions,
-//     initializer_range, max_position_embeddings, use_cache, architectures.
+//     initializer_range, use_cache, architectures; max_position_embeddings is kept as
+//     ModelConfig::max_positions, the bound of text generation.
 // The file is bounded (kMaxHfConfigBytes, JSON nested at most 64 deep) and every number is
 // checked for its type and range before it is used. The fields it does not set (seq_len,
 // the seed, expert parallelism) keep their values.

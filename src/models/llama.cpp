@@ -186,6 +186,7 @@ struct LlamaFamily final : ModelFamily {
            selective_dropped_bytes_per_token(c, static_cast<double>(c.ffn_dim), act);
   }
   std::string selective_checkpoint_refusal() const override { return {}; }
+  std::string generation_refusal() const override { return {}; }  // nn::CachedBlock blocks
   nlohmann::json shape_fields(const nn::ModelConfig& m) const override {
     return decoder_shape_fields(*this, m);
   }

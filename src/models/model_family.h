@@ -13,7 +13,8 @@
 //   - what its blocks keep for backward per token (the memory estimate), under each
 //     activation checkpointing mode, and whether its blocks have a selective policy.
 //   - its Hugging Face names (Note [Hugging Face names] in src/checkpoint/checkpoint_format.h)
-//     and the config.json keys it reads (Note [Hugging Face configs] in models/hf_config.h).
+//     and the config.json keys it reads (Note [Hugging Face configs] in models/hf_config.h);
+//   - whether text generation can run it (a KV-cache forward of its blocks).
 // Param counts and FLOPs per token are not written per family: they are read from a built
 // model (Note [Lazy initial values] makes building one cost no memory), so they cannot drift
 // from what trains.
@@ -94,6 +95,9 @@ class ModelFamily {
   // Why selective checkpointing cannot run on this family's blocks (they do not say which of
   // their outputs are cheap to make again); empty: it can. Full runs on every family's.
   virtual std::string selective_checkpoint_refusal() const;
+  // Why `fsdp generate` cannot run this family's models (Note [KV cache] in fsdp/device.h: its
+  // blocks need a cached forward, nn::CachedBlock, on token ids); empty: it can.
+  virtual std::string generation_refusal() const;
   // The config fields that decide a param's shape (a checkpoint compares them on resume),
   // and back: read_shape_fields sets them in `config` (a checkpoint's model, for export).
   virtual nlohmann::json shape_fields(const nn::ModelConfig& config) const;

@@ -356,8 +356,20 @@ TransformerBlock::TransformerBlock(const TransformerConfig& c, int layer)
 }
 
 Tensor TransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
+  return forward_with(ctx, x, [&](const Tensor& normed) { return attention_->forward(ctx, normed); });
+}
+
+Tensor TransformerBlock::forward_cached(RunContext& ctx, const Tensor& x, LayerKvCache& cache,
+                                        int64_t position) {
+  return forward_with(ctx, x, [&](const Tensor& normed) {
+    return attention_->forward_cached(ctx, normed, cache, position);
+  });
+}
+
+template <typename Attend>
+Tensor TransformerBlock::forward_with(RunContext& ctx, const Tensor& x, Attend&& attend) {
   Device& d = *ctx.device;
-  Tensor attn = attention_->forward(ctx, attention_norm_->forward(ctx, x));
+  Tensor attn = attend(attention_norm_->forward(ctx, x));
   Tensor h;
   Tensor normed = ffn_norm_->forward_add(ctx, x, attn, h);  // h = x + attn
   attn = Tensor{};

@@ -67,6 +67,34 @@ Tensor Attention::forward_impl(RunContext& ctx, const Tensor& x) {
   return wo_->forward(ctx, out);
 }
 
+Tensor Attention::forward_cached(RunContext& ctx, const Tensor& x, LayerKvCache& cache,
+                                 int64_t position) {
+  const int64_t rows = x.rows, q_width = heads_ * head_dim_, kv_width = kv_heads_ * head_dim_;
+  FSDP_CHECK(cache.k.defined() && cache.v.defined() && cache.k.cols == kv_width &&
+                 cache.v.cols == kv_width && cache.v.rows == cache.k.rows &&
+                 cache.k.dtype == ctx.act_dtype && cache.v.dtype == ctx.act_dtype,
+             "Attention ", fqn(), ": the KV cache is not [capacity, ", kv_width, "] of ",
+             dtype_name(ctx.act_dtype));
+  FSDP_CHECK(rows >= 1 && position >= 0 && position <= cache.capacity() - rows, "Attention ",
+             fqn(), ": ", rows, " new tokens at position ", position, " do not fit a cache of ",
+             cache.capacity());
+  Device& d = *ctx.device;
+  Tensor qkv = wqkv_->forward(ctx, x);
+  const int64_t ld = qkv.cols;
+  d.set_label(op_label("decode", "rope"));
+  d.rope_at(ctx.compute, qkv.data, ld, ctx.act_dtype, rows, heads_, head_dim_, position,
+            inv_freq_.data());
+  d.rope_at(ctx.compute, element(qkv, q_width), ld, ctx.act_dtype, rows, kv_heads_, head_dim_,
+            position, inv_freq_.data());
+  Tensor out = empty_tensor(d, ctx.compute, ctx.act_dtype, rows, q_width, MemTag::Activation);
+  d.set_label(op_label("decode", "attention"));
+  d.attention_kv_cache(ctx.compute, qkv.data, ld, element(qkv, q_width), ld,
+                       element(qkv, q_width + kv_width), ld, ctx.act_dtype, rows, position,
+                       cache.capacity(), heads_, kv_heads_, head_dim_, cache.k.data, cache.v.data,
+                       out.data, q_width);
+  return wo_->forward(ctx, out);
+}
+
 void Attention::drop_own_saved(ActivationCheckpoint what) {
   // Selective keeps all three: RoPE rotates wqkv's output in place, so the rotated q and k
   // are the GEMM's output itself and cost nothing beyond it.

@@ -40,6 +40,9 @@ struct ModelConfig {
   double norm_eps = 1e-5;       // the RMSNorms'
   bool tie_embeddings = false;  // Note [Tied embeddings]
   bool attention_bias = false;
+  // The most positions the model takes (Hugging Face's max_position_embeddings); 0: not
+  // known (a model without a config.json), seq_len then bounds text generation.
+  int64_t max_positions = 0;
   // Mistral's and Qwen2's sliding-window attention: 0, none. Not implemented: a window
   // shorter than seq_len is refused (it would change the math).
   int64_t sliding_window = 0;
@@ -84,6 +87,8 @@ class Model : public Module {
   void set_output(int64_t dim, bool cross_entropy);
 
   Module* embedding() const { return embedding_; }
+  Module* final_norm() const { return final_norm_; }
+  Module* head() const { return head_; }
   bool uses_cross_entropy() const { return cross_entropy_; }
   int64_t output_dim() const { return output_dim_; }
   int64_t param_count();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "fsdp/module.h"
+#include "fsdp/nn/kv_cache.h"
 
 namespace fsdp::nn {
 
@@ -162,6 +163,10 @@ class Attention : public Module {
   Attention(const TransformerConfig& c, int layer);
   // Its input (wqkv's), which a selective checkpoint drops and hands back (Linear's).
   Linear& input_projection() const { return *wqkv_; }
+  int64_t kv_width() const { return kv_heads_ * head_dim_; }
+  // CachedBlock's: the new tokens' q, k and v from wqkv, RoPE at their positions
+  // (Device::rope_at), the attention against the cache (Device::attention_kv_cache), wo.
+  Tensor forward_cached(RunContext& ctx, const Tensor& x, LayerKvCache& cache, int64_t position);
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -203,9 +208,13 @@ class FeedForward : public Module {
 // Selective checkpointing (Note [Activation checkpointing]) drops the two norms' outputs (the
 // attention's and the FFN's inputs) and SwiGLU's output, and keeps the GEMMs' and attention's
 // outputs, the residual sum and the block's input (docs/memory.md).
-class TransformerBlock : public Module {
+// Its forward_cached (Note [KV cache]) is the same block with the attention's cached forward.
+class TransformerBlock : public Module, public CachedBlock {
  public:
   TransformerBlock(const TransformerConfig& c, int layer);
+  int64_t kv_width() const override { return attention_->kv_width(); }
+  Tensor forward_cached(RunContext& ctx, const Tensor& x, LayerKvCache& cache,
+                        int64_t position) override;
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -213,6 +222,10 @@ class TransformerBlock : public Module {
   void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
+  // The block's math around its attention, attend(attention_norm(x)), for both forwards.
+  template <typename Attend>
+  Tensor forward_with(RunContext& ctx, const Tensor& x, Attend&& attend);
+
   RMSNorm* attention_norm_;
   Attention* attention_;
   RMSNorm* ffn_norm_;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/cpu_attention_rows.h"
 #include "backend/cpu/cpu_device.h"
 #include "backend/cpu/cpu_dtype_io.h"
 #include "backend/op_checks.h"
@@ -34,29 +35,6 @@ void check_attention(const AttentionShape& a, const char* op) {
                  a.ldk >= a.kv_heads * a.head_dim && a.ldv >= a.kv_heads * a.head_dim,
              op, ": a row stride is smaller than its row (ldq ", a.ldq, ", ldk ", a.ldk, ", ldv ",
              a.ldv, ", ldo ", a.ldo, ")");
-}
-
-// One (batch, kv head)'s keys or values as a dense fp32 [seq, head_dim] block: read once per
-// block instead of once per query row.
-template <typename Io>
-void gather_head(const void* src, int64_t ld, int64_t first_token, int64_t col, int64_t seq,
-                 int64_t head_dim, std::vector<float>& out) {
-  out.resize(static_cast<size_t>(seq * head_dim));
-  for (int64_t j = 0; j < seq; ++j)
-    for (int64_t c = 0; c < head_dim; ++c)
-      out[static_cast<size_t>(j * head_dim + c)] = Io::load(src, (first_token + j) * ld + col + c);
-}
-
-// Eight running sums (a fixed order, so still deterministic) let the compiler vectorize what a
-// single sum's dependency chain would serialize.
-float dot(const float* a, const float* b, int64_t n) {
-  float part[8] = {};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int k = 0; k < 8; ++k) part[k] += a[i + k] * b[i + k];
-  float s = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
 }
 
 // ---- kernels
@@ -134,37 +112,11 @@ void rms_norm_backward_kernel(const void* x, const void* w, const float* rstd, c
 }
 
 template <typename Io>
-void rope_kernel(void* x, int64_t ld, int64_t rows, int64_t heads, int64_t head_dim,
-                 int64_t seq_len, const std::vector<float>& inv_freq, bool inverse) {
-  const int64_t half = head_dim / 2;
-  // The angle is fp32, as Hugging Face's LlamaRotaryEmbedding computes it.
-  std::vector<float> cos_v(static_cast<size_t>(half)), sin_v(static_cast<size_t>(half));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float pos = static_cast<float>(r % seq_len);
-    for (int64_t i = 0; i < half; ++i) {
-      const float angle = pos * inv_freq[static_cast<size_t>(i)];
-      cos_v[static_cast<size_t>(i)] = std::cos(angle);
-      sin_v[static_cast<size_t>(i)] = inverse ? -std::sin(angle) : std::sin(angle);
-    }
-    for (int64_t h = 0; h < heads; ++h) {
-      const int64_t base = r * ld + h * head_dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const float a = Io::load(x, base + i), b = Io::load(x, base + i + half);
-        const float c = cos_v[static_cast<size_t>(i)], s = sin_v[static_cast<size_t>(i)];
-        Io::store(x, base + i, a * c - b * s);
-        Io::store(x, base + i + half, b * c + a * s);
-      }
-    }
-  }
-}
-
-template <typename Io>
 void attention_forward_kernel(const AttentionShape& a, const void* q, const void* k,
                               const void* v, void* out, float* lse) {
   const int64_t group = a.heads / a.kv_heads, hd = a.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> kh, vh, qrow(static_cast<size_t>(hd)), acc(static_cast<size_t>(hd));
-  std::vector<float> p(static_cast<size_t>(a.seq));
+  std::vector<float> kh, vh, qrow(static_cast<size_t>(hd)), acc, p;
   for (int64_t b = 0; b < a.batch; ++b) {
     const int64_t t0 = b * a.seq;
     for (int64_t h = 0; h < a.heads; ++h) {
@@ -176,26 +128,9 @@ void attention_forward_kernel(const AttentionShape& a, const void* q, const void
       for (int64_t i = 0; i < a.seq; ++i) {
         for (int64_t c = 0; c < hd; ++c)
           qrow[static_cast<size_t>(c)] = Io::load(q, (t0 + i) * a.ldq + h * hd + c);
-        float max_s = -INFINITY;
-        for (int64_t j = 0; j <= i; ++j) {
-          p[static_cast<size_t>(j)] = scale * dot(qrow.data(), kh.data() + j * hd, hd);
-          max_s = std::max(max_s, p[static_cast<size_t>(j)]);
-        }
-        float sum = 0.0f;
-        for (int64_t j = 0; j <= i; ++j) {
-          p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - max_s);
-          sum += p[static_cast<size_t>(j)];
-        }
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t j = 0; j <= i; ++j) {
-          const float pj = p[static_cast<size_t>(j)];
-          const float* vj = vh.data() + j * hd;
-          for (int64_t c = 0; c < hd; ++c) acc[static_cast<size_t>(c)] += pj * vj[c];
-        }
-        const float inv_sum = 1.0f / sum;
-        for (int64_t c = 0; c < hd; ++c)
-          Io::store(out, (t0 + i) * a.ldo + h * hd + c, acc[static_cast<size_t>(c)] * inv_sum);
-        lse[(b * a.heads + h) * a.seq + i] = max_s + std::log(sum);
+        lse[(b * a.heads + h) * a.seq + i] = attend_row<Io>(
+            qrow.data(), kh.data(), vh.data(), i + 1, hd, scale, p, acc, out,
+            (t0 + i) * a.ldo + h * hd);
       }
     }
   }
@@ -386,7 +321,7 @@ void CpuDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64
   std::vector<float> freqs(inv_freq, inv_freq + head_dim / 2);
   enqueue(s, OpKind::Kernel, [=, freqs = std::move(freqs)] {
     with_io(t, [&](auto io) {
-      rope_kernel<decltype(io)>(x, ld, rows, heads, head_dim, seq_len, freqs, inverse);
+      rope_kernel<decltype(io)>(x, ld, rows, heads, head_dim, seq_len, 0, freqs, inverse);
     });
   });
 }

@@ -152,8 +152,10 @@ constexpr int kRopeMaxHalf = 256;
 struct RopeFreqs {
   float inv_freq[kRopeMaxHalf];
 };
+// Row r is at position first_position + r % seq_len (0 for training; Note [KV cache]).
 void rope(cudaStream_t stream, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
-          int64_t head_dim, int64_t seq_len, const RopeFreqs& freqs, bool inverse);
+          int64_t head_dim, int64_t seq_len, int64_t first_position, const RopeFreqs& freqs,
+          bool inverse);
 void swiglu_forward(cudaStream_t stream, const void* h, DType t, int64_t rows, int64_t ffn,
                     void* out);
 void swiglu_backward(cudaStream_t stream, const void* h, const void* dout, DType t, int64_t rows,
@@ -167,6 +169,13 @@ struct AttentionArgs {
   int64_t ldq = 0, ldk = 0, ldv = 0, ldo = 0, lddo = 0;
 };
 constexpr int64_t kSimtAttentionMaxHeadDim = 128;
+// Note [KV cache] (kernels_kv_cache.cu): Device::attention_kv_cache, fp32 math, an online
+// softmax over tiles of cached keys, one block per (new row, head).
+constexpr int64_t kKvCacheMaxHeadDim = 256;
+void attention_kv_cache(cudaStream_t stream, DType t, const void* q, int64_t ldq, const void* k,
+                        int64_t ldk, const void* v, int64_t ldv, int64_t rows, int64_t position,
+                        int64_t heads, int64_t kv_heads, int64_t head_dim, void* k_cache,
+                        void* v_cache, void* out, int64_t ldo);
 void attention_forward_simt(cudaStream_t stream, const AttentionArgs& a, DType t, const void* q,
                             const void* k, const void* v, void* out, float* lse);
 // Needs `delta` scratch of batch*heads*seq floats (rowwise dout . out).

@@ -130,7 +130,7 @@ void CudaDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int6
   // need not outlive the call, and a captured graph replays them.
   kernels::RopeFreqs freqs{};
   for (int64_t i = 0; i < head_dim / 2; ++i) freqs.inv_freq[i] = inv_freq[i];
-  kernels::rope(op.stream(), x, ld, t, rows, heads, head_dim, seq_len, freqs, inverse);
+  kernels::rope(op.stream(), x, ld, t, rows, heads, head_dim, seq_len, 0, freqs, inverse);
 }
 
 void CudaDevice::attention_forward(Stream s, const void* q, int64_t ldq, const void* k,
@@ -172,6 +172,46 @@ void CudaDevice::attention_backward(Stream s, const void* q, int64_t ldq, const 
     return;
   }
   kernels::attention_backward_simt(op.stream(), pool_, a, t, q, k, v, out, dout, lse, dq, dk, dv);
+}
+
+// Note [KV cache]
+void CudaDevice::rope_at(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
+                         int64_t head_dim, int64_t first_position, const float* inv_freq) {
+  OpScope op(*this, s, OpKind::Kernel);
+  const char* name = "rope_at";
+  check_activation_dtype(t, name);
+  FSDP_CHECK(rows >= 0 && heads >= 1 && first_position >= 0, name, ": rows ", rows, ", heads ",
+             heads, ", first_position ", first_position);
+  FSDP_CHECK(head_dim >= 2 && head_dim % 2 == 0 && head_dim / 2 <= kernels::kRopeMaxHalf, name,
+             ": head_dim ", head_dim, " must be even and at most ", 2 * kernels::kRopeMaxHalf);
+  FSDP_CHECK(ld >= heads * head_dim, name, ": row stride ", ld, " is smaller than ", heads,
+             " heads x ", head_dim);
+  FSDP_CHECK(inv_freq != nullptr, name, ": no inverse frequencies");
+  check_ptr(x, "x", name);
+  kernels::RopeFreqs freqs{};
+  for (int64_t i = 0; i < head_dim / 2; ++i) freqs.inv_freq[i] = inv_freq[i];
+  const int64_t seq_len = rows > 0 ? rows : 1;  // r % seq_len == r
+  kernels::rope(op.stream(), x, ld, t, rows, heads, head_dim, seq_len, first_position, freqs,
+                false);
+}
+
+void CudaDevice::attention_kv_cache(Stream s, const void* q, int64_t ldq, const void* k,
+                                    int64_t ldk, const void* v, int64_t ldv, DType t,
+                                    int64_t rows, int64_t position, int64_t capacity,
+                                    int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                    void* k_cache, void* v_cache, void* out, int64_t ldo) {
+  OpScope op(*this, s, OpKind::Kernel);
+  const char* name = "attention_kv_cache";
+  check_activation_dtype(t, name);
+  backend::check_kv_cache_attention(rows, position, capacity, heads, kv_heads, head_dim, ldq, ldk,
+                                    ldv, ldo, name);
+  FSDP_CHECK(head_dim <= kernels::kKvCacheMaxHeadDim, name, ": head_dim ", head_dim,
+             " is above the ", kernels::kKvCacheMaxHeadDim, " this kernel takes");
+  check_ptr(q, "q", name), check_ptr(k, "k", name), check_ptr(v, "v", name);
+  check_ptr(k_cache, "k_cache", name), check_ptr(v_cache, "v_cache", name);
+  check_ptr(out, "out", name);
+  kernels::attention_kv_cache(op.stream(), t, q, ldq, k, ldk, v, ldv, rows, position, heads,
+                              kv_heads, head_dim, k_cache, v_cache, out, ldo);
 }
 
 void CudaDevice::swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,

@@ -104,7 +104,8 @@ constexpr int kRopeHeads = 4;
 
 template <typename T, int W>
 __global__ void rope_kernel(T* x, int64_t ld, int64_t rows, int64_t heads, int64_t half,
-                            int64_t seq_len, RopeFreqs freqs, bool inverse) {
+                            int64_t seq_len, int64_t first_position, RopeFreqs freqs,
+                            bool inverse) {
   const int64_t packs_per_head = half / W;
   const int64_t groups = (heads + kRopeHeads - 1) / kRopeHeads;
   const int64_t n = rows * groups * packs_per_head;
@@ -114,7 +115,7 @@ __global__ void rope_kernel(T* x, int64_t ld, int64_t rows, int64_t heads, int64
     const int64_t i0 = (item % packs_per_head) * W;
     const int64_t row_group = item / packs_per_head;
     const int64_t h0 = (row_group % groups) * kRopeHeads, r = row_group / groups;
-    const float pos = static_cast<float>(r % seq_len);
+    const float pos = static_cast<float>(first_position + r % seq_len);
     float c[W], sn[W];
 #pragma unroll
     for (int j = 0; j < W; ++j) {
@@ -253,7 +254,8 @@ void embedding_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const v
 }
 
 void rope(cudaStream_t stream, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
-          int64_t head_dim, int64_t seq_len, const RopeFreqs& freqs, bool inverse) {
+          int64_t head_dim, int64_t seq_len, int64_t first_position, const RopeFreqs& freqs,
+          bool inverse) {
   if (rows <= 0 || heads <= 0) return;
   const int64_t half = head_dim / 2;
   const bool packs = half % kVec == 0 && ld % kVec == 0 && aligned16(x);
@@ -263,10 +265,10 @@ void rope(cudaStream_t stream, void* x, int64_t ld, DType t, int64_t rows, int64
     const int64_t groups = (heads + kRopeHeads - 1) / kRopeHeads;
     if (packs)
       rope_kernel<T, kVec><<<blocks_for(rows * groups * (half / kVec)), kThreads, 0, stream>>>(
-          xs, ld, rows, heads, half, seq_len, freqs, inverse);
+          xs, ld, rows, heads, half, seq_len, first_position, freqs, inverse);
     else
       rope_kernel<T, 1><<<blocks_for(rows * groups * half), kThreads, 0, stream>>>(
-          xs, ld, rows, heads, half, seq_len, freqs, inverse);
+          xs, ld, rows, heads, half, seq_len, first_position, freqs, inverse);
   });
   FSDP_CUDA_CHECK_LAUNCH();
 }

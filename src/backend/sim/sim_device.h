@@ -134,6 +134,12 @@ class SimDevice final : public cpu::StreamDevice {
                              int64_t cols, void* dx, void* dw) override;
   void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads, int64_t head_dim,
             int64_t seq_len, const float* inv_freq, bool inverse) override;
+  void rope_at(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
+               int64_t head_dim, int64_t first_position, const float* inv_freq) override;
+  void attention_kv_cache(Stream s, const void* q, int64_t ldq, const void* k, int64_t ldk,
+                          const void* v, int64_t ldv, DType t, int64_t rows, int64_t position,
+                          int64_t capacity, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                          void* k_cache, void* v_cache, void* out, int64_t ldo) override;
   void attention_forward(Stream s, const void* q, int64_t ldq, const void* k, int64_t ldk,
                          const void* v, int64_t ldv, DType t, int64_t batch, int64_t seq,
                          int64_t heads, int64_t kv_heads, int64_t head_dim, void* out, int64_t ldo,

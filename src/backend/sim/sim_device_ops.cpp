@@ -292,6 +292,25 @@ void SimDevice::rope(Stream s, void*, int64_t, DType t, int64_t rows, int64_t he
   memory_op(s, "rope", 2.0 * d(rows) * d(heads) * d(head_dim) * sz(t));
 }
 
+void SimDevice::rope_at(Stream s, void*, int64_t, DType t, int64_t rows, int64_t heads,
+                        int64_t head_dim, int64_t, const float*) {
+  memory_op(s, "rope_at", 2.0 * d(rows) * d(heads) * d(head_dim) * sz(t));
+}
+
+// Note [KV cache]: a decode step is bound by reading the cache, so it is costed as the memory
+// it moves: the new rows written, every cached key and value read once per kv head's group,
+// the queries read and the output written.
+void SimDevice::attention_kv_cache(Stream s, const void*, int64_t, const void*, int64_t,
+                                   const void*, int64_t, DType t, int64_t rows, int64_t position,
+                                   int64_t, int64_t heads, int64_t kv_heads, int64_t head_dim,
+                                   void*, void*, void*, int64_t) {
+  check_dims("attention_kv_cache", {rows, heads, kv_heads, head_dim});
+  const double kv_width = d(kv_heads) * d(head_dim);
+  memory_op(s, "attention_kv_cache",
+            (4.0 * d(rows) * kv_width + 2.0 * d(position + rows) * kv_width +
+             2.0 * d(rows) * d(heads) * d(head_dim)) * sz(t));
+}
+
 void SimDevice::attention_forward(Stream s, const void*, int64_t, const void*, int64_t,
                                   const void*, int64_t, DType, int64_t batch, int64_t seq,
                                   int64_t heads, int64_t kv_heads, int64_t head_dim, void*,
