@@ -124,6 +124,8 @@ void resolve_defaults(const TrainOptions& o, runtime::TrainConfig& c) {
   c.micro_batches = o.micro_batches;
   c.param_dtype = parse_dtype(o.param_dtype);
   c.reduce_dtype = parse_dtype(o.reduce_dtype);
+  c.fp8 = parse_fp8_recipe(o.fp8);
+  c.fp8_all_gather = o.fp8_all_gather != 0;
   c.activation_checkpoint = nn::parse_activation_checkpoint(o.activation_checkpointing);
   c.reshard_after_forward = o.reshard_after_forward != 0;
   c.reshard_after_forward_size = o.reshard_after_forward >= 2 ? o.reshard_after_forward : 0;

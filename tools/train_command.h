@@ -27,6 +27,8 @@ struct TrainOptions {
   int nproc = 0;  // 0: every visible GPU
   std::string param_dtype = "fp32";
   std::string reduce_dtype = "fp32";
+  std::string fp8 = "none";  // none | tensorwise | rowwise (docs/fp8.md)
+  int fp8_all_gather = 1;
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
   // Flags whose default depends on others (Note [Command defaults]): unset until given.
   std::optional<double> lr, min_lr;
