@@ -7,6 +7,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "command_util.h"
 #include "fsdp/error.h"
 #include "test_util.h"
 
@@ -115,6 +116,21 @@ TEST(Fp8Training, Float8AllGatherGivesTheBf16GathersBits) {
     const auto bf16_gather = run_fsdp(world, c);
     expect_bitwise(fp8_gather[0], bf16_gather[0], "world " + std::to_string(world));
   }
+}
+
+// The schedule's timing changes nothing: random delays before every stream op and collective
+// phase (chaos, on the virtual clock), and ranks as processes over Gloo (its max all-reduce
+// too), give the threads' bits.
+TEST(Fp8Training, ChaosAndProcessesGiveTheSameBits) {
+  const runtime::TrainConfig c = fp8_config(Fp8Recipe::Tensorwise);
+  const auto plain = run_fsdp(2, c);
+  cpu::CpuOptions chaos;
+  chaos.chaos = true;
+  chaos.chaos_seed = 3;
+  chaos.virtual_clock = true;
+  expect_bitwise(run_fsdp(2, c, chaos)[0], plain[0], "chaos");
+  FSDP_SKIP_WITHOUT_PROCESSES(RanksAs::Processes);
+  expect_bitwise(run_fsdp(2, c, {}, RanksAs::Processes)[0], plain[0], "processes");
 }
 
 // The loss stays near bf16's. Measured on this model (12 steps, 2 ranks): the largest gap
@@ -336,6 +352,22 @@ TEST(Fp8Refusals, BadCombinationsInOneLineEach) {
             "one off");
   for (const std::string& m : {refusal(fp32), refusal(mlp), refusal(small, 4)})
     EXPECT_EQ(m.find('\n'), std::string::npos);
+}
+
+// The command line names its flags.
+TEST(Fp8Refusals, TheCommandSpellsItsFlags) {
+  const std::string tiny = "train --backend cpu --world-size 2 --model transformer --layers 1 "
+                           "--dim 32 --heads 4 --seq-len 8 --vocab 61 --tokens 16 --steps 1 ";
+  CommandResult r = run_fsdp_command(tiny + "--fp8 tensorwise");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.output,
+            "fsdp: error: --fp8 needs --param-dtype bf16 (its GEMMs take and give bf16), got fp32\n");
+  r = run_fsdp_command(tiny + "--param-dtype bf16 --fp8 tensorwise --optimizer-in-forward 1");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.output,
+            "fsdp: error: --fp8 tensorwise with --fp8-all-gather cannot take "
+            "--optimizer-in-forward (its update writes the all-gather input in bf16): turn one "
+            "off\n");
 }
 
 }  // namespace
