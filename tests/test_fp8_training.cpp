@@ -310,6 +310,12 @@ TEST(Fp8AllGather, ExpertWeightsReduceTheirAmaxOnTheExpertMesh) {
     // 2 blocks x 2 experts x (fc1, fc2)
     EXPECT_EQ(m.bytes, 2 * 2 * 2 * 4);
   }
+  // Each block's experts per rank: 2 x (fc1's 12 rows of 16, fc2's 8 rows of 24) = 768 fp8
+  // bytes (1536 in bf16), gathered in forward and backward of each of the 2 steps.
+  int64_t fp8_gathers = 0;
+  for (const Collective& a : only(logs[0], CollectiveKind::AllGather))
+    if (a.comm == max[0].comm) fp8_gathers += a.bytes == 768;
+  EXPECT_EQ(fp8_gathers, 2 * 2 * 2);
   runtime::TrainConfig unsharded = c;
   unsharded.hsdp_replicas = 2;
   expect_bitwise(run_fsdp(2, c)[0], run_fsdp(2, unsharded)[0], "moe sharded vs unsharded");

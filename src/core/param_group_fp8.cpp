@@ -36,6 +36,10 @@ void ParamGroup::setup_fp8() {
   if (fp8_count_ == 0) return;
   FSDP_USER_CHECK(owner_->mp.param_dtype == DType::BF16,
                   "a float8 all-gather needs bf16 params (module '", owner_->module.fqn(), "')");
+  FSDP_USER_CHECK(owner_->post_forward_size(*mesh_) == 0,
+                  "a float8 all-gather cannot reshard after forward to a smaller group yet "
+                  "(module '", owner_->module.fqn(), "'): set fp8_all_gather off or "
+                  "reshard_after_forward to a bool");
   fp8_offset_.assign(params_.size(), 0);
   int64_t bytes = 0, rest = 0;
   for (size_t i = 0; i < params_.size(); ++i) {

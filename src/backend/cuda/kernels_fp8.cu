@@ -54,13 +54,17 @@ __global__ void amax_rows_kernel(const T* x, int64_t rows, int64_t cols, float* 
   }
 }
 
+// Threads over columns (coalesced), blockIdx.y over bands of rows; the bands meet in an
+// atomic max (the buffer zeroed first).
 template <typename T>
-__global__ void amax_cols_kernel(const T* x, int64_t rows, int64_t cols, float* amax) {
+__global__ void amax_cols_kernel(const T* x, int64_t rows, int64_t cols, int64_t band,
+                                 unsigned* amax_bits) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= cols) return;
   unsigned m = 0;
-  for (int64_t r = 0; r < rows; ++r) m = max(m, abs_bits(x, r * cols + c));
-  amax[c] = __uint_as_float(m);
+  const int64_t end = std::min<int64_t>(rows, (blockIdx.y + 1) * band);
+  for (int64_t r = blockIdx.y * band; r < end; ++r) m = max(m, abs_bits(x, r * cols + c));
+  atomicMax(amax_bits + c, m);
 }
 
 __device__ __forceinline__ float round_to(float v, bool to_bf16) {
@@ -118,8 +122,14 @@ void fp8_amax(cudaStream_t stream, const void* x, DType t, int64_t rows, int64_t
         amax_rows_kernel<<<static_cast<int>(std::min<int64_t>(rows, 65535)), kThreads, 0, stream>>>(
             p, rows, cols, amax);
     } else if (cols > 0) {
-      amax_cols_kernel<<<static_cast<int>((cols + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-          p, rows, cols, amax);
+      FSDP_CUDA_CHECK(cudaMemsetAsync(amax, 0, static_cast<size_t>(cols) * sizeof(float), stream));
+      const int64_t band = 64;
+      const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
+                      static_cast<unsigned>(std::clamp<int64_t>((rows + band - 1) / band, 1, 65535)));
+      const int64_t rows_per_band = (rows + grid.y - 1) / grid.y;
+      if (rows > 0)
+        amax_cols_kernel<<<grid, kThreads, 0, stream>>>(p, rows, cols, rows_per_band,
+                                                        reinterpret_cast<unsigned*>(amax));
     }
   });
   FSDP_CUDA_CHECK_LAUNCH();
