@@ -150,6 +150,10 @@ LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
     // Layouts describe the matrices as stored (column-major view, before the transposes).
     const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
     const uint64_t b_rows = key.trans_a ? key.m : key.k, b_cols = key.trans_a ? key.k : key.m;
+    // torchao's default: fast accumulation for the forward GEMM (both operands E4M3), the
+    // more accurate one for the gradient GEMMs (an E5M2 operand).
+    if ((key.fp8 & 1) && !(key.fp8 & 6))
+      set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{1});
     if (key.fp8 & 8) {  // rowwise: a vector of inverse scales per operand
       set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
                          int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
