@@ -10,6 +10,7 @@
 #include "command_util.h"
 #include "fsdp/error.h"
 #include "test_util.h"
+#include "tools/train_command.h"
 
 namespace fsdp::testing {
 namespace {
@@ -358,6 +359,27 @@ TEST(Fp8Refusals, BadCombinationsInOneLineEach) {
             "one off");
   for (const std::string& m : {refusal(fp32), refusal(mlp), refusal(small, 4)})
     EXPECT_EQ(m.find('\n'), std::string::npos);
+}
+
+// On CUDA the fp8 GEMMs need sizes in multiples of 16: refused before the run, in one line.
+TEST(Fp8Refusals, CudaSizesThatCuBlasLtCannotTake) {
+  runtime::TrainConfig c = fp8_config(Fp8Recipe::Tensorwise);
+  c.model.ffn_dim = 48;
+  EXPECT_NO_THROW(tools::check_fp8_sizes_for_cuda(c));  // dim 32, ffn 48, 16 tokens
+  c.model.ffn_dim = 36;
+  try {
+    tools::check_fp8_sizes_for_cuda(c);
+    ADD_FAILURE() << "w13 [72, 32] passed";
+  } catch (const UserError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--fp8 on CUDA needs every fp8 weight's sizes to be multiples of 16 (cuBLASLt's "
+              "fp8 GEMMs); layers.0.feed_forward.w13.weight is 72x32");
+  }
+  c.model.ffn_dim = 48;
+  c.tokens = 24;
+  EXPECT_THROW(tools::check_fp8_sizes_for_cuda(c), UserError);
+  c.fp8 = Fp8Recipe::None;
+  EXPECT_NO_THROW(tools::check_fp8_sizes_for_cuda(c));
 }
 
 // The command line names its flags.
