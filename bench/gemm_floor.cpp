@@ -145,9 +145,124 @@ void llama_gemms(Device& d, int64_t tokens, int reps) {
   print_step_floor(d, s, step_ms, params);
 }
 
+// `gemm_floor llama-fp8 [tokens=8192] [reps=20] [tensorwise|rowwise]` (docs/fp8.md): the
+// blocks' GEMMs as --fp8 runs them (Device::fp8_gemm, with the transposes it makes for the two
+// backward GEMMs), each alone and with the amax and cast of its two operands that
+// nn::fp8_linear makes before it; the LM head stays bf16. The step line is the fp8 GEMM floor
+// of a step, with and without the casts.
+void llama_fp8_gemms(Device& d, int64_t tokens, int reps, bool rowwise) {
+  using Axis = Device::Fp8Axis;
+  const Stream s = d.create_stream("compute", StreamPriority::Normal);
+  const DType t = DType::BF16;
+  std::vector<void*> owned;
+  auto buffer = [&](int64_t rows, int64_t cols, DType type) {
+    void* p = d.alloc(static_cast<size_t>(rows * cols) * dtype_size(type), s, MemTag::Other);
+    d.synthetic_batch(s, p, type, rows, cols, 7 + owned.size(), 0, 0, 0.05f);
+    owned.push_back(p);
+    return p;
+  };
+  auto bytes = [&](int64_t n) {
+    void* p = d.alloc(static_cast<size_t>(n), s, MemTag::Other);
+    owned.push_back(p);
+    return static_cast<uint8_t*>(p);
+  };
+  struct Linear { const char* name; int64_t in, out, count; };
+  const int layers = 22;
+  const Linear linears[] = {{"wqkv", 2048, 2560, layers}, {"wo", 2048, 2048, layers},
+                            {"w13", 2048, 11264, layers}, {"w2", 5632, 2048, layers}};
+  double gemm_ms = 0, with_casts_ms = 0, step_flops = 0;
+  for (const Linear& l : linears) {
+    // Operands as the three GEMMs take them: x [tokens, in], W [out, in], dy [tokens, out].
+    void* x = buffer(tokens, l.in, t);
+    void* w = buffer(l.out, l.in, t);
+    void* dy = buffer(tokens, l.out, t);
+    void* out = buffer(tokens, std::max(l.in, l.out), t);
+    void* dw = buffer(l.out, l.in, t);
+    const int64_t most = std::max({tokens, l.in, l.out});
+    auto* scales = static_cast<float*>(static_cast<void*>(bytes(8 * most * 4)));
+    uint8_t* qx = bytes(tokens * l.in);
+    uint8_t* qw = bytes(l.out * l.in);
+    uint8_t* qdy = bytes(tokens * l.out);
+    // amax then cast, as nn::fp8_quantize does; `slot` keeps each operand's scales apart.
+    auto cast = [&](const void* src, int64_t rows, int64_t cols, Axis axis, Fp8Format f,
+                    uint8_t* q, int slot) {
+      float* amax = scales + 2 * slot * most;
+      d.fp8_amax(s, src, t, rows, cols, axis, amax);
+      d.fp8_cast(s, src, t, t, rows, cols, axis, amax, f, q, amax + most);
+    };
+    auto inv = [&](int slot) { return scales + 2 * slot * most + most; };
+    const Axis rows = rowwise ? Axis::Rows : Axis::Tensor, cols = rowwise ? Axis::Cols : Axis::Tensor;
+    cast(x, tokens, l.in, rows, Fp8Format::E4M3, qx, 0);
+    cast(w, l.out, l.in, rows, Fp8Format::E4M3, qw, 1);
+    cast(dy, tokens, l.out, rows, Fp8Format::E5M2, qdy, 2);
+    d.synchronize();
+    const double flops = 2.0 * tokens * l.in * l.out;
+    struct Op {
+      const char* what;
+      std::function<void()> gemm, casts;
+    };
+    const Op ops[] = {
+        {"fwd",
+         [&] { d.fp8_gemm(s, false, true, tokens, l.out, l.in, {qx, Fp8Format::E4M3, inv(0)},
+                          {qw, Fp8Format::E4M3, inv(1)}, rowwise, out, t); },
+         [&] { cast(x, tokens, l.in, rows, Fp8Format::E4M3, qx, 0);
+               cast(w, l.out, l.in, rows, Fp8Format::E4M3, qw, 1); }},
+        {"dX",
+         [&] { d.fp8_gemm(s, false, false, tokens, l.in, l.out, {qdy, Fp8Format::E5M2, inv(2)},
+                          {qw, Fp8Format::E4M3, inv(3)}, rowwise, out, t); },
+         [&] { cast(dy, tokens, l.out, rows, Fp8Format::E5M2, qdy, 2);
+               cast(w, l.out, l.in, cols, Fp8Format::E4M3, qw, 3); }},
+        {"dW",
+         [&] { d.fp8_gemm(s, true, false, l.out, l.in, tokens, {qdy, Fp8Format::E5M2, inv(2)},
+                          {qx, Fp8Format::E4M3, inv(0)}, rowwise, dw, t); },
+         [&] { cast(dy, tokens, l.out, cols, Fp8Format::E5M2, qdy, 2);
+               cast(x, tokens, l.in, cols, Fp8Format::E4M3, qx, 0); }}};
+    for (const Op& op : ops) {
+      // Each timing starts from the operands its own casts leave (scales per its layout).
+      op.casts();
+      const double ms = ms_per_call(d, s, reps, op.gemm);
+      const double both = ms_per_call(d, s, reps, [&] { op.casts(); op.gemm(); });
+      gemm_ms += ms * static_cast<double>(l.count);
+      with_casts_ms += both * static_cast<double>(l.count);
+      step_flops += flops * static_cast<double>(l.count);
+      std::printf("{\"gemm\": \"%s %s fp8 %s\", \"tokens\": %lld, \"in\": %lld, \"out\": %lld, "
+                  "\"ms\": %.4f, \"tflops\": %.1f, \"with_casts_ms\": %.4f}\n",
+                  l.name, op.what, rowwise ? "rowwise" : "tensorwise",
+                  static_cast<long long>(tokens), static_cast<long long>(l.in),
+                  static_cast<long long>(l.out), ms, flops / (ms * 1e-3) / 1e12, both);
+    }
+    std::fflush(stdout);
+  }
+  // The head in bf16, as --fp8 leaves it.
+  void* x = buffer(tokens, 2048, t);
+  void* w = buffer(32000, 2048, t);
+  void* y = buffer(tokens, 32000, t);
+  void* dw = buffer(32000, 2048, t);
+  const double head_ms =
+      ms_per_call(d, s, reps, [&] { d.gemm(s, false, true, tokens, 32000, 2048, 1.0f, x, w, t, 0.0f, y, t); }) +
+      ms_per_call(d, s, reps, [&] { d.gemm(s, false, false, tokens, 2048, 32000, 1.0f, y, w, t, 0.0f, x, t); }) +
+      ms_per_call(d, s, reps, [&] { d.gemm(s, true, false, 32000, 2048, tokens, 1.0f, y, x, t, 0.0f, dw, t); });
+  std::printf("{\"gemm\": \"llama1b step fp8 %s (22 layers, the head in bf16)\", \"tokens\": %lld, "
+              "\"ms\": %.3f, \"with_casts_ms\": %.3f, \"head_bf16_ms\": %.3f, "
+              "\"block_tflops\": %.1f}\n",
+              rowwise ? "rowwise" : "tensorwise", static_cast<long long>(tokens),
+              gemm_ms + head_ms, with_casts_ms + head_ms, head_ms,
+              step_flops / (gemm_ms * 1e-3) / 1e12);
+  d.synchronize();
+  for (void* p : owned) d.free(p, s);
+  d.synchronize();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "llama-fp8") == 0) {
+    const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 8192;
+    const int reps = argc > 3 ? std::atoi(argv[3]) : 20;
+    const bool rowwise = argc > 4 && std::strcmp(argv[4], "rowwise") == 0;
+    return bench::run_on_gpu("gemm_floor",
+                             [&](Device& d) { llama_fp8_gemms(d, tokens, reps, rowwise); });
+  }
   if (argc > 1 && std::strcmp(argv[1], "llama") == 0) {
     const int64_t tokens = argc > 2 ? std::atoll(argv[2]) : 8192;
     const int reps = argc > 3 ? std::atoi(argv[3]) : 20;

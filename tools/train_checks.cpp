@@ -124,6 +124,8 @@ void resolve_defaults(const TrainOptions& o, runtime::TrainConfig& c) {
   c.micro_batches = o.micro_batches;
   c.param_dtype = parse_dtype(o.param_dtype);
   c.reduce_dtype = parse_dtype(o.reduce_dtype);
+  c.fp8 = parse_fp8_recipe(o.fp8);
+  c.fp8_all_gather = o.fp8_all_gather != 0;
   c.activation_checkpoint = nn::parse_activation_checkpoint(o.activation_checkpointing);
   c.reshard_after_forward = o.reshard_after_forward != 0;
   c.reshard_after_forward_size = o.reshard_after_forward >= 2 ? o.reshard_after_forward : 0;
@@ -310,6 +312,21 @@ std::string flag_of(const std::string& option) {
   return flag;
 }
 
+void check_fp8_sizes_for_cuda(const runtime::TrainConfig& c) {
+  if (c.fp8 == Fp8Recipe::None) return;
+  FSDP_USER_CHECK(c.tokens % 16 == 0, "--fp8 on CUDA needs the tokens per micro-batch (",
+                  c.tokens, ") to be a multiple of 16 (cuBLASLt's fp8 GEMMs)");
+  std::unique_ptr<nn::Model> model = models::build_model(models::resolved(c.model));
+  nn::enable_fp8(*model, c.fp8);
+  model->visit([](Module& m) {
+    for (const auto& p : m.params())
+      FSDP_USER_CHECK(p->fp8 == Fp8Recipe::None || (p->rows() % 16 == 0 && p->cols() % 16 == 0),
+                      "--fp8 on CUDA needs every fp8 weight's sizes to be multiples of 16 "
+                      "(cuBLASLt's fp8 GEMMs); ", m.fqn(), ".", p->name(), " is ", p->rows(),
+                      "x", p->cols());
+  });
+}
+
 namespace {
 
 // What the resolved run needs besides the flags' ranges: the backend can run it, the API's
@@ -327,6 +344,7 @@ void check_train_run(const TrainOptions& o, const TrainRun& run) {
                   ") must be divisible by --ep (", ep, ")");
   optim::validate(c.schedule, c.optimizer.base_lr());  // the command's schedule
   runtime::check_train_config(c, run.world);
+  if (run.backend == "cuda") check_fp8_sizes_for_cuda(c);
   check_capacity(run);
   check_writable("--json", o.json_path);
   check_writable("--trace", o.trace_path);

@@ -88,6 +88,14 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--reduce-dtype", o.reduce_dtype,
                  "bf16 | fp32: the dtype gradients are reduce-scattered (and averaged) in")
       ->check(CLI::IsMember({"bf16", "fp32"}));
+  app.add_option("--fp8", o.fp8,
+                 "none | tensorwise | rowwise: the blocks' Linear GEMMs in fp8 (E4M3 inputs and "
+                 "weights, E5M2 gradients) with scales from each tensor's (or row's) amax; "
+                 "needs --param-dtype bf16 (docs/fp8.md)")
+      ->check(CLI::IsMember({"none", "tensorwise", "rowwise"}));
+  app.add_option("--fp8-all-gather", o.fp8_all_gather,
+                 "0 | 1: with --fp8 tensorwise, all-gather those weights as fp8 (half the bytes)")
+      ->check(CLI::Range(0, 1));
   app.add_option("--reshard-after-forward", o.reshard_after_forward,
                  "0 | 1: free each block's gathered params after its forward; N >= 2: keep 1/N "
                  "of them, for a backward all-gather over N ranks (N divides the shard size)")
@@ -200,6 +208,7 @@ nlohmann::json settings_json(const runtime::TrainConfig& c) {
       {"warmup", c.warmup},
       {"param_dtype", dtype_name(c.param_dtype)},
       {"reduce_dtype", dtype_name(c.reduce_dtype)},
+      {"fp8", fp8_recipe_name(c.fp8)},
       {"optimizer", c.optimizer.kind},
       {"lr", c.optimizer.base_lr()},
       {"lr_schedule", c.schedule.kind},

@@ -27,6 +27,8 @@ struct TrainOptions {
   int nproc = 0;  // 0: every visible GPU
   std::string param_dtype = "fp32";
   std::string reduce_dtype = "fp32";
+  std::string fp8 = "none";  // none | tensorwise | rowwise (docs/fp8.md)
+  int fp8_all_gather = 1;
   std::string activation_checkpointing = "none";  // none | full | every:N | selective
   // Flags whose default depends on others (Note [Command defaults]): unset until given.
   std::optional<double> lr, min_lr;
@@ -115,6 +117,9 @@ runtime::TrainConfig simulate_config_of(const TrainOptions& options, int gpus);
 void attach_token_data(const TrainOptions& options, TrainRun& run);
 // Bytes one rank needs, from the formula in docs/memory.md.
 int64_t estimate_rank_bytes(const runtime::TrainConfig& c, int world);
+// cuBLASLt's fp8 GEMMs take sizes in multiples of 16 (docs/fp8.md): with --fp8 on CUDA, the
+// tokens per micro-batch and every fp8 weight's rows and columns, else one line.
+void check_fp8_sizes_for_cuda(const runtime::TrainConfig& c);
 // Fails with a one-line error if `path` cannot be written (checked before training).
 void check_writable(const std::string& flag, const std::string& path);
 // The flag that sets the API's option `option` ("micro_batches" -> "--micro-batches"; Note

@@ -20,7 +20,9 @@
 
 namespace fsdp {
 
-enum class ReduceOp : uint8_t { Sum, Avg };
+// Max: the fp8 scales' amax (docs/fp8.md); NaN wins, as NCCL's max of a NaN gives NaN.
+enum class ReduceOp : uint8_t { Sum, Avg, Max };
+const char* reduce_op_name(ReduceOp op);  // "sum" | "avg" | "max"
 enum class CollectiveKind : uint8_t { AllGather, ReduceScatter, AllReduce, Broadcast, AllToAll, Count };
 constexpr int kCollectiveKindCount = static_cast<int>(CollectiveKind::Count);
 const char* collective_name(CollectiveKind kind);

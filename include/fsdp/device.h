@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fsdp/dtype.h"
+#include "fsdp/fp8.h"
 
 namespace fsdp {
 
@@ -375,6 +376,32 @@ class Device {
   // Overwrites dh [rows, 2*ffn] from h and dout [rows, ffn].
   virtual void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
                                int64_t ffn, void* dh);
+
+  // ---- fp8 (docs/fp8.md). x is [rows, cols] in dtype t; amaxes and inverse scales are fp32
+  // device memory, one per tensor, per row or per column (Fp8Axis), so a step reads none of
+  // them on the host. The defaults raise "not implemented on this backend".
+  enum class Fp8Axis : uint8_t { Tensor, Rows, Cols };
+  // amax[i] = max |x| over the whole tensor (i = 0), row i or column i. NaN propagates.
+  virtual void fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_t cols,
+                        Fp8Axis axis, float* amax);
+  // q = float_to_fp8(v * scale, f) with v = x rounded to value_t (the values x has in that
+  // dtype: bf16 for a weight cast from its fp32 master shard) and, per amax entry,
+  // scale = fp8_scale_of(amax rounded to value_t) (Note [Fp8 scale] in fsdp/fp8.h);
+  // scale_inv[i] = 1 / scale (null: not written).
+  virtual void fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_t rows,
+                        int64_t cols, Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
+                        float* scale_inv);
+  // C[m,n] = (sum_k op(A)[m,k] op(B)[k,n]) * a_scale_inv[i] * b_scale_inv[j], the products
+  // of the fp8 codes' values accumulated in fp32 (the gemm contract's layouts), rounded to c_t.
+  // Tensorwise: i = j = 0. rowwise: i = m's row of op(A), j = n's column of op(B) (outer
+  // vector scales). A and B may not both be E5M2 (cuBLASLt has no such kernel).
+  struct Fp8Operand {
+    const uint8_t* data = nullptr;
+    Fp8Format format = Fp8Format::E4M3;
+    const float* scale_inv = nullptr;
+  };
+  virtual void fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                        Fp8Operand a, Fp8Operand b, bool rowwise, void* c, DType c_t);
 
   // Busy work of a known length; tests use it to force op durations.
   virtual void spin(Stream s, double microseconds) = 0;

@@ -74,6 +74,10 @@ Mesh make_hsdp_mesh(std::string name, Device& device, Comm& world, int replicate
 struct MixedPrecisionPolicy {
   DType param_dtype = DType::F32;   // unsharded params, activations, unsharded grads
   DType reduce_dtype = DType::F32;  // reduce-scatter input and output
+  // Params marked Fp8Recipe::Tensorwise (Param::fp8) are all-gathered as E4M3 with scales from
+  // one all-reduced amax per step (Note [Float8 all-gather]); false: in param_dtype, and the
+  // Linear casts after the all-gather (the same values, twice the all-gather bytes).
+  bool fp8_all_gather = true;
 };
 
 struct FullyShardOptions {

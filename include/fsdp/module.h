@@ -73,6 +73,15 @@ class Param {
   void add_use() { ++uses_; }
   std::function<void(RunContext&, Param&, Tensor)> grad_sink;
 
+  // fp8 training (docs/fp8.md): the recipe of the Linear whose weight this is (None: its
+  // GEMMs run in the param dtype). nn::enable_fp8 sets it on the blocks' Linears.
+  Fp8Recipe fp8 = Fp8Recipe::None;
+  // Note [Float8 all-gather]: when FSDP gathered this weight as fp8, its E4M3 codes
+  // ([rows, cols], row-major) and inverse scale (one fp32, device memory), set with `value`
+  // and cleared with it; the Linear's GEMMs read them instead of casting `value` again.
+  const uint8_t* fp8_value = nullptr;
+  const float* fp8_scale_inv = nullptr;
+
  private:
   std::string name_;
   std::vector<int64_t> shape_;

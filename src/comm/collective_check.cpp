@@ -88,7 +88,7 @@ std::string describe(const Fingerprint& f) {
   const CheckedOp op = static_cast<CheckedOp>(f.op);
   std::string out = checked_op_name(op);
   if (op == CheckedOp::Split) return out;
-  if (f.reduce >= 0) out += static_cast<ReduceOp>(f.reduce) == ReduceOp::Avg ? " (avg)" : " (sum)";
+  if (f.reduce >= 0) out += detail::concat(" (", reduce_op_name(static_cast<ReduceOp>(f.reduce)), ")");
   if (op == CheckedOp::Broadcast) out += detail::concat(" from root ", f.root);
   out += detail::concat(" of ", f.bytes, " bytes (", dtype_name(static_cast<DType>(f.dtype)), ")");
   return out;

@@ -10,6 +10,10 @@ CommContext::CommContext(Device& d)
       reduce_scatter_stream(d.create_stream("reduce-scatter", StreamPriority::High)),
       events(d) {}
 
+CommContext::~CommContext() {
+  for (const Fp8Amax& m : fp8_amax) device.free(m.amax, all_gather_stream);
+}
+
 void CommContext::create_separate_comm(Mesh& mesh) {
   auto& slot = separate_comms_[mesh.comm().world_ranks()];
   if (!slot) slot = mesh.comm().split_groups(mesh.comm().size(), 1, mesh.comm().name() + "/rs");

@@ -21,6 +21,9 @@ class FsdpState;
 class CommContext {
  public:
   explicit CommContext(Device& device);
+  ~CommContext();
+  CommContext(const CommContext&) = delete;
+  CommContext& operator=(const CommContext&) = delete;
 
   Device& device;
   Stream all_gather_stream;
@@ -53,6 +56,18 @@ class CommContext {
   // Whether all-reduces were issued since finalize last joined the all-reduce stream.
   bool all_reduce_pending = false;
   void ensure_all_reduce_stream();
+
+  // Note [Float8 all-gather] (src/core/param_group_fp8.cpp): per mesh with fp8 weights, its
+  // amax buffer (device fp32, a slot per weight, owned here), and whether the amaxes are the
+  // current shards' (false from the end of each step's last backward to the next precompute).
+  struct Fp8Amax {
+    Mesh* mesh = nullptr;
+    float* amax = nullptr;
+    int count = 0;
+    const char* label = "";
+  };
+  std::vector<Fp8Amax> fp8_amax;
+  bool fp8_amax_fresh = false;
 
   // Note [All-gather ordering]: order_all_gather makes the all-gather stream wait for the
   // compute stream as it was when the newest module began its compute (noted by

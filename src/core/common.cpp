@@ -42,6 +42,10 @@ const char* mem_tag_name(MemTag tag) {
   return names[static_cast<int>(tag)];
 }
 
+const char* reduce_op_name(ReduceOp op) {
+  return op == ReduceOp::Sum ? "sum" : op == ReduceOp::Avg ? "avg" : "max";
+}
+
 const char* collective_name(CollectiveKind kind) {
   static const char* names[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast",
                                 "all_to_all"};
@@ -163,6 +167,17 @@ void Device::swiglu_forward(Stream, const void*, DType, int64_t, int64_t, void*)
 }
 void Device::swiglu_backward(Stream, const void*, const void*, DType, int64_t, int64_t, void*) {
   not_on_backend(*this, "swiglu_backward");
+}
+void Device::fp8_amax(Stream, const void*, DType, int64_t, int64_t, Fp8Axis, float*) {
+  not_on_backend(*this, "fp8_amax");
+}
+void Device::fp8_cast(Stream, const void*, DType, DType, int64_t, int64_t, Fp8Axis, const float*,
+                      Fp8Format, uint8_t*, float*) {
+  not_on_backend(*this, "fp8_cast");
+}
+void Device::fp8_gemm(Stream, bool, bool, int64_t, int64_t, int64_t, Fp8Operand, Fp8Operand, bool,
+                      void*, DType) {
+  not_on_backend(*this, "fp8_gemm");
 }
 void Device::moe_route(Stream, const MoeRouting&) { not_on_backend(*this, "moe_route"); }
 void Device::moe_route_backward(Stream, const MoeRouting&, const float*, float*) {

@@ -180,6 +180,7 @@ void FsdpState::lazy_init(Stream stream) {
       if (const int n = s->post_forward_size(g->mesh())) ctx->create_post_forward_comm(g->mesh(), n);
     }
   optimizer_done_ = mesh.device().create_event();
+  setup_fp8_amax();
 }
 
 void FsdpState::root_pre_forward(RunContext& run) {
@@ -191,6 +192,7 @@ void FsdpState::root_pre_forward(RunContext& run) {
   // The all-gathers read the shards the optimizer wrote on the compute stream.
   d.record_event(optimizer_done_, run.compute);
   d.wait_event(ctx->all_gather_stream, optimizer_done_);
+  precompute_fp8_amax();  // Note [Float8 all-gather]: before the first all-gather
   // Note [Optimizer in forward]: compute is past the deferral here; a captured step's
   // updates then wait for an event recorded inside the capture.
   if (ctx->optimizer_in_forward) ctx->optimizer_in_forward->forward_begins(run.compute);
@@ -280,6 +282,7 @@ void FsdpState::explicit_unshard(bool async_op) {
     d.wait_event(ctx->all_gather_stream, issued);
     ctx->events.release(issued);
   }
+  root->precompute_fp8_amax();
   unshard("explicit");
   if (async_op) return;
   wait_for_unshard(compute);
@@ -458,6 +461,7 @@ void FsdpState::finalize_backward(RunContext& run) {
   for (FsdpState* s : all_states)
     for (auto& g : s->groups) g->materialize_zero_grad(run.compute);
   FSDP_CHECK(ctx->ring.size() == 0, "RS ring not empty after finalize");
+  ctx->fp8_amax_fresh = false;  // the optimizer is about to change the shards
   ctx->log("finalize", unit_label, "finalize");
   ctx->post_forward_order.clear();
 }

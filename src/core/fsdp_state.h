@@ -41,6 +41,10 @@ class FsdpState : public ModuleHooks {
   // FsdpModule::unshard; before the root's first forward it initializes the tree first
   // (Note [Unshard before forward]).
   void explicit_unshard(bool async_op);
+  // Root only, Note [Float8 all-gather] (param_group_fp8.cpp): the meshes' amax buffers (at
+  // lazy init), and their amaxes from the current shards, all-reduced once per step.
+  void setup_fp8_amax();
+  void precompute_fp8_amax();
 
   Module& module;
   Mesh& mesh;

@@ -43,6 +43,7 @@ ParamGroup::ParamGroup(FsdpState& state, Mesh& mesh, std::vector<Param*> params,
   }
   grads_.resize(params_.size());
   uses_seen_.assign(params_.size(), 0);
+  setup_fp8();
   all_gather_done_ = device_->create_event();
   post_forward_ready_ = device_->create_event();
 }
@@ -55,6 +56,7 @@ ParamGroup::~ParamGroup() {
   for (void* p : copied_out_) device_->free(p, s);
   if (unsharded_accum_) device_->free(unsharded_accum_, s);
   if (post_forward_) device_->free(post_forward_, s);
+  if (fp8_scale_inv_) device_->free(fp8_scale_inv_, s);
   if (partial_reduce_) device_->free(partial_reduce_, s);
   grads_.clear();
   device_->free(shard_param_, s);
@@ -101,10 +103,19 @@ void ParamGroup::unshard() {
   if (state_ == Gathering || state_ == Unsharded) return;
   const DType t = owner_->mp.param_dtype;
   const Stream s = ctx_->all_gather_stream;
-  const int64_t n = layout_.shard_numel;
+  const int64_t n = fp8_count_ > 0 ? fp8_chunk_units_ : layout_.shard_numel;
   gathered_ = device_->alloc(static_cast<size_t>(n * layout_.world) * dtype_size(t), s,
                              MemTag::AllGather);
-  if (state_ == ShardedPostForward) {
+  if (fp8_count_ > 0) {
+    // Note [Float8 all-gather]: refused with a post-forward mesh and the optimizer in forward.
+    FSDP_CHECK(state_ == Sharded && !update_pending(), "group ", label_,
+               ": a float8 all-gather gathers from the fp32 shards only");
+    char* slot = static_cast<char*>(gathered_) + static_cast<size_t>(n * mesh_->rank()) * dtype_size(t);
+    device_->set_label(label_ag_copy_in_);
+    fp8_copy_in(s, slot);
+    device_->set_label(label_ag_);
+    mesh_->comm().all_gather(slot, gathered_, n, t, s);
+  } else if (state_ == ShardedPostForward) {
     // Note [Post-forward mesh]: the N ranks of the small group hold the whole buffer.
     // (Its shard came from a forward all-gather, which ran any pending update first.)
     FSDP_CHECK(!update_pending(), "group ", label_, ": an update is pending over a post-forward shard");
@@ -138,7 +149,9 @@ void ParamGroup::wait_for_unshard(Stream compute) {
   if (state_ == Unsharded) return;
   device_->wait_event(compute, all_gather_done_);
   const DType t = owner_->mp.param_dtype;
-  if (layout_.views_suffice) {
+  if (fp8_count_ > 0) {
+    fp8_copy_out(compute);
+  } else if (layout_.views_suffice) {
     for (size_t i = 0; i < params_.size(); ++i) {
       const ShardSlice& sl = layout_.slices[i];
       params_[i]->value = view_tensor(
@@ -198,7 +211,11 @@ void ParamGroup::reshard(Stream compute, bool post_forward) {
   for (void* p : copied_out_) device_->free(p, compute);
   gathered_ = nullptr;
   copied_out_.clear();
-  for (Param* p : params_) p->value = Tensor{};
+  for (Param* p : params_) {
+    p->value = Tensor{};
+    p->fp8_value = nullptr;
+    p->fp8_scale_inv = nullptr;
+  }
   state_ = small > 0 ? ShardedPostForward : Sharded;
 }
 

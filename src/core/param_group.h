@@ -69,6 +69,13 @@ class ParamGroup {
   // The persistent grad shard, made on first use (never under an optimizer in backward).
   float* ensure_grad_shard(Stream s);
 
+  // Note [Float8 all-gather] (param_group_fp8.cpp). How many params gather as fp8 (0: none,
+  // the group gathers as before); set_fp8_amax gives them their slots of the mesh's amax
+  // buffer, which compute_fp8_amax fills from the fp32 shards (before the all-reduce).
+  int fp8_count() const { return fp8_count_; }
+  void set_fp8_amax(float* amax);
+  void compute_fp8_amax(Stream s);
+
  private:
   enum UnshardState { Sharded, ShardedPostForward, Gathering, Unsharded };
   // The post-forward group size the next forward reshard goes to (0: fully sharded).
@@ -94,6 +101,11 @@ class ParamGroup {
   // on the all-reduce stream, then into the grad shard there (Note [HSDP schedule]).
   void all_reduce_into_grad(void* rs_in, Stream rs_stream);
   void accumulate_unsharded(RunContext& ctx);
+  // Note [Float8 all-gather]: the copy-in of the mixed fp8 / param-dtype chunk, and the
+  // copy-out that sets Param::fp8_value.
+  void setup_fp8();
+  void fp8_copy_in(Stream s, char* chunk);
+  void fp8_copy_out(Stream compute);
   void release_grads();
 
   FsdpState* owner_;
@@ -129,6 +141,19 @@ class ParamGroup {
   bool fired_ = false;
   float* unsharded_accum_ = nullptr;  // fp32, sum of rows*cols, for no-sync micro-batches
   int64_t full_numel_ = 0;
+
+  // Note [Float8 all-gather]: per param its index among the fp8 ones (-1: param dtype) and
+  // its offset in its part of the chunk (bytes for fp8, elements for the rest); the chunk is
+  // fp8_chunk_units_ param-dtype elements per rank, the fp8 part first (fp8_bytes_, even).
+  int fp8_count_ = 0;
+  std::vector<int> fp8_index_;
+  std::vector<int64_t> fp8_offset_;
+  std::vector<ShardSlice> rest_slices_;  // the others', offsets within the rest part
+  std::vector<int> rest_params_;
+  int64_t fp8_bytes_ = 0;
+  int64_t fp8_chunk_units_ = 0;
+  float* fp8_amax_ = nullptr;       // fp8_count_ entries of the mesh's buffer (not owned)
+  float* fp8_scale_inv_ = nullptr;  // fp8_count_ inverse scales, written by the copy-in
 
   std::string label_;
   int ordinal_ = -1;  // index among the root's groups (sharded_groups order)

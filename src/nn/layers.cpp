@@ -6,6 +6,7 @@
 #include "fsdp/error.h"
 #include "fsdp/nn/transformer.h"
 #include "fsdp/synthetic.h"
+#include "nn/fp8_linear.h"
 
 namespace fsdp::nn {
 
@@ -72,6 +73,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor y = new_act(ctx, x.rows, out_);
   if (fused_relu) {
     FSDP_CHECK(!bias(), "Linear ", fqn(), ": fused_relu needs a Linear without bias");
+    FSDP_CHECK(weight().fp8 == Fp8Recipe::None, "Linear ", fqn(), ": fused_relu has no fp8 GEMM");
     d.set_label(op_label("fwd", "gemm+relu"));
     d.gemm_relu(ctx.compute, false, true, x.rows, out_, in_, x.data, weight().value.data,
                 ctx.act_dtype, y.data, y.dtype);
@@ -79,9 +81,14 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     saved_y_ = y;
     return y;
   }
-  d.set_label(op_label("fwd", "gemm"));
-  d.gemm(ctx.compute, false, true, x.rows, out_, in_, 1.0f, x.data, weight().value.data,
-         ctx.act_dtype, 0.0f, y.data, y.dtype);
+  if (weight().fp8 != Fp8Recipe::None) {
+    d.set_label(op_label("fwd", "fp8 gemm"));
+    fp8_linear_forward(ctx, weight(), x, y);
+  } else {
+    d.set_label(op_label("fwd", "gemm"));
+    d.gemm(ctx.compute, false, true, x.rows, out_, in_, 1.0f, x.data, weight().value.data,
+           ctx.act_dtype, 0.0f, y.data, y.dtype);
+  }
   if (Param* b = bias()) {
     Tensor one = ones(ctx, x.rows);
     d.gemm(ctx.compute, false, false, x.rows, out_, 1, 1.0f, one.data, b->value.data,
@@ -94,9 +101,14 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
 void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy) {
   Device& d = *ctx.device;
   Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, out_, in_, MemTag::Grad);
-  d.set_label(op_label("bwd", "gemm dW"));
-  d.gemm(ctx.compute, true, false, out_, in_, x.rows, 1.0f, dy.data, x.data, ctx.act_dtype, 0.0f,
-         dw.data, dw.dtype);
+  if (weight().fp8 != Fp8Recipe::None) {
+    d.set_label(op_label("bwd", "fp8 gemm dW"));
+    fp8_linear_weight_grad(ctx, weight(), x, dy, dw);
+  } else {
+    d.set_label(op_label("bwd", "gemm dW"));
+    d.gemm(ctx.compute, true, false, out_, in_, x.rows, 1.0f, dy.data, x.data, ctx.act_dtype,
+           0.0f, dw.data, dw.dtype);
+  }
   if (Param* b = bias()) {
     Tensor db = empty_tensor(d, ctx.compute, ctx.act_dtype, 1, out_, MemTag::Grad);
     Tensor one = ones(ctx, x.rows);
@@ -122,9 +134,14 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out, bool input_g
   Tensor dx;
   if (input_grad) {  // the first block's dX would be a whole GEMM for nothing
     dx = new_act(ctx, dy.rows, in_);
-    d.set_label(op_label("bwd", "gemm dX"));
-    d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,
-           ctx.act_dtype, 0.0f, dx.data, dx.dtype);
+    if (weight().fp8 != Fp8Recipe::None) {
+      d.set_label(op_label("bwd", "fp8 gemm dX"));
+      fp8_linear_input_grad(ctx, weight(), dy, dx);
+    } else {
+      d.set_label(op_label("bwd", "gemm dX"));
+      d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,
+             ctx.act_dtype, 0.0f, dx.data, dx.dtype);
+    }
   }
   if (defer_weight_grad) {
     deferred_x_ = std::move(saved_x_);

@@ -16,6 +16,7 @@ RankResult train_local_reference(Device& device, const TrainConfig& config, int 
   model_config.moe_group_tokens = config.tokens;  // route each rank's tokens as its own group
   std::unique_ptr<nn::Model> built = models::build_model(model_config);
   nn::Model& model = *built;
+  nn::enable_fp8(model, config.fp8);
   std::vector<optim::ParamSpan> spans;
   std::vector<Tensor> grads;
   std::vector<std::string> names;  // fqns, in all_params() order

@@ -37,6 +37,7 @@ ParallelModel parallelize_model(Device& device, std::shared_ptr<Comm> world,
   if (out.ep > 1) out.ep_comm = w.split_groups(out.ep, 1, "ep");
   out.model = models::build_model(model_config);
   out.model->set_expert_comm(out.ep_comm.get());
+  nn::enable_fp8(*out.model, config.fp8);  // before fully_shard: it groups the fp8 weights
   nn::apply_activation_checkpointing(*out.model, config.activation_checkpoint);
   // HSDP (docs/hsdp.md): every mesh is replicate x shard, the same ranks in each role.
   const int replicas = config.hsdp_replicas;
@@ -49,7 +50,7 @@ ParallelModel parallelize_model(Device& device, std::shared_ptr<Comm> world,
   options.reshard_after_forward = config.reshard_after_forward;
   if (config.reshard_after_forward_size > 0)
     options.reshard_after_forward = config.reshard_after_forward_size;
-  options.mp_policy = {config.param_dtype, config.reduce_dtype};
+  options.mp_policy = {config.param_dtype, config.reduce_dtype, config.fp8_all_gather};
   models::ParallelizeContext placement{device,  w,      *out.dp_mesh, make_mesh, replicas != 0,
                                        options, config.experts_on_own_mesh, nullptr};
   FsdpModule& root = family.parallelize(*out.model, placement);

@@ -85,6 +85,21 @@ void check_train_config(const TrainConfig& c, int world_size) {
                     ") is not supported yet: use one of the two");
   FSDP_OPTION_CHECK(world_size % ep == 0, OptionName{"ep"}, " (", ep,
                     ") must divide the number of ranks (", world_size, ")");
+  // fp8 (docs/fp8.md).
+  if (c.fp8 != Fp8Recipe::None) {
+    const OptionName fp8{"fp8"};
+    FSDP_OPTION_CHECK(c.param_dtype == DType::BF16, fp8, " needs ", OptionName{"param_dtype"},
+                      " bf16 (its GEMMs take and give bf16), got ", dtype_name(c.param_dtype));
+    nn::enable_fp8(*models::build_model(model), c.fp8);  // refuses blocks without Linears
+    const bool fp8_gather = c.fp8 == Fp8Recipe::Tensorwise && c.fp8_all_gather;
+    FSDP_OPTION_CHECK(!(fp8_gather && c.optimizer_in_forward), fp8, " tensorwise with ",
+                      OptionName{"fp8_all_gather"}, " cannot take ",
+                      OptionName{"optimizer_in_forward"},
+                      " (its update writes the all-gather input in bf16): turn one off");
+    FSDP_OPTION_CHECK(!(fp8_gather && c.reshard_after_forward_size > 0), fp8, " tensorwise with ",
+                      OptionName{"fp8_all_gather"}, " cannot take ",
+                      OptionName{"reshard_after_forward_size"}, " yet: turn one off");
+  }
   const int shard = world_size / std::max(replicas, 1);
   const int n = c.reshard_after_forward_size;
   FSDP_OPTION_CHECK(n == 0 || shard % n == 0, OptionName{"reshard_after_forward_size"}, " ", n,

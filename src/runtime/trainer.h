@@ -44,6 +44,10 @@ struct TrainConfig {
   uint64_t seed = 1;
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
+  // fp8 GEMMs in the blocks' Linears (docs/fp8.md; nn::enable_fp8); tensorwise weights are
+  // all-gathered as fp8 unless fp8_all_gather is off (MixedPrecisionPolicy::fp8_all_gather).
+  Fp8Recipe fp8 = Fp8Recipe::None;
+  bool fp8_all_gather = true;
   bool reshard_after_forward = true;
   // > 0: the blocks reshard after forward to groups of this many ranks (FSDP2's
   // reshard_after_forward=<int>, Note [Post-forward mesh]); it must divide the shard size.

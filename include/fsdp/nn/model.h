@@ -123,6 +123,12 @@ class Model : public Module {
   bool cross_entropy_ = false;
 };
 
+// fp8 training (docs/fp8.md): marks the weight of every Linear inside the blocks (Param::fp8)
+// with `recipe`, except MoE routers, whose softmax wants the param dtype; the embedding, the
+// head, the norms and attention stay as they are. Returns how many weights it marked. A
+// Linear with a fused ReLU cannot take it: a one-line OptionError.
+int enable_fp8(Model& model, Fp8Recipe recipe);
+
 // Which blocks of a Model are checkpointed, and how (Note [Activation checkpointing] in
 // fsdp/module.h), after torchtitan's activation_checkpoint: mode full checkpoints every block,
 // or one block in N (its layer-level option N; here blocks 0, N, 2N, ..., i.e. block i when

@@ -36,6 +36,7 @@
 #include "backend/cpu/cpu_comm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstring>
 #include <optional>
@@ -77,7 +78,7 @@ std::string describe(const CollectiveCall& c) {
   if (c.op == CollectiveOp::Split) return "split";
   if (c.op == CollectiveOp::AllToAll) return detail::concat("all_to_all(", dtype_name(c.dtype), ")");
   std::string out = detail::concat(op_name(c.op), "(count=", c.count, ", ", dtype_name(c.dtype));
-  if (is_reduction(c.op)) out += c.reduce == ReduceOp::Sum ? ", sum" : ", avg";
+  if (is_reduction(c.op)) out += detail::concat(", ", reduce_op_name(c.reduce));
   if (c.op == CollectiveOp::Broadcast) out += detail::concat(", root=", c.root);
   return out + ")";
 }
@@ -237,10 +238,14 @@ void run_collective(CommShared& shared, int member, int64_t seq, const Collectiv
 // member's send buffer, in member order, in fp32.
 std::vector<float> reduce_in_member_order(const std::vector<CollectiveCall>& calls, int64_t first,
                                           int64_t count, DType t, ReduceOp op) {
-  std::vector<float> acc(static_cast<size_t>(count), 0.0f);
+  std::vector<float> acc(static_cast<size_t>(count), op == ReduceOp::Max ? -INFINITY : 0.0f);
   with_io(t, [&](auto in) {
     for (const CollectiveCall& c : calls)
-      for (int64_t e = 0; e < count; ++e) acc[static_cast<size_t>(e)] += in.load(c.send, first + e);
+      for (int64_t e = 0; e < count; ++e) {
+        float& a = acc[static_cast<size_t>(e)];
+        const float v = in.load(c.send, first + e);
+        a = op != ReduceOp::Max ? a + v : (std::isnan(a) || std::isnan(v)) ? NAN : std::max(a, v);
+      }
   });
   if (op == ReduceOp::Avg) {
     const float n = static_cast<float>(calls.size());

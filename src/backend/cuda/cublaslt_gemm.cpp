@@ -14,6 +14,12 @@ cudaDataType_t lt_type(DType t) {
   return t == DType::F32 ? CUDA_R_32F : CUDA_R_16BF;
 }
 
+// An operand's type: fp8 keys carry their formats (bit 1: our A, bit 2: our B).
+cudaDataType_t operand_type(uint8_t fp8, bool ours_a, DType ab_t) {
+  if (!(fp8 & 1)) return lt_type(ab_t);
+  return (fp8 & (ours_a ? 2 : 4)) ? CUDA_R_8F_E5M2 : CUDA_R_8F_E4M3;
+}
+
 // The largest power of two (up to the 256 cuBLASLt assumes by default) dividing the address:
 // a view into the middle of a buffer must not get a kernel that needs 16-byte alignment.
 uint16_t alignment_of(const void* p) {
@@ -48,6 +54,7 @@ size_t LtGemm::KeyHash::operator()(const Key& key) const {
   mix((uint64_t{key.trans_a} << 0) | (uint64_t{key.trans_b} << 1) |
       (static_cast<uint64_t>(key.ab_t) << 2) | (static_cast<uint64_t>(key.c_t) << 4) |
       (uint64_t{key.align_a} << 8) | (uint64_t{key.align_b} << 24) | (uint64_t{key.align_c} << 40));
+  mix(static_cast<uint64_t>(key.fp8) | (uint64_t{key.relu} << 8));
   return h;
 }
 
@@ -143,10 +150,20 @@ LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
     // Layouts describe the matrices as stored (column-major view, before the transposes).
     const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
     const uint64_t b_rows = key.trans_a ? key.m : key.k, b_cols = key.trans_a ? key.k : key.m;
-    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_a, lt_type(key.ab_t), a_rows, a_cols,
-                                                 static_cast<int64_t>(a_rows)));
-    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_b, lt_type(key.ab_t), b_rows, b_cols,
-                                                 static_cast<int64_t>(b_rows)));
+    // torchao's default: fast accumulation for the forward GEMM (both operands E4M3), the
+    // more accurate one for the gradient GEMMs (an E5M2 operand).
+    if ((key.fp8 & 1) && !(key.fp8 & 6))
+      set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{1});
+    if (key.fp8 & 8) {  // rowwise: a vector of inverse scales per operand
+      set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                         int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
+      set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                         int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
+    }
+    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_a, operand_type(key.fp8, false, key.ab_t),
+                                                 a_rows, a_cols, static_cast<int64_t>(a_rows)));
+    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_b, operand_type(key.fp8, true, key.ab_t),
+                                                 b_rows, b_cols, static_cast<int64_t>(b_rows)));
     FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_c, lt_type(key.c_t), key.n, key.m,
                                                  static_cast<int64_t>(key.n)));
 
@@ -164,7 +181,8 @@ LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
                                                      &found));
     FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for gemm m=", key.m, " n=", key.n,
                " k=", key.k, " trans_a=", key.trans_a, " trans_b=", key.trans_b,
-               " ab=", dtype_name(key.ab_t), " c=", dtype_name(key.c_t));
+               " ab=", key.fp8 ? "fp8" : dtype_name(key.ab_t), " c=", dtype_name(key.c_t),
+               key.fp8 & 8 ? " (rowwise scales)" : "");
     // The ReLU epilogue writes C without reading it, like beta = 0: the same timing applies.
     const int chosen = autotune_ && found > 1 ? fastest(plan, key, operands, results, found) : 0;
     plan.algo = results[chosen].algo;
@@ -193,6 +211,37 @@ void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int
   FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, b, plan.lt_a, a, plan.lt_b, &beta, c,
                                    plan.lt_c, c, plan.lt_c, &plan.algo, workspace, kWorkspaceBytes,
                                    stream));
+}
+
+void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const void* a,
+                     Fp8Format a_format, const float* a_scale_inv, const void* b,
+                     Fp8Format b_format, const float* b_scale_inv, bool rowwise, void* c,
+                     DType c_t) {
+  const uint8_t fp8 = static_cast<uint8_t>(1 | (a_format == Fp8Format::E5M2 ? 2 : 0) |
+                                           (b_format == Fp8Format::E5M2 ? 4 : 0) | (rowwise ? 8 : 0));
+  const Key key{m,  n,   k,   false, true, DType::BF16, c_t, alignment_of(a), alignment_of(b),
+                alignment_of(c), false, fp8};
+  // Autotuning would run the candidates before the scale pointers are set: the heuristic's
+  // first choice serves fp8 plans.
+  const bool autotune = autotune_;
+  autotune_ = false;
+  const Plan* plan = nullptr;
+  try {
+    plan = &plan_for(key, Operands{stream, a, b});
+  } catch (...) {
+    autotune_ = autotune;
+    throw;
+  }
+  autotune_ = autotune;
+  // Note [Row-major GEMM on a column-major library]: cuBLASLt's A is our B. The pointers go
+  // into the cached descriptor at each call; the GEMM reads the values when it runs.
+  set_desc_attribute(plan->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, b_scale_inv);
+  set_desc_attribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv);
+  const float alpha = 1.0f, beta = 0.0f;
+  void* workspace = workspace_for(stream);
+  FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, b, plan->lt_a, a, plan->lt_b, &beta,
+                                   c, plan->lt_c, c, plan->lt_c, &plan->algo, workspace,
+                                   kWorkspaceBytes, stream));
 }
 
 }  // namespace fsdp::cuda

@@ -28,6 +28,7 @@
 #include <unordered_map>
 
 #include "fsdp/dtype.h"
+#include "fsdp/fp8.h"
 
 namespace fsdp::cuda {
 
@@ -46,6 +47,14 @@ class LtGemm {
            float alpha, const void* a, const void* b, DType ab_t, float beta, void* c, DType c_t,
            bool relu = false);  // relu: the CUBLASLT_EPILOGUE_RELU epilogue
 
+  // Device::fp8_gemm with C = op(A) op(B) in cuBLASLt's one fp8 layout: A [m, k] and B
+  // [n, k], both row-major (trans_a false, trans_b true); the caller transposes the rest. The
+  // inverse scales are device pointers (one each, or m and n with rowwise: the
+  // CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F mode), read when the GEMM runs.
+  void run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const void* a,
+               Fp8Format a_format, const float* a_scale_inv, const void* b, Fp8Format b_format,
+               const float* b_scale_inv, bool rowwise, void* c, DType c_t);
+
   size_t cached_plans() const { return plans_.size(); }
   bool autotune() const { return autotune_; }
   void set_autotune(bool on) { autotune_ = on; }  // for plans made after the call
@@ -57,6 +66,8 @@ class LtGemm {
     DType ab_t, c_t;
     uint16_t align_a, align_b, align_c;  // bytes, power of two up to 256
     bool relu;
+    // fp8 GEMMs: bit 0 set, bit 1 A is E5M2, bit 2 B is E5M2, bit 3 rowwise (0: not fp8).
+    uint8_t fp8 = 0;
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {

@@ -160,6 +160,14 @@ class CudaDevice final : public Device {
                       void* out) override;
   void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
                        int64_t ffn, void* dh) override;
+  // ---- fp8 (cuda_fp8_ops.cpp; docs/fp8.md)
+  void fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_t cols, Fp8Axis axis,
+                float* amax) override;
+  void fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_t rows, int64_t cols,
+                Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
+                float* scale_inv) override;
+  void fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                Fp8Operand a, Fp8Operand b, bool rowwise, void* c, DType c_t) override;
 
   // ---- CUDA graphs (cuda_graphs.cpp; Note [CUDA graph capture] there).
   void begin_capture(Stream s) override;

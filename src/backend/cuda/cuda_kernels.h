@@ -161,6 +161,16 @@ void swiglu_forward(cudaStream_t stream, const void* h, DType t, int64_t rows, i
 void swiglu_backward(cudaStream_t stream, const void* h, const void* dout, DType t, int64_t rows,
                      int64_t ffn, void* dh);
 
+// ---- fp8 (kernels_fp8.cu): Device::fp8_amax and fp8_cast's contracts; transpose_u8 writes
+// src [rows, cols] as dst [cols, rows].
+void fp8_amax(cudaStream_t stream, const void* x, DType t, int64_t rows, int64_t cols,
+              Device::Fp8Axis axis, float* amax);
+void fp8_cast(cudaStream_t stream, const void* x, DType t, DType value_t, int64_t rows,
+              int64_t cols, Device::Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
+              float* scale_inv);
+void transpose_u8(cudaStream_t stream, const uint8_t* src, int64_t rows, int64_t cols,
+                  uint8_t* dst);
+
 // ---- attention on CUDA cores (attention_simt.cu): flash-style tiles, fp32 math, no T x T
 // buffer. The path for fp32 activations (cuDNN's fused attention is fp16/bf16 only), and for
 // bf16 when FSDP_ATTENTION=simt asks for it. Layout and lse as Device::attention_forward.

@@ -25,7 +25,7 @@ ncclDataType_t nccl_type(DType t) {
   return t == DType::F32 ? ncclFloat32 : t == DType::I32 ? ncclInt32 : ncclBfloat16;
 }
 ncclRedOp_t nccl_op(ReduceOp op) {
-  return op == ReduceOp::Avg ? ncclAvg : ncclSum;
+  return op == ReduceOp::Avg ? ncclAvg : op == ReduceOp::Max ? ncclMax : ncclSum;
 }
 
 // `name` must outlive the NCCL call that takes the config (NCCL copies it for its logs).

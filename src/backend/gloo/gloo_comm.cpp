@@ -26,6 +26,7 @@
 //    notice (a peer alive but stuck elsewhere), the members that gave up on the collective
 //    say so in the store, and the error names those that never did.
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -153,11 +154,14 @@ std::string failure_message(const GlooProcess& process, const GlooCommShared& co
 // member order and in fp32, rounded to t once: the thread backend's arithmetic exactly.
 void reduce_chunks(const void* chunks, int members, int64_t count, DType t, ReduceOp op,
                    void* out) {
-  std::vector<float> acc(static_cast<size_t>(count), 0.0f);
+  std::vector<float> acc(static_cast<size_t>(count), op == ReduceOp::Max ? -INFINITY : 0.0f);
   cpu::with_io(t, [&](auto io) {
     for (int m = 0; m < members; ++m)
-      for (int64_t e = 0; e < count; ++e)
-        acc[static_cast<size_t>(e)] += io.load(chunks, m * count + e);
+      for (int64_t e = 0; e < count; ++e) {
+        float& a = acc[static_cast<size_t>(e)];
+        const float v = io.load(chunks, m * count + e);
+        a = op != ReduceOp::Max ? a + v : (std::isnan(a) || std::isnan(v)) ? NAN : std::max(a, v);
+      }
     const float n = static_cast<float>(members);
     for (int64_t e = 0; e < count; ++e)
       io.store(out, e, op == ReduceOp::Avg ? acc[static_cast<size_t>(e)] / n

@@ -1,0 +1,79 @@
+// fp8 on the CUDA backend (docs/fp8.md): the casts in kernels_fp8.cu, the GEMM on cuBLASLt
+// with device-side inverse scales (CUBLASLT_MATMUL_DESC_A/B_SCALE_POINTER; rowwise through
+// the OUTER_VEC_32F scale mode), so no host read and graph capture works.
+//
+// cuBLASLt runs fp8 GEMMs in one layout only (row-major A [m, k] and B [n, k], "TN" in its
+// column-major terms): an operand in the other layout is transposed into a stream-ordered
+// temporary first. The scales keep their meaning (per row of op(A), per column of op(B)).
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "fsdp/error.h"
+
+namespace fsdp::cuda {
+
+namespace {
+
+void check_fp8_input(const char* op, const void* x, DType t, int64_t rows, int64_t cols) {
+  FSDP_CHECK(rows >= 0 && cols >= 0, op, ": rows ", rows, ", cols ", cols);
+  FSDP_CHECK(t == DType::F32 || t == DType::BF16, op, ": x must be fp32 or bf16, got ",
+             dtype_name(t));
+  FSDP_CHECK(rows * cols == 0 || x != nullptr, op, ": x is null");
+}
+
+}  // namespace
+
+void CudaDevice::fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_t cols,
+                          Fp8Axis axis, float* amax) {
+  check_fp8_input("fp8_amax", x, t, rows, cols);
+  FSDP_CHECK(amax != nullptr, "fp8_amax: amax is null");
+  OpScope op(*this, s, OpKind::Kernel);
+  kernels::fp8_amax(op.stream(), x, t, rows, cols, axis, amax);
+}
+
+void CudaDevice::fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_t rows,
+                          int64_t cols, Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
+                          float* scale_inv) {
+  check_fp8_input("fp8_cast", x, t, rows, cols);
+  FSDP_CHECK(amax != nullptr && (rows * cols == 0 || q != nullptr), "fp8_cast: a null buffer");
+  OpScope op(*this, s, OpKind::Kernel);
+  kernels::fp8_cast(op.stream(), x, t, value_t, rows, cols, axis, amax, f, q, scale_inv);
+}
+
+void CudaDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                          Fp8Operand a, Fp8Operand b, bool rowwise, void* c, DType c_t) {
+  const char* name = "fp8_gemm";
+  FSDP_CHECK(m >= 0 && n >= 0 && k >= 0, name, ": negative dims ", m, "x", n, "x", k);
+  FSDP_CHECK(!(a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2), name,
+             ": A and B cannot both be e5m2");
+  FSDP_CHECK(a.scale_inv && b.scale_inv && (m * k == 0 || a.data) && (k * n == 0 || b.data) &&
+                 (m * n == 0 || c),
+             name, ": a null buffer");
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // no products: zeros, as Device::gemm gives
+    OpScope op(*this, s, OpKind::Kernel);
+    kernels::fill(op.stream(), c, c_t, m * n, 0.0f);
+    return;
+  }
+  // cuBLASLt's fp8 kernels want 16-byte aligned rows: k (the leading dimension of both
+  // operands in its layout) a multiple of 16, and m and n too for the transposed copies and C.
+  FSDP_CHECK(m % 16 == 0 && n % 16 == 0 && k % 16 == 0, name, " on CUDA needs m, n and k "
+             "multiples of 16 (cuBLASLt's fp8 GEMMs), got ", m, "x", n, "x", k);
+  uint8_t* a_t = nullptr;
+  uint8_t* b_t = nullptr;
+  if (trans_a) a_t = static_cast<uint8_t*>(alloc(static_cast<size_t>(m * k), s, MemTag::Activation));
+  if (!trans_b) b_t = static_cast<uint8_t*>(alloc(static_cast<size_t>(n * k), s, MemTag::Activation));
+  {
+    OpScope op(*this, s, OpKind::Kernel);
+    const uint8_t* a_rows = a.data;  // [m, k]
+    const uint8_t* b_rows = b.data;  // [n, k]
+    if (a_t) kernels::transpose_u8(op.stream(), a.data, k, m, a_t), a_rows = a_t;
+    if (b_t) kernels::transpose_u8(op.stream(), b.data, k, n, b_t), b_rows = b_t;
+    gemm_->run_fp8(op.stream(), m, n, k, a_rows, a.format, a.scale_inv, b_rows, b.format,
+                   b.scale_inv, rowwise, c, c_t);
+  }
+  if (a_t) free(a_t, s);  // stream-ordered: after the GEMM read it
+  if (b_t) free(b_t, s);
+}
+
+}  // namespace fsdp::cuda

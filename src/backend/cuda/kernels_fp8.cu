@@ -1,0 +1,160 @@
+// fp8 kernels (docs/fp8.md): amax per tensor, row or column, the scaled cast (the hardware
+// cvt.rn.satfinite on sm_89+, through __nv_cvt_float_to_fp8), and a byte transpose for
+// cuBLASLt's one fp8 layout. The scale arithmetic is the CPU backend's, operation for
+// operation (Note [Fp8 scale] in fsdp/fp8.h), so the codes agree bit for bit
+// (tests/gpu/test_fp8_casts.cpp).
+#include <cuda_fp8.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/kernel_common.cuh"
+
+namespace fsdp::cuda::kernels {
+namespace {
+
+using Axis = Device::Fp8Axis;
+
+// |x| as its bits: non-negative floats order as their bits, and NaN (0x7fc00000 and up)
+// above infinity, so an integer max keeps NaN as the CPU's max does.
+template <typename T>
+__device__ __forceinline__ unsigned abs_bits(const T* x, int64_t i) {
+  return __float_as_uint(fabsf(to_float(x[i])));
+}
+
+__device__ __forceinline__ unsigned block_max_bits(unsigned v) {
+  __shared__ unsigned warp_max[kThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? warp_max[threadIdx.x] : 0u;
+    for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+template <typename T>
+__global__ void amax_tensor_kernel(const T* x, int64_t n, unsigned* amax_bits) {
+  unsigned m = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    m = max(m, abs_bits(x, i));
+  m = block_max_bits(m);
+  if (threadIdx.x == 0) atomicMax(amax_bits, m);
+}
+
+template <typename T>
+__global__ void amax_rows_kernel(const T* x, int64_t rows, int64_t cols, float* amax) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    unsigned m = 0;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) m = max(m, abs_bits(x, r * cols + c));
+    m = block_max_bits(m);
+    if (threadIdx.x == 0) amax[r] = __uint_as_float(m);
+    __syncthreads();  // warp_max is reused by the next row
+  }
+}
+
+// Threads over columns (coalesced), blockIdx.y over bands of rows; the bands meet in an
+// atomic max (the buffer zeroed first).
+template <typename T>
+__global__ void amax_cols_kernel(const T* x, int64_t rows, int64_t cols, int64_t band,
+                                 unsigned* amax_bits) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= cols) return;
+  unsigned m = 0;
+  const int64_t end = std::min<int64_t>(rows, (blockIdx.y + 1) * band);
+  for (int64_t r = blockIdx.y * band; r < end; ++r) m = max(m, abs_bits(x, r * cols + c));
+  atomicMax(amax_bits + c, m);
+}
+
+__device__ __forceinline__ float round_to(float v, bool to_bf16) {
+  return to_bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : v;
+}
+
+// fp8_scale_of, written as std::max is: a NaN amax stays NaN (fmaxf would drop it).
+__device__ __forceinline__ float scale_of(float amax, float max_value) {
+  return max_value / (amax < kFp8AmaxFloor ? kFp8AmaxFloor : amax);
+}
+
+template <typename T>
+__global__ void cast_kernel(const T* x, int64_t rows, int64_t cols, Axis axis, bool to_bf16,
+                            const float* amax, __nv_fp8_interpretation_t format, float max_value,
+                            uint8_t* q, float* scale_inv, int64_t scales) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n || i < scales;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if (i < scales && scale_inv) scale_inv[i] = 1.0f / scale_of(round_to(amax[i], to_bf16), max_value);
+    if (i >= n) continue;
+    const int64_t s = axis == Axis::Tensor ? 0 : axis == Axis::Rows ? i / cols : i % cols;
+    const float scale = scale_of(round_to(amax[s], to_bf16), max_value);
+    q[i] = __nv_cvt_float_to_fp8(round_to(to_float(x[i]), to_bf16) * scale, __NV_SATFINITE, format);
+  }
+}
+
+__global__ void transpose_u8_kernel(const uint8_t* src, int64_t rows, int64_t cols, uint8_t* dst) {
+  __shared__ uint8_t tile[32][33];
+  const int64_t r0 = blockIdx.y * 32, c0 = blockIdx.x * 32;
+  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+    const int64_t r = r0 + j, c = c0 + threadIdx.x;
+    if (r < rows && c < cols) tile[j][threadIdx.x] = src[r * cols + c];
+  }
+  __syncthreads();
+  for (int j = threadIdx.y; j < 32; j += blockDim.y) {
+    const int64_t c = c0 + j, r = r0 + threadIdx.x;  // dst is [cols, rows]
+    if (c < cols && r < rows) dst[c * rows + r] = tile[threadIdx.x][j];
+  }
+}
+
+}  // namespace
+
+void fp8_amax(cudaStream_t stream, const void* x, DType t, int64_t rows, int64_t cols, Axis axis,
+              float* amax) {
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    const T* p = static_cast<const T*>(x);
+    if (axis == Axis::Tensor) {
+      FSDP_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+      if (rows * cols > 0)
+        amax_tensor_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(
+            p, rows * cols, reinterpret_cast<unsigned*>(amax));
+    } else if (axis == Axis::Rows) {
+      if (rows > 0)
+        amax_rows_kernel<<<static_cast<int>(std::min<int64_t>(rows, 65535)), kThreads, 0, stream>>>(
+            p, rows, cols, amax);
+    } else if (cols > 0) {
+      FSDP_CUDA_CHECK(cudaMemsetAsync(amax, 0, static_cast<size_t>(cols) * sizeof(float), stream));
+      const int64_t band = 64;
+      const dim3 grid(static_cast<unsigned>((cols + kThreads - 1) / kThreads),
+                      static_cast<unsigned>(std::clamp<int64_t>((rows + band - 1) / band, 1, 65535)));
+      const int64_t rows_per_band = (rows + grid.y - 1) / grid.y;
+      if (rows > 0)
+        amax_cols_kernel<<<grid, kThreads, 0, stream>>>(p, rows, cols, rows_per_band,
+                                                        reinterpret_cast<unsigned*>(amax));
+    }
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_cast(cudaStream_t stream, const void* x, DType t, DType value_t, int64_t rows,
+              int64_t cols, Axis axis, const float* amax, Fp8Format f, uint8_t* q,
+              float* scale_inv) {
+  const int64_t scales = axis == Axis::Tensor ? 1 : axis == Axis::Rows ? rows : cols;
+  const __nv_fp8_interpretation_t format = f == Fp8Format::E4M3 ? __NV_E4M3 : __NV_E5M2;
+  dispatch_dtype(t, [&](auto tag) {
+    using T = decltype(tag);
+    cast_kernel<<<blocks_for(std::max(rows * cols, scales)), kThreads, 0, stream>>>(
+        static_cast<const T*>(x), rows, cols, axis, value_t == DType::BF16, amax, format,
+        fp8_spec(f).max, q, scale_inv, scales);
+  });
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void transpose_u8(cudaStream_t stream, const uint8_t* src, int64_t rows, int64_t cols,
+                  uint8_t* dst) {
+  if (rows == 0 || cols == 0) return;
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
+  transpose_u8_kernel<<<grid, dim3(32, 8), 0, stream>>>(src, rows, cols, dst);
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace fsdp::cuda::kernels

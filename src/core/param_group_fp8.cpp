@@ -1,0 +1,184 @@
+// Note [Float8 all-gather]
+// A param group holding tensorwise fp8 weights (Param::fp8, MixedPrecisionPolicy::
+// fp8_all_gather) gathers them as E4M3, as torchao's float8 all-gather with FSDP2 does:
+// - Once per root forward, before any of its all-gathers (FsdpState::root_pre_forward, or an
+//   explicit unshard that comes first), every group writes each fp8 weight's amax over its
+//   fp32 shard into its slot of its mesh's amax buffer, and each mesh all-reduces (max) its
+//   buffer: one small all-reduce per mesh (torchao's precompute_float8_dynamic_scale_for_fsdp).
+//   The mesh is the one the weights shard over: the shard group under HSDP (the replicas hold
+//   the same values), the expert mesh for experts. The amaxes are then those of the whole
+//   weights, on every rank.
+// - The copy-in casts each shard to E4M3 with the scale of that global amax (Note [Fp8
+//   scale] in fsdp/fp8.h), after rounding to the param dtype, so the codes are exactly those
+//   that casting the gathered param-dtype weight would give; the other params (norms,
+//   biases) are cast to the param dtype as before. A rank's chunk holds the fp8 part first
+//   (its byte count rounded up to even), then the rest: one all-gather of
+//   fp8_chunk_units_ param-dtype elements per rank, so the fp8 weights move half the bytes.
+// - The copy-out gives each fp8 weight its codes (Param::fp8_value) and inverse scale, which
+//   the Linear's GEMMs read directly; Param::value stays empty for it.
+// Every rank computes the same scales, so none is sent. The inverse scales live in device
+// memory: a step reads none on the host (graphs replay it). A forward's and the following
+// backward's copy-ins write the same inverse scales (the amax changes only at the next
+// root forward, after the optimizer). The reduce-scatter is unchanged.
+#include <algorithm>
+
+#include "core/fsdp_state.h"
+#include "core/param_group.h"
+#include "fsdp/error.h"
+
+namespace fsdp::core {
+
+void ParamGroup::setup_fp8() {
+  fp8_index_.assign(params_.size(), -1);
+  if (!owner_->mp.fp8_all_gather) return;
+  for (size_t i = 0; i < params_.size(); ++i)
+    if (params_[i]->fp8 == Fp8Recipe::Tensorwise) fp8_index_[i] = fp8_count_++;
+  if (fp8_count_ == 0) return;
+  FSDP_USER_CHECK(owner_->mp.param_dtype == DType::BF16,
+                  "a float8 all-gather needs bf16 params (module '", owner_->module.fqn(), "')");
+  FSDP_USER_CHECK(owner_->post_forward_size(*mesh_) == 0,
+                  "a float8 all-gather cannot reshard after forward to a smaller group yet "
+                  "(module '", owner_->module.fqn(), "'): set fp8_all_gather off or "
+                  "reshard_after_forward to a bool");
+  fp8_offset_.assign(params_.size(), 0);
+  int64_t bytes = 0, rest = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ShardSlice& sl = layout_.slices[i];
+    const int64_t n = sl.rows_per_rank * sl.cols;
+    if (fp8_index_[i] >= 0) {
+      fp8_offset_[i] = bytes;
+      bytes += n;
+    } else {
+      ShardSlice r = sl;
+      r.offset = rest;
+      rest_slices_.push_back(r);
+      rest_params_.push_back(static_cast<int>(i));
+      fp8_offset_[i] = rest;
+      rest += n;
+    }
+  }
+  fp8_bytes_ = (bytes + 1) & ~int64_t{1};
+  fp8_chunk_units_ = fp8_bytes_ / 2 + rest;
+  fp8_scale_inv_ = static_cast<float*>(device_->alloc(
+      static_cast<size_t>(fp8_count_) * sizeof(float), mesh_->init_stream(), MemTag::Other));
+}
+
+void ParamGroup::set_fp8_amax(float* amax) { fp8_amax_ = amax; }
+
+void ParamGroup::compute_fp8_amax(Stream s) {
+  FSDP_CHECK(fp8_amax_, "group ", label_, ": no amax slots");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (fp8_index_[i] < 0) continue;
+    const ShardSlice& sl = layout_.slices[i];
+    device_->fp8_amax(s, shard_param_ + sl.offset, DType::F32, sl.rows_per_rank, sl.cols,
+                      Device::Fp8Axis::Tensor, fp8_amax_ + fp8_index_[i]);
+  }
+}
+
+void ParamGroup::fp8_copy_in(Stream s, char* chunk) {
+  const DType t = owner_->mp.param_dtype;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ShardSlice& sl = layout_.slices[i];
+    const float* src = shard_param_ + sl.offset;
+    const int k = fp8_index_[i];
+    if (k >= 0) {
+      device_->fp8_cast(s, src, DType::F32, t, sl.rows_per_rank, sl.cols, Device::Fp8Axis::Tensor,
+                        fp8_amax_ + k, Fp8Format::E4M3,
+                        reinterpret_cast<uint8_t*>(chunk + fp8_offset_[i]), fp8_scale_inv_ + k);
+    } else {
+      device_->cast(s, chunk + fp8_bytes_ + fp8_offset_[i] * static_cast<int64_t>(dtype_size(t)), t,
+                    src, DType::F32, sl.rows_per_rank * sl.cols);
+    }
+  }
+}
+
+void ParamGroup::fp8_copy_out(Stream compute) {
+  const DType t = owner_->mp.param_dtype;
+  const size_t chunk_bytes = static_cast<size_t>(fp8_chunk_units_) * dtype_size(t);
+  const char* gathered = static_cast<const char*>(gathered_);
+  device_->set_label(label_copy_out_);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int k = fp8_index_[i];
+    if (k < 0) continue;
+    const ShardSlice& sl = layout_.slices[i];
+    auto* dst = static_cast<uint8_t*>(
+        device_->alloc(static_cast<size_t>(sl.rows * sl.cols), compute, MemTag::Unsharded));
+    copied_out_.push_back(dst);
+    // Rank r holds rows [r * rows_per_rank, ...) of the weight, contiguous in its chunk.
+    for (int r = 0; r < layout_.world; ++r) {
+      const int64_t rows = std::clamp<int64_t>(sl.rows - r * sl.rows_per_rank, 0, sl.rows_per_rank);
+      if (rows == 0) break;
+      device_->copy(compute, dst + r * sl.rows_per_rank * sl.cols,
+                    gathered + r * chunk_bytes + fp8_offset_[i], static_cast<size_t>(rows * sl.cols));
+    }
+    params_[i]->value = Tensor{};
+    params_[i]->fp8_value = dst;
+    params_[i]->fp8_scale_inv = fp8_scale_inv_ + k;
+  }
+  if (!rest_params_.empty()) {
+    std::vector<void*> dsts;
+    for (size_t j = 0; j < rest_params_.size(); ++j) {
+      const ShardSlice& sl = rest_slices_[j];
+      void* dst = device_->alloc(static_cast<size_t>(sl.rows * sl.cols) * dtype_size(t), compute,
+                                 MemTag::Unsharded);
+      copied_out_.push_back(dst);
+      dsts.push_back(dst);
+      params_[static_cast<size_t>(rest_params_[j])]->value = view_tensor(dst, t, sl.rows, sl.cols);
+    }
+    device_->all_gather_copy_out(compute, gathered + fp8_bytes_, t, fp8_chunk_units_,
+                                 layout_.world, rest_slices_.data(), dsts.data(),
+                                 static_cast<int>(dsts.size()));
+  }
+  // The copies ran on compute, which waited for the all-gather: free in stream order.
+  device_->free(gathered_, compute);
+  gathered_ = nullptr;
+}
+
+}  // namespace fsdp::core
+
+namespace fsdp::core {
+
+void FsdpState::setup_fp8_amax() {
+  // Every rank runs the same states in the same order: the buffers and slots match up.
+  std::vector<CommContext::Fp8Amax>& meshes = ctx->fp8_amax;
+  auto entry = [&](Mesh* m) -> CommContext::Fp8Amax& {
+    for (auto& e : meshes)
+      if (e.mesh == m) return e;
+    meshes.push_back({m, nullptr, 0, ctx->intern("AR fp8 amax " + m->name())});
+    return meshes.back();
+  };
+  for (FsdpState* s : all_states)
+    for (auto& g : s->groups)
+      if (g->fp8_count() > 0) entry(&g->mesh()).count += g->fp8_count();
+  for (auto& e : meshes) {
+    e.amax = static_cast<float*>(mesh.device().alloc(static_cast<size_t>(e.count) * sizeof(float),
+                                                     ctx->all_gather_stream, MemTag::Other));
+    e.count = 0;  // counted again below as the slots are handed out
+  }
+  for (FsdpState* s : all_states)
+    for (auto& g : s->groups)
+      if (g->fp8_count() > 0) {
+        CommContext::Fp8Amax& e = entry(&g->mesh());
+        g->set_fp8_amax(e.amax + e.count);
+        e.count += g->fp8_count();
+      }
+}
+
+void FsdpState::precompute_fp8_amax() {
+  if (ctx->fp8_amax.empty() || ctx->fp8_amax_fresh) return;
+  Device& d = mesh.device();
+  const Stream s = ctx->all_gather_stream;
+  for (FsdpState* st : all_states)
+    for (auto& g : st->groups)
+      if (g->fp8_count() > 0) {
+        d.set_label("fp8 amax");
+        g->compute_fp8_amax(s);
+      }
+  for (const CommContext::Fp8Amax& e : ctx->fp8_amax) {
+    d.set_label(e.label);
+    e.mesh->comm().all_reduce(e.amax, e.amax, e.count, DType::F32, ReduceOp::Max, s);
+  }
+  ctx->fp8_amax_fresh = true;
+}
+
+}  // namespace fsdp::core

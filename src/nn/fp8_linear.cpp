@@ -1,0 +1,108 @@
+#include "nn/fp8_linear.h"
+
+#include "fsdp/error.h"
+#include "fsdp/nn/layers.h"
+#include "fsdp/nn/model.h"
+
+namespace fsdp::nn {
+
+namespace {
+
+using Axis = Device::Fp8Axis;
+
+// Rowwise scales op(X)'s rows when X is not transposed (its rows are op(X)'s rows), its
+// columns when it is; for the B side, op(B)'s columns: B's rows when transposed.
+Axis a_axis(Fp8Recipe r, bool trans) {
+  return r == Fp8Recipe::Tensorwise ? Axis::Tensor : trans ? Axis::Cols : Axis::Rows;
+}
+Axis b_axis(Fp8Recipe r, bool trans) {
+  return r == Fp8Recipe::Tensorwise ? Axis::Tensor : trans ? Axis::Rows : Axis::Cols;
+}
+
+// The weight as the GEMM's operand: FSDP's fp8 copy when it gathered one (tensorwise: one
+// scale serves both layouts), else a cast of the gathered value.
+Fp8Operand weight_operand(RunContext& ctx, const Param& w, Axis axis) {
+  if (w.fp8_value) {
+    FSDP_CHECK(axis == Axis::Tensor, "param ", w.name(), ": a float8-gathered weight has one scale");
+    Fp8Operand op;
+    op.data = w.fp8_value;
+    op.scale_inv = w.fp8_scale_inv;
+    return op;
+  }
+  FSDP_CHECK(w.value.defined(), "param ", w.name(), " is not gathered");
+  return fp8_quantize(ctx, w.value, axis, Fp8Format::E4M3);
+}
+
+void gemm(RunContext& ctx, Fp8Recipe r, bool trans_a, bool trans_b, int64_t m, int64_t n,
+          int64_t k, const Fp8Operand& a, const Fp8Operand& b, Tensor& c) {
+  ctx.device->fp8_gemm(ctx.compute, trans_a, trans_b, m, n, k, a.device(), b.device(),
+                       r == Fp8Recipe::Rowwise, c.data, c.dtype);
+}
+
+}  // namespace
+
+Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Axis axis, Fp8Format f) {
+  Device& d = *ctx.device;
+  const int64_t scales = axis == Axis::Tensor ? 1 : axis == Axis::Rows ? x.rows : x.cols;
+  // One allocation: the codes, then (4-byte aligned) the amaxes and the inverse scales.
+  const size_t code_bytes = (static_cast<size_t>(x.numel()) + 3) & ~size_t{3};
+  Fp8Operand op;
+  op.format = f;
+  op.storage = std::make_shared<Storage>(
+      d, code_bytes + 2 * static_cast<size_t>(scales) * sizeof(float), ctx.compute,
+      MemTag::Activation);
+  char* base = static_cast<char*>(op.storage->data());
+  float* amax = reinterpret_cast<float*>(base + code_bytes);
+  float* scale_inv = amax + scales;
+  d.fp8_amax(ctx.compute, x.data, x.dtype, x.rows, x.cols, axis, amax);
+  d.fp8_cast(ctx.compute, x.data, x.dtype, x.dtype, x.rows, x.cols, axis, amax, f,
+             reinterpret_cast<uint8_t*>(base), scale_inv);
+  op.data = reinterpret_cast<const uint8_t*>(base);
+  op.scale_inv = scale_inv;
+  return op;
+}
+
+void fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x, Tensor& y) {
+  const Fp8Recipe r = w.fp8;
+  const Fp8Operand qx = fp8_quantize(ctx, x, a_axis(r, false), Fp8Format::E4M3);
+  const Fp8Operand qw = weight_operand(ctx, w, b_axis(r, true));
+  gemm(ctx, r, false, true, x.rows, w.rows(), w.cols(), qx, qw, y);
+}
+
+void fp8_linear_input_grad(RunContext& ctx, const Param& w, const Tensor& dy, Tensor& dx) {
+  const Fp8Recipe r = w.fp8;
+  const Fp8Operand qdy = fp8_quantize(ctx, dy, a_axis(r, false), Fp8Format::E5M2);
+  const Fp8Operand qw = weight_operand(ctx, w, b_axis(r, false));
+  gemm(ctx, r, false, false, dy.rows, w.cols(), w.rows(), qdy, qw, dx);
+}
+
+void fp8_linear_weight_grad(RunContext& ctx, const Param& w, const Tensor& x, const Tensor& dy,
+                            Tensor& dw) {
+  const Fp8Recipe r = w.fp8;
+  const Fp8Operand qdy = fp8_quantize(ctx, dy, a_axis(r, true), Fp8Format::E5M2);
+  const Fp8Operand qx = fp8_quantize(ctx, x, b_axis(r, false), Fp8Format::E4M3);
+  gemm(ctx, r, true, false, w.rows(), w.cols(), x.rows, qdy, qx, dw);
+}
+
+int enable_fp8(Model& model, Fp8Recipe recipe) {
+  if (recipe == Fp8Recipe::None) return 0;
+  int marked = 0;
+  for (Module* block : model.blocks())
+    block->visit([&](Module& m) {
+      auto* linear = dynamic_cast<Linear*>(&m);
+      if (!linear) return;
+      const std::string& fqn = linear->fqn();
+      if (fqn.size() >= 6 && fqn.compare(fqn.size() - 6, 6, "router") == 0) return;
+      if (linear->fused_relu)
+        throw OptionError::of(OptionName{"fp8"}, " needs Linears without a fused ReLU; the ",
+                              model.config().kind, " model's blocks fuse theirs (", fqn, ")");
+      linear->weight().fp8 = recipe;
+      ++marked;
+    });
+  if (marked == 0)
+    throw OptionError::of(OptionName{"fp8"}, " found no Linear inside the ", model.config().kind,
+                          " model's blocks");
+  return marked;
+}
+
+}  // namespace fsdp::nn

@@ -1,0 +1,116 @@
+// fp8 on CUDA against the CPU backend (docs/fp8.md): the amaxes, inverse scales and fp8 codes
+// bit for bit on random tensors (with zeros, ties, values beyond the formats' range and a
+// zero row), per tensor, row and column, from fp32 and bf16, rounded through bf16 or not; and
+// the cuBLASLt fp8 GEMM, tensorwise and rowwise, in every transpose, to fp32 accumulation's
+// tolerance.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "transformer_ops_util.h"
+
+namespace fsdp {
+namespace {
+
+using transformer_test::Buffers;
+using transformer_test::compare_with_cpu;
+using transformer_test::kExact;
+using transformer_test::Output;
+using transformer_test::Tolerance;
+using transformer_test::uniform;
+using Axis = Device::Fp8Axis;
+
+class CudaFp8 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
+  }
+};
+
+std::vector<float> awkward_values(std::mt19937& rng, int64_t rows, int64_t cols) {
+  std::vector<float> v = uniform(rng, static_cast<size_t>(rows * cols), -3, 3);
+  for (size_t i = 0; i < v.size(); i += 7) v[i] *= 1e4f;    // beyond E4M3 after scaling
+  for (size_t i = 3; i < v.size(); i += 11) v[i] *= 1e-6f;  // subnormal after scaling
+  for (size_t i = 5; i < v.size(); i += 13) v[i] = 0.0f;
+  for (size_t i = 9; i < v.size(); i += 17) v[i] = 0.5f + 1.0f / 32;  // a tie in E4M3 at scale 1
+  for (int64_t c = 0; c < cols; ++c) v[static_cast<size_t>(cols + c)] = 0.0f;  // row 1: zeros
+  return v;
+}
+
+std::vector<float> bytes_as_floats(Buffers& b, const uint8_t* q, int64_t n) {
+  std::vector<uint8_t> bytes(static_cast<size_t>(n));
+  b.device().copy_to_host(b.stream(), bytes.data(), q, bytes.size());
+  b.device().synchronize_stream(b.stream());
+  return std::vector<float>(bytes.begin(), bytes.end());
+}
+
+TEST_F(CudaFp8, CastsAgreeBitForBitWithTheCpu) {
+  const int64_t rows = 37, cols = 203;
+  for (Axis axis : {Axis::Tensor, Axis::Rows, Axis::Cols})
+    for (DType t : {DType::F32, DType::BF16})
+      for (DType value_t : {DType::F32, DType::BF16})
+        for (Fp8Format f : {Fp8Format::E4M3, Fp8Format::E5M2}) {
+          if (t == DType::BF16 && value_t == DType::F32) continue;  // already bf16 values
+          std::mt19937 rng(5);
+          const std::vector<float> x = awkward_values(rng, rows, cols);
+          const int64_t scales = axis == Axis::Tensor ? 1 : axis == Axis::Rows ? rows : cols;
+          const std::string what = std::string("fp8_cast ") + fp8_format_name(f) + " " +
+                                   dtype_name(t) + " via " + dtype_name(value_t) + " axis " +
+                                   std::to_string(static_cast<int>(axis));
+          compare_with_cpu(what, [&](Buffers& b) {
+            void* dx = b.upload(t, x);
+            auto* amax = static_cast<float*>(b.poisoned(DType::F32, scales));
+            auto* scale_inv = static_cast<float*>(b.poisoned(DType::F32, scales));
+            auto* q = static_cast<uint8_t*>(b.alloc(static_cast<size_t>(rows * cols)));
+            b.device().fp8_amax(b.stream(), dx, t, rows, cols, axis, amax);
+            b.device().fp8_cast(b.stream(), dx, t, value_t, rows, cols, axis, amax, f, q, scale_inv);
+            return std::vector<Output>{{"amax", b.read(amax, DType::F32, scales), kExact},
+                                       {"scale_inv", b.read(scale_inv, DType::F32, scales), kExact},
+                                       {"codes", bytes_as_floats(b, q, rows * cols), kExact}};
+          });
+        }
+}
+
+TEST_F(CudaFp8, GemmMatchesTheCpuInEveryLayout) {
+  const int64_t m = 64, n = 48, k = 96;
+  for (bool rowwise : {false, true})
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true}) {
+        std::mt19937 rng(11);
+        const auto a = uniform(rng, static_cast<size_t>(m * k), -2, 2);
+        const auto bv = uniform(rng, static_cast<size_t>(k * n), -0.05f, 0.05f);
+        const std::string what = std::string("fp8_gemm") + (rowwise ? " rowwise" : " tensorwise") +
+                                 (trans_a ? " A^T" : " A") + (trans_b ? " B^T" : " B");
+        compare_with_cpu(what, [&](Buffers& b) {
+          Device& d = b.device();
+          // op(A) rows and op(B) columns carry the rowwise scales: A's rows unless
+          // transposed, B's columns unless transposed.
+          const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+          const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+          const Axis a_axis = !rowwise ? Axis::Tensor : trans_a ? Axis::Cols : Axis::Rows;
+          const Axis b_axis = !rowwise ? Axis::Tensor : trans_b ? Axis::Rows : Axis::Cols;
+          void* da = b.upload(DType::BF16, a);
+          void* db = b.upload(DType::BF16, bv);
+          auto* qa = static_cast<uint8_t*>(b.alloc(static_cast<size_t>(m * k)));
+          auto* qb = static_cast<uint8_t*>(b.alloc(static_cast<size_t>(k * n)));
+          auto* sa = static_cast<float*>(b.poisoned(DType::F32, 2 * m));
+          auto* sb = static_cast<float*>(b.poisoned(DType::F32, 2 * n));
+          d.fp8_amax(b.stream(), da, DType::BF16, a_rows, a_cols, a_axis, sa);
+          d.fp8_cast(b.stream(), da, DType::BF16, DType::BF16, a_rows, a_cols, a_axis, sa,
+                     Fp8Format::E4M3, qa, sa + m);
+          d.fp8_amax(b.stream(), db, DType::BF16, b_rows, b_cols, b_axis, sb);
+          d.fp8_cast(b.stream(), db, DType::BF16, DType::BF16, b_rows, b_cols, b_axis, sb,
+                     Fp8Format::E5M2, qb, sb + n);
+          void* c = b.poisoned(DType::BF16, m * n);
+          d.fp8_gemm(b.stream(), trans_a, trans_b, m, n, k, {qa, Fp8Format::E4M3, sa + m},
+                     {qb, Fp8Format::E5M2, sb + n}, rowwise, c, DType::BF16);
+          return std::vector<Output>{{"C", b.read(c, DType::BF16, m * n), Tolerance{1e-2, 2e-3}}};
+        });
+      }
+}
+
+}  // namespace
+}  // namespace fsdp
