@@ -12,6 +12,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "cpu_test_util.h"
+#include "fsdp/error.h"
 
 namespace fsdp::cpu {
 namespace {
@@ -243,6 +244,14 @@ TEST_F(CpuBackendKernels, GemmAllTransposesAndDtypes) {
             ASSERT_NEAR(got[i * n + j], ref, tol) << ta << tb << " " << dtype_name(ab_t);
           }
       }
+}
+
+// Token ids (I32) have no float kernel: one taken as bf16 wrote half of each id's bytes.
+TEST_F(CpuBackendKernels, AFloatKernelRefusesI32Data) {
+  int32_t ids[4] = {7, 7, 7, 7};
+  EXPECT_THROW(kernels::fill(ids, DType::I32, 4, 0.0f), fsdp::Error);
+  EXPECT_EQ(ids[0], 7);
+  EXPECT_EQ(ids[3], 7);
 }
 
 TEST_F(CpuBackendKernels, ElementwiseKernelsMatchReferences) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "fsdp/dtype.h"
+#include "fsdp/error.h"
 
 namespace fsdp::cpu {
 
@@ -23,13 +24,16 @@ struct Bf16Io {
   }
 };
 
-// Calls fn(F32Io{}) or fn(Bf16Io{}) according to t.
+// Calls fn(F32Io{}) or fn(Bf16Io{}) according to t. Any other dtype (I32: token ids) has no
+// float kernel: taking it for bf16 would touch half its bytes, so it is an internal error.
 template <typename Fn>
 void with_io(DType t, Fn&& fn) {
   if (t == DType::F32)
     fn(F32Io{});
-  else
+  else if (t == DType::BF16)
     fn(Bf16Io{});
+  else
+    FSDP_FAIL("a float kernel was given ", dtype_name(t), " data");
 }
 
 }  // namespace fsdp::cpu

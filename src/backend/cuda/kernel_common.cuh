@@ -11,6 +11,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "fsdp/dtype.h"
+#include "fsdp/error.h"
 
 namespace fsdp::cuda::kernels {
 
@@ -29,12 +30,16 @@ inline int blocks_for(int64_t items, int threads = kThreads) {
 }
 
 // Calls f(T{}) with T = float or bf16 according to t, so one generic lambda covers both.
+// Any other dtype (I32: token ids) has no float kernel: taken for bf16 it would touch half its
+// bytes, so it is an internal error.
 template <typename F>
 void dispatch_dtype(DType t, F&& f) {
   if (t == DType::F32)
     f(float{});
-  else
+  else if (t == DType::BF16)
     f(bf16{});
+  else
+    FSDP_FAIL("a float kernel was given ", dtype_name(t), " data");
 }
 
 // A pack of kVec elements starting at an index that is a multiple of kVec is 16-byte aligned
