@@ -12,6 +12,9 @@ costs, the network, the kernel minimum). The inputs:
                       bench/gemm_floor's mlp line ({tokens, dim, layers, gemm_ms_median}).
                       They make gemm.table.
   --attention FILE    bench/op_sweep's attention lines: attention.forward / backward.
+  --grouped FILE      bench/op_sweep's grouped GEMMs alone ({"op": "grouped_gemm", groups, m, n,
+                      k, layout, us}): gemm.grouped_factor, each layout's grouped time over the
+                      time the simulator gives the same groups from this fit's GEMM table.
   --memory FILE       bench/op_sweep's memory-bound kernels alone ({"op": "memory", class,
                       bytes, us}): memory.by_op, the bandwidth of each op class.
   --step MEASURED COSTLOG
@@ -141,12 +144,38 @@ def gemm_rows(path):
     return rows
 
 
+def gemm_us(cal, m, n, k, layout):
+    """The simulator's time of one bf16 GEMM (gemm_us in src/backend/sim/sim_calibration.cpp)."""
+    gap = lambda a, b: abs(math.log(a) - math.log(b))
+    near = []
+    for r in cal["gemm"].get("table", []):
+        if r["dtype"] != "bf16":
+            continue
+        d = gap(m, r["m"]) + gap(n, r["n"]) + gap(k, r["k"]) + (0 if r["layout"] == layout else 0.05)
+        e = 2.0 * r["m"] * r["n"] * r["k"] / r["us"]
+        if d < 1e-9:
+            near = [(0, e)]
+            break
+        near.append((d, e))
+    flops = 2.0 * m * n * k
+    if not near:
+        eff = cal["gemm"]["default_tflops"].get("bf16", 100) * 1e6
+    elif near[0][0] == 0:
+        eff = near[0][1]
+    else:
+        near = sorted(near)[:4]
+        eff = sum(e / d ** 2 for d, e in near) / sum(1 / d ** 2 for d, _ in near)
+    us = max(flops / eff, (m * k + k * n + m * n) * 2 / (cal["memory"]["gbps"] * 1e3))
+    return max(cal["kernel_min_us"], us) * cal["gemm"].get("in_step_factor", {}).get(layout, 1.0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", required=True)
     ap.add_argument("--gemms", action="append", default=[])
     ap.add_argument("--attention", action="append", default=[])
     ap.add_argument("--memory", action="append", default=[])
+    ap.add_argument("--grouped", action="append", default=[])
     ap.add_argument("--step", nargs=2, action="append", default=[], metavar=("MEASURED", "COSTLOG"))
     ap.add_argument("--collectives", action="append", default=[])
     ap.add_argument("--collectives-trace", nargs=2, action="append", default=[],
@@ -186,6 +215,22 @@ def main():
             log(f"gemm {dtype} {m}x{n}x{k} {layout}: {statistics.median(us):.1f} us "
                 f"({2 * m * n * k / statistics.median(us) / 1e6:.0f} TFLOP/s, {len(us)} samples)")
         cal["gemm"]["table"] = table
+
+    # ---- grouped GEMMs alone, against the same groups from the table
+    grouped = collections.defaultdict(list)
+    for path in a.grouped:
+        for r in json_lines(path):
+            if r.get("op") == "grouped_gemm" and r.get("dtype", "bf16") == "bf16":
+                kmin = cal["kernel_min_us"]
+                one = gemm_us(cal, r["m"], r["n"], r["k"], r["layout"]) - kmin
+                if one > 0:
+                    grouped[r["layout"]].append((r["us"] - kmin) / (r["groups"] * one))
+        sources.append(f"grouped GEMM timings: {shown(path)}")
+    if grouped:
+        factors = cal["gemm"].setdefault("grouped_factor", {})
+        for layout, v in sorted(grouped.items()):
+            factors[layout] = round(statistics.median(v), 4)
+            log(f"gemm.grouped_factor.{layout} = {factors[layout]} (median of {len(v)} shapes)")
 
     # ---- attention alone
     attention = {"forward": [], "backward": []}
@@ -260,8 +305,12 @@ def main():
             factors[layout] = round(measured / table, 4)
             log(f"gemm.in_step_factor.{layout} = {factors[layout]}")
     cal["gemm"]["in_step_factor"] = factors
+    shape = lambda r: tuple(r[k] for k in ("batch", "seq", "heads", "kv_heads", "head_dim"))
     for direction in ("forward", "backward"):
-        rows = attention[direction] or traced_attention[direction]
+        # Timed alone (this fit's --attention, else the seed's) wins over the same shape traced.
+        rows = attention[direction] or list(cal["attention"].get(direction, []))
+        have = {shape(r) for r in rows}
+        rows += [r for r in traced_attention[direction] if shape(r) not in have]
         if rows:
             cal["attention"][direction] = rows
 
