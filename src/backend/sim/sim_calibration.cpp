@@ -203,6 +203,8 @@ Calibration parse_calibration(const std::string& text, const std::string& source
   c.kernel_min_us = r.number(Reader::member(j, "kernel_min_us"), "kernel_min_us", 0, 1e5);
   if (j.contains("kernel_sharing"))
     c.kernel_sharing = r.number(j["kernel_sharing"], "kernel_sharing", 0, 1);
+  if (j.contains("memory_kernel_sharing"))
+    c.memory_kernel_sharing = r.number(j["memory_kernel_sharing"], "memory_kernel_sharing", 0, 4);
   const json& mem = r.object(Reader::member(j, "memory"), "memory");
   c.memory_gbps = r.number(Reader::member(mem, "gbps"), "memory.gbps", 0, kMaxGbps, true);
   c.host_copy_gbps = r.number(Reader::member(mem, "host_copy_gbps"), "memory.host_copy_gbps", 0,

@@ -12,6 +12,9 @@
 //  - "kernel_min_us": the least time a kernel takes on the device; "kernel_sharing" (optional,
 //    in [0, 1], 1 when absent): how kernels of different streams share the GPU while they
 //    overlap (Note [Shared channels]), so that op timings measured alone add up in a step;
+//    "memory_kernel_sharing" (optional, in [0, 4], kernel_sharing when absent): the same for
+//    memory-bound kernels (those Note [Op costs] times by bytes), which lose more to a GEMM
+//    beside them than the GEMM loses to them;
 //  - "memory": {"gbps": copy bandwidth (bytes read + written per second, in GB/s),
 //    "host_copy_gbps": host <-> device, "by_op": {op class: GB/s}} for memory-bound kernels
 //    whose measured bandwidth differs from a copy's (Note [Op costs] names the classes);
@@ -70,6 +73,7 @@ struct Calibration {
   double kernel_launch_us = 0, gemm_launch_us = 0, collective_launch_us = 0;
   double kernel_min_us = 0;
   double kernel_sharing = 1.0;  // Note [Shared channels]: how overlapping kernels share the GPU
+  double memory_kernel_sharing = -1;  // the same for memory-bound kernels; < 0: kernel_sharing
   double memory_gbps = 3000;
   double host_copy_gbps = 25;
   std::map<std::string, double> op_gbps;  // memory-bound op class -> GB/s
