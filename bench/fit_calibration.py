@@ -26,7 +26,8 @@ costs, the network, the kernel minimum). The inputs:
                       in-step factor (measured / the table's time) and, where no sweep gave them,
                       attention rows.
   --sharing MEASURED GPUS "ARGS"  (with --fsdp BIN)
-                      kernel_sharing (Note [Shared channels]): the value of 0, 0.25, ... 1 whose
+                      kernel_sharing and memory_kernel_sharing (Note [Shared channels]): the
+                      pair of (0, 0.25, ... 1) x (0.5, 1, ... 4) whose
                       simulated in-step op times of these commands (`fsdp simulate --gpus GPUS
                       ARGS --trace`) are nearest the measured ones, op kind by op kind (the sum
                       of |simulated - measured| over the measured device time).
@@ -356,29 +357,32 @@ def main():
         best = None
         with tempfile.TemporaryDirectory() as tmp:
             for sharing in (0.0, 0.25, 0.5, 0.75, 1.0):
-                cal["kernel_sharing"] = sharing
-                path = os.path.join(tmp, "cal.json")
-                with open(path, "w") as f:
-                    json.dump(cal, f)
-                total_err = total = 0.0
-                for measured_path, gpus, args in a.sharing:
-                    trace = os.path.join(tmp, "t.json")
-                    subprocess.run([a.fsdp, "simulate", "--gpus", gpus, "--calibration", path,
-                                    "--trace", trace] + shlex.split(args), check=True,
-                                   stdout=subprocess.DEVNULL)
-                    sim = measured_ops(trace)
-                    for kind, (us, _, _) in measured_ops(measured_path).items():
-                        # Kernels only: a collective's span is its link's, not the device's.
-                        if kind in sim and kind not in ("AG", "RS") and "all-" not in kind:
-                            total_err += abs(sim[kind][0] - us)
-                            total += us
-                err = total_err / total if total else 0
-                log(f"kernel_sharing {sharing}: in-step op times off by {100 * err:.1f}% of the measured")
-                if best is None or err < best[1]:
-                    best = (sharing, err)
-        cal["kernel_sharing"] = best[0]
-        log(f"kernel_sharing = {best[0]}")
-        sources.append("kernel_sharing: the in-step op times of " +
+                for memory_sharing in (0.5, 1.0, 1.5, 2.0, 3.0, 4.0):
+                    cal["kernel_sharing"] = sharing
+                    cal["memory_kernel_sharing"] = memory_sharing
+                    path = os.path.join(tmp, "cal.json")
+                    with open(path, "w") as f:
+                        json.dump(cal, f)
+                    total_err = total = 0.0
+                    for measured_path, gpus, args in a.sharing:
+                        trace = os.path.join(tmp, "t.json")
+                        subprocess.run([a.fsdp, "simulate", "--gpus", gpus, "--calibration", path,
+                                        "--trace", trace] + shlex.split(args), check=True,
+                                       stdout=subprocess.DEVNULL)
+                        sim = measured_ops(trace)
+                        for kind, (us, _, _) in measured_ops(measured_path).items():
+                            # Kernels only: a collective's span is its link's, not the device's.
+                            if kind in sim and kind not in ("AG", "RS") and "all-" not in kind:
+                                total_err += abs(sim[kind][0] - us)
+                                total += us
+                    err = total_err / total if total else 0
+                    log(f"kernel_sharing {sharing}, memory_kernel_sharing {memory_sharing}: in-step "
+                        f"op times off by {100 * err:.1f}% of the measured")
+                    if best is None or err < best[2]:
+                        best = (sharing, memory_sharing, err)
+        cal["kernel_sharing"], cal["memory_kernel_sharing"] = best[0], best[1]
+        log(f"kernel_sharing = {best[0]}, memory_kernel_sharing = {best[1]}")
+        sources.append("kernel_sharing, memory_kernel_sharing: the in-step op times of " +
                        ", ".join(shown(m) for m, _, _ in a.sharing))
 
     cal["sources"] = sources

@@ -46,7 +46,7 @@ python3 bench/fit_calibration.py --seed "$T/table.json" \
   --collectives-trace $RUNS/2026-11-30-mlp16-traces/trace_mlp16_t8192_k1_sep0.json.gz "$T/mlp16_n2.jsonl" \
   --out "$T/links.json" --log "$T/links.log"
 
-# 3. kernel_sharing from the in-step op times of traced real steps.
+# 3. kernel_sharing and memory_kernel_sharing from the in-step op times of traced real steps.
 S=$(dirname "$SWEEP")
 python3 bench/fit_calibration.py --seed "$T/links.json" --fsdp "$B" \
   --sharing "$S/moe.trace.json.gz" 1 "$MOE" \
@@ -71,7 +71,7 @@ cal["notes"] = [
     f"({', '.join(sorted(k for k in by_op if k not in from_seed))}).",
     "NVLink (links.nvlink base_us and busbw_gbps) from the fastest collectives of the 2-GPU mlp16 "
     "trace bench/runs/2026-11-30-mlp16-traces (no collective was timed on the 1-GPU machine).",
-    "kernel_sharing: fitted on the in-step op times of traced steps (the sources list them).",
+    "kernel_sharing and memory_kernel_sharing: fitted on the in-step op times of traced steps (the sources list them).",
     "From h200_seed.json, which nothing measured replaces (its notes say where each comes "
     f"from): host launch costs, kernel_min_us, memory.gbps, memory.host_copy_gbps, memory.by_op "
     f"{', '.join(from_seed)}, attention's default TFLOP/s, links.nvlink.latency_us and "
