@@ -12,6 +12,9 @@ costs, the network, the kernel minimum). The inputs:
                       bench/gemm_floor's mlp line ({tokens, dim, layers, gemm_ms_median}).
                       They make gemm.table.
   --attention FILE    bench/op_sweep's attention lines: attention.forward / backward.
+  --grouped FILE      bench/op_sweep's grouped GEMMs alone ({"op": "grouped_gemm", groups, m, n,
+                      k, layout, us}): gemm.grouped_factor, each layout's grouped time over the
+                      time the simulator gives the same groups from this fit's GEMM table.
   --memory FILE       bench/op_sweep's memory-bound kernels alone ({"op": "memory", class,
                       bytes, us}): memory.by_op, the bandwidth of each op class.
   --step MEASURED COSTLOG
@@ -23,7 +26,8 @@ costs, the network, the kernel minimum). The inputs:
                       in-step factor (measured / the table's time) and, where no sweep gave them,
                       attention rows.
   --sharing MEASURED GPUS "ARGS"  (with --fsdp BIN)
-                      kernel_sharing (Note [Shared channels]): the value of 0, 0.25, ... 1 whose
+                      kernel_sharing and memory_kernel_sharing (Note [Shared channels]): the
+                      pair of (0, 0.25, ... 1) x (0.5, 1, ... 4) whose
                       simulated in-step op times of these commands (`fsdp simulate --gpus GPUS
                       ARGS --trace`) are nearest the measured ones, op kind by op kind (the sum
                       of |simulated - measured| over the measured device time).
@@ -141,12 +145,38 @@ def gemm_rows(path):
     return rows
 
 
+def gemm_us(cal, m, n, k, layout):
+    """The simulator's time of one bf16 GEMM (gemm_us in src/backend/sim/sim_calibration.cpp)."""
+    gap = lambda a, b: abs(math.log(a) - math.log(b))
+    near = []
+    for r in cal["gemm"].get("table", []):
+        if r["dtype"] != "bf16":
+            continue
+        d = gap(m, r["m"]) + gap(n, r["n"]) + gap(k, r["k"]) + (0 if r["layout"] == layout else 0.05)
+        e = 2.0 * r["m"] * r["n"] * r["k"] / r["us"]
+        if d < 1e-9:
+            near = [(0, e)]
+            break
+        near.append((d, e))
+    flops = 2.0 * m * n * k
+    if not near:
+        eff = cal["gemm"]["default_tflops"].get("bf16", 100) * 1e6
+    elif near[0][0] == 0:
+        eff = near[0][1]
+    else:
+        near = sorted(near)[:4]
+        eff = sum(e / d ** 2 for d, e in near) / sum(1 / d ** 2 for d, _ in near)
+    us = max(flops / eff, (m * k + k * n + m * n) * 2 / (cal["memory"]["gbps"] * 1e3))
+    return max(cal["kernel_min_us"], us) * cal["gemm"].get("in_step_factor", {}).get(layout, 1.0)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", required=True)
     ap.add_argument("--gemms", action="append", default=[])
     ap.add_argument("--attention", action="append", default=[])
     ap.add_argument("--memory", action="append", default=[])
+    ap.add_argument("--grouped", action="append", default=[])
     ap.add_argument("--step", nargs=2, action="append", default=[], metavar=("MEASURED", "COSTLOG"))
     ap.add_argument("--collectives", action="append", default=[])
     ap.add_argument("--collectives-trace", nargs=2, action="append", default=[],
@@ -186,6 +216,22 @@ def main():
             log(f"gemm {dtype} {m}x{n}x{k} {layout}: {statistics.median(us):.1f} us "
                 f"({2 * m * n * k / statistics.median(us) / 1e6:.0f} TFLOP/s, {len(us)} samples)")
         cal["gemm"]["table"] = table
+
+    # ---- grouped GEMMs alone, against the same groups from the table
+    grouped = collections.defaultdict(list)
+    for path in a.grouped:
+        for r in json_lines(path):
+            if r.get("op") == "grouped_gemm" and r.get("dtype", "bf16") == "bf16":
+                kmin = cal["kernel_min_us"]
+                one = gemm_us(cal, r["m"], r["n"], r["k"], r["layout"]) - kmin
+                if one > 0:
+                    grouped[r["layout"]].append((r["us"] - kmin) / (r["groups"] * one))
+        sources.append(f"grouped GEMM timings: {shown(path)}")
+    if grouped:
+        factors = cal["gemm"].setdefault("grouped_factor", {})
+        for layout, v in sorted(grouped.items()):
+            factors[layout] = round(statistics.median(v), 4)
+            log(f"gemm.grouped_factor.{layout} = {factors[layout]} (median of {len(v)} shapes)")
 
     # ---- attention alone
     attention = {"forward": [], "backward": []}
@@ -260,8 +306,12 @@ def main():
             factors[layout] = round(measured / table, 4)
             log(f"gemm.in_step_factor.{layout} = {factors[layout]}")
     cal["gemm"]["in_step_factor"] = factors
+    shape = lambda r: tuple(r[k] for k in ("batch", "seq", "heads", "kv_heads", "head_dim"))
     for direction in ("forward", "backward"):
-        rows = attention[direction] or traced_attention[direction]
+        # Timed alone (this fit's --attention, else the seed's) wins over the same shape traced.
+        rows = attention[direction] or list(cal["attention"].get(direction, []))
+        have = {shape(r) for r in rows}
+        rows += [r for r in traced_attention[direction] if shape(r) not in have]
         if rows:
             cal["attention"][direction] = rows
 
@@ -307,29 +357,32 @@ def main():
         best = None
         with tempfile.TemporaryDirectory() as tmp:
             for sharing in (0.0, 0.25, 0.5, 0.75, 1.0):
-                cal["kernel_sharing"] = sharing
-                path = os.path.join(tmp, "cal.json")
-                with open(path, "w") as f:
-                    json.dump(cal, f)
-                total_err = total = 0.0
-                for measured_path, gpus, args in a.sharing:
-                    trace = os.path.join(tmp, "t.json")
-                    subprocess.run([a.fsdp, "simulate", "--gpus", gpus, "--calibration", path,
-                                    "--trace", trace] + shlex.split(args), check=True,
-                                   stdout=subprocess.DEVNULL)
-                    sim = measured_ops(trace)
-                    for kind, (us, _, _) in measured_ops(measured_path).items():
-                        # Kernels only: a collective's span is its link's, not the device's.
-                        if kind in sim and kind not in ("AG", "RS") and "all-" not in kind:
-                            total_err += abs(sim[kind][0] - us)
-                            total += us
-                err = total_err / total if total else 0
-                log(f"kernel_sharing {sharing}: in-step op times off by {100 * err:.1f}% of the measured")
-                if best is None or err < best[1]:
-                    best = (sharing, err)
-        cal["kernel_sharing"] = best[0]
-        log(f"kernel_sharing = {best[0]}")
-        sources.append("kernel_sharing: the in-step op times of " +
+                for memory_sharing in (0.5, 1.0, 1.5, 2.0, 3.0, 4.0):
+                    cal["kernel_sharing"] = sharing
+                    cal["memory_kernel_sharing"] = memory_sharing
+                    path = os.path.join(tmp, "cal.json")
+                    with open(path, "w") as f:
+                        json.dump(cal, f)
+                    total_err = total = 0.0
+                    for measured_path, gpus, args in a.sharing:
+                        trace = os.path.join(tmp, "t.json")
+                        subprocess.run([a.fsdp, "simulate", "--gpus", gpus, "--calibration", path,
+                                        "--trace", trace] + shlex.split(args), check=True,
+                                       stdout=subprocess.DEVNULL)
+                        sim = measured_ops(trace)
+                        for kind, (us, _, _) in measured_ops(measured_path).items():
+                            # Kernels only: a collective's span is its link's, not the device's.
+                            if kind in sim and kind not in ("AG", "RS") and "all-" not in kind:
+                                total_err += abs(sim[kind][0] - us)
+                                total += us
+                    err = total_err / total if total else 0
+                    log(f"kernel_sharing {sharing}, memory_kernel_sharing {memory_sharing}: in-step "
+                        f"op times off by {100 * err:.1f}% of the measured")
+                    if best is None or err < best[2]:
+                        best = (sharing, memory_sharing, err)
+        cal["kernel_sharing"], cal["memory_kernel_sharing"] = best[0], best[1]
+        log(f"kernel_sharing = {best[0]}, memory_kernel_sharing = {best[1]}")
+        sources.append("kernel_sharing, memory_kernel_sharing: the in-step op times of " +
                        ", ".join(shown(m) for m, _, _ in a.sharing))
 
     cal["sources"] = sources

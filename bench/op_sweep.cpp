@@ -2,10 +2,14 @@
 // the shapes of the models the simulation backend predicts (docs/simulate.md): every Linear of
 // llama1b, Llama-3.1-8B and -70B shapes and mlp16 (forward y = x W^T, dX = dy W, dW = dy^T x,
 // as nn::Linear issues them) and their causal GQA attention, at 2048, 4096 and 8192 tokens.
-// Then the memory-bound kernels alone at the llama1b shape at 8192 tokens, each with the bytes
-// the simulator counts for it (src/backend/sim/sim_device_ops.cpp). One JSON line per op, in
-// the calibration file's terms (Note [Calibration file]):
+// Also the Llama-3.2-1B shape, and the 3.0B shape at 16384 tokens (2 sequences of 8192); then
+// the MoE transformer's grouped expert GEMMs (8 experts, top 2 of 8192 tokens, balanced) and
+// its row kernels. Then the memory-bound kernels alone at the llama1b shape at 8192 tokens,
+// each with the bytes the simulator counts for it (src/backend/sim/sim_device_ops.cpp). One
+// JSON line per op, in the calibration file's terms (Note [Calibration file]):
 //   {"op": "gemm", "dtype": "bf16", "m", "n", "k", "layout": "nt", "us"}
+//   {"op": "grouped_gemm", "dtype": "bf16", "groups", "m", "n", "k", "layout", "us"}: groups
+//    of one shape in one call
 //   {"op": "attention_forward" | "attention_backward", "batch", "seq", "heads", "kv_heads",
 //    "head_dim", "us"}
 //   {"op": "memory", "class": "rms_norm_forward", "bytes", "us"}
@@ -97,6 +101,56 @@ class Sweep {
     release();
   }
 
+  // `groups` GEMMs of one shape in one grouped call, as GroupedExperts issues them.
+  void grouped_gemm(int groups, int64_t m, int64_t n, int64_t k, bool ta, bool tb) {
+    std::vector<Device::GemmGroup> g(static_cast<size_t>(groups));
+    for (auto& e : g) e = {m, n, k, buffer(m * k), buffer(k * n), buffer(m * n)};
+    const double us = us_per_call(d_, s_, reps_, [&] {
+      d_.grouped_gemm(s_, ta, tb, g.data(), groups, DType::BF16, DType::BF16);
+    });
+    std::printf("{\"op\": \"grouped_gemm\", \"dtype\": \"bf16\", \"groups\": %d, \"m\": %lld, "
+                "\"n\": %lld, \"k\": %lld, \"layout\": \"%c%c\", \"us\": %.2f}\n",
+                groups, static_cast<long long>(m), static_cast<long long>(n),
+                static_cast<long long>(k), ta ? 't' : 'n', tb ? 't' : 'n', us);
+    std::fflush(stdout);
+    release();
+  }
+
+  // The MoE transformer's experts (src/nn/moe_transformer.cpp) at `rows` rows an expert, and
+  // its row kernels over the `sent` rows of top-k routing.
+  void moe(int experts, int64_t rows, int64_t dim, int64_t ffn, int64_t tokens, int64_t sent) {
+    grouped_gemm(experts, rows, 2 * ffn, dim, false, true);  // fwd w13
+    grouped_gemm(experts, rows, dim, ffn, false, true);      // fwd w2
+    grouped_gemm(experts, dim, ffn, rows, true, false);      // bwd dW w2
+    grouped_gemm(experts, rows, ffn, dim, false, false);     // bwd dX w2
+    grouped_gemm(experts, 2 * ffn, dim, rows, true, false);  // bwd dW w13
+    grouped_gemm(experts, rows, dim, 2 * ffn, false, false); // bwd dX w13
+    const DType bf = DType::BF16;
+    void* x = buffer(sent * dim);
+    void* y = buffer(sent * dim);
+    void* z = buffer(sent * dim);
+    auto* w = static_cast<float*>(f32_buffer(sent));
+    auto* ids = static_cast<int32_t*>(f32_buffer(sent));
+    d_.fill(s_, w, DType::F32, sent, 0.5f);
+    d_.fill(s_, ids, DType::F32, sent, 0.0f);  // zero bits: row 0
+    const double ds = static_cast<double>(sent), dd = static_cast<double>(dim), b2 = 2;
+    auto time = [&](const char* cls, double bytes, const std::function<void()>& run) {
+      std::printf("{\"op\": \"memory\", \"class\": \"%s\", \"bytes\": %.0f, \"us\": %.2f}\n", cls,
+                  bytes, us_per_call(d_, s_, reps_, run));
+      std::fflush(stdout);
+    };
+    time("scale_rows", ds * dd * b2 * 2 + 4 * ds,
+         [&] { d_.scale_rows(s_, y, x, bf, w, 1, sent, dim, false); });
+    time("row_dot", 2 * ds * dd * b2 + 4 * ds,
+         [&] { d_.row_dot(s_, x, y, bf, w, 1, sent, dim); });
+    // The dispatch's gathers: rows of the tokens into send order, and back (a scatter-add).
+    time("embedding_forward", 2 * ds * dd * b2 + 4 * ds,
+         [&] { d_.embedding_forward(s_, x, bf, ids, sent, dim, z); });
+    time("embedding_backward", (ds + static_cast<double>(tokens)) * dd * b2 + 4 * ds,
+         [&] { d_.embedding_backward(s_, z, bf, ids, sent, dim, tokens, y); });
+    release();
+  }
+
   // The memory-bound kernels, timed alone; bytes as the simulator counts them.
   void memory_ops() {
     const int64_t T = 8192, D = 2048, F = 5632, V = 32000, QKV = 2560, H = 36, HD = 64;
@@ -111,7 +165,7 @@ class Sweep {
     void* table = buffer(V * D);
     auto* rstd = static_cast<float*>(f32_buffer(T));
     auto* ids = static_cast<int32_t*>(f32_buffer(T));
-    d_.fill(s_, ids, DType::I32, T, 0.0f);
+    d_.fill(s_, ids, DType::F32, T, 0.0f);  // zero bits: id 0 (fill has no I32 kernel)
     auto* loss = static_cast<float*>(f32_buffer(1));
     const int64_t P = int64_t{64} << 20;  // optimizer and cast: 64 Mi fp32 elements
     auto* p32 = static_cast<float*>(f32_buffer(P));
@@ -219,6 +273,18 @@ int main(int argc, char** argv) {
           if (tokens % seq == 0) sweep.attention(tokens / seq, seq, m.heads, m.kv_heads, hd);
       }
     }
+    const Shape llama32_1b{2048, 8192, 32, 8, 128256}, shape_3b{3072, 8192, 24, 8, 32000};
+    for (const auto& [m, tokens, seq] : {std::tuple{llama32_1b, 8192, 2048}, std::tuple{shape_3b, 16384, 8192}}) {
+      const int64_t hd = m.dim / m.heads;
+      sweep.linear(tokens, m.dim, (m.heads + 2 * m.kv_heads) * hd);
+      sweep.linear(tokens, m.dim, m.dim);
+      sweep.linear(tokens, m.dim, 2 * m.ffn);
+      sweep.linear(tokens, m.ffn, m.dim);
+      sweep.linear(tokens, m.dim, m.vocab);
+      sweep.attention(tokens / seq, seq, m.heads, m.kv_heads, hd);
+    }
+    sweep.attention(4, 2048, 16, 4, 128);  // the MoE transformer's
+    sweep.moe(8, 2048, 2048, 1408, 8192, 16384);
     sweep.memory_ops();
   });
 }

@@ -24,6 +24,14 @@ MOE = ("--model moe-transformer --layers 16 --dim 2048 --heads 16 --kv-heads 4 -
        "--seq-len 2048 --vocab 4096 --experts 8 --top-k 2 --expert-ffn-dim 1408 --capacity-factor 0 "
        "--aux-loss-weight 0.01 --moe-every 2 --tokens 8192 --param-dtype bf16 --lr 3e-4 --min-lr 3e-5 "
        "--warmup-steps 5 --weight-decay 0.1 --clip-grad-norm 1.0 --optimizer-in-backward 0")
+# The Llama-3.2-1B shape (tied embeddings) and the 3.0B shape, as their runs' .cmd files give them.
+LLAMA32_1B = ("--model transformer --layers 16 --dim 2048 --heads 32 --kv-heads 8 --ffn-dim 8192 "
+              "--seq-len 2048 --vocab 128256 --rope-theta 500000 --tie-embeddings --param-dtype bf16 "
+              "--lr 3e-4 --min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 5 "
+              "--optimizer-in-backward 0 --tokens 8192")
+SHAPE_3B = ("--model transformer --layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn-dim 8192 "
+            "--seq-len 8192 --vocab 32000 --tokens 16384 --param-dtype bf16 --lr 3e-4 --min-lr 3e-5 "
+            "--weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 5 --optimizer-in-backward 0")
 
 
 def mlp(tokens, oib):
@@ -36,6 +44,7 @@ ROWS = [
     ("llama1b, 1 seq, eager", 1, 40.40, "2026-12-02-model-layer", f"{LLAMA1B} --tokens 2048"),
     ("llama1b, 2 seqs, eager", 1, 65.76, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 4096"),
     ("llama1b, 4 seqs, eager", 1, 112.20, "2026-12-02-model-layer", f"{LLAMA1B} --tokens 8192"),
+    ("llama1b, 4 seqs, eager", 1, 113.84, "2026-12-02-merged-tree", f"{LLAMA1B} --tokens 8192"),
     ("llama1b, 1 seq, graph", 1, 41.89, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 2048 --cuda-graph"),
     ("llama1b, 2 seqs, graph", 1, 65.52, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 4096 --cuda-graph"),
     ("llama1b, 4 seqs, graph", 1, 113.32, "2026-12-01-llama1b-graph-vs-eager", f"{LLAMA1B} --tokens 8192 --cuda-graph"),
@@ -43,6 +52,13 @@ ROWS = [
     ("mlp16, 8192 tokens, eager", 1, 20.33, "2026-12-01-labels-on-device", mlp(8192, True)),
     ("mlp16, 2048 tokens, graph", 1, 7.04, "2026-12-01-labels-on-device", mlp(2048, True) + " --cuda-graph"),
     ("mlp16, 8192 tokens, graph", 1, 20.50, "2026-12-01-labels-on-device", mlp(8192, True) + " --cuda-graph"),
+    ("Llama-3.2-1B shape, 4 seqs, eager", 1, 126.28, "2026-12-03-llama32-1b", LLAMA32_1B),
+    ("3.0B shape, no checkpointing", 1, 638.60, "2026-12-02-activation-checkpointing",
+     f"{SHAPE_3B} --activation-checkpointing none"),
+    ("3.0B shape, full checkpointing", 1, 825.02, "2026-12-02-activation-checkpointing",
+     f"{SHAPE_3B} --activation-checkpointing full"),
+    ("3.0B shape, selective checkpointing", 1, 650.04, "2026-12-02-activation-checkpointing",
+     f"{SHAPE_3B} --activation-checkpointing selective"),
     ("MoE transformer, k 1, S 0", 1, 91.36, "2026-12-01-moe-transformer", f"{MOE} --rs-max-input-buffers 1"),
     ("MoE transformer, k 2, S 0", 1, 90.34, "2026-12-01-moe-transformer", f"{MOE} --rs-max-input-buffers 2"),
     ("MoE transformer, k 1, S 1", 1, 90.47, "2026-12-01-moe-transformer", f"{MOE} --separate-rs-group 1"),
@@ -52,6 +68,8 @@ ROWS = [
     ("MoE transformer, ep 2, k 2, S 1", 2, 101.24, "2026-12-01-h200x2-launch-moe",
      f"{MOE} --ep 2 --rs-max-input-buffers 2 --separate-rs-group 1"),
 ]
+# Runs of an older schedule than the one the simulator runs (the summary also leaves them out).
+OLDER_CODE = "2026-11-30"
 # bench/runs/2026-11-30-mlp16-h200x2/h200x2.json: every row of ours (R, K, S, O by its name)
 H200X2 = "bench/runs/2026-11-30-mlp16-h200x2/h200x2.json"
 
@@ -87,15 +105,19 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     lines = ["| row | GPUs | measured ms | predicted ms | error | run |", "|---|---|---|---|---|---|"]
-    errors = []
+    errors, recent = [], []
     for name, gpus, measured, run, args in ROWS + h200x2_rows():
         predicted = simulate(a.fsdp, a.calibration, gpus, args)["step_ms"]
         err = (predicted - measured) / measured
         errors.append(abs(err))
+        if not run.startswith(OLDER_CODE):
+            recent.append(abs(err))
         lines.append(f"| {name} | {gpus} | {measured:.2f} | {predicted:.2f} | {100 * err:+.1f}% | {run} |")
         print(lines[-1], flush=True)
     summary = (f"{len(errors)} rows: mean |error| {100 * statistics.mean(errors):.1f}%, "
-               f"worst {100 * max(errors):.1f}%")
+               f"worst {100 * max(errors):.1f}%; the {len(recent)} rows measured on the code of "
+               f"2026-12-01 or later (not the {OLDER_CODE} runs): mean "
+               f"{100 * statistics.mean(recent):.1f}%, worst {100 * max(recent):.1f}%")
     print(summary)
     if a.out:
         with open(a.out, "w") as f:

@@ -59,6 +59,43 @@ TEST(SimBackend, OneGemmTakesItsFlopsAtTheCalibratedRate) {
   dev->free(a, s);
 }
 
+// A grouped GEMM is one kernel: its groups' times at the calibrated rate add up, less the
+// kernel minimum each would pay alone, times the layout's grouped factor, plus one minimum.
+// Here 2 groups of 2 x 1024 x 2048 x 4096 flops at 100 TFLOP/s (171.8 us each), factor 2 for
+// "nt", a 3 us minimum: 2 x 2 x 171.8 - 2 x 2 x 3 + 3 us. An "nn" group has factor 1.
+TEST(SimBackend, AGroupedGemmTakesItsGroupsTimesAtTheGroupedFactor) {
+  SimOptions o = ideal(1, 1);
+  o.calibration.kernel_min_us = 3;
+  o.calibration.grouped_gemm_factor[1] = 2.0;  // nt
+  SimWorld world(o);
+  auto dev = world.make_device();
+  Stream s = dev->create_stream("compute", StreamPriority::Normal);
+  void* a = dev->alloc(1 << 20, s, MemTag::Other);
+  dev->enable_timeline(true);
+  const Device::GemmGroup groups[3] = {{1024, 2048, 4096, a, a, a}, {0, 2048, 4096, a, a, a},
+                                       {1024, 2048, 4096, a, a, a}};
+  dev->set_label("grouped nt");
+  dev->grouped_gemm(s, false, true, groups, 3, DType::BF16, DType::BF16);
+  dev->set_label("grouped nn");
+  dev->grouped_gemm(s, false, false, groups, 3, DType::BF16, DType::BF16);
+  const Timeline tl = dev->take_timeline();
+  const double one = 2.0 * 1024 * 2048 * 4096 / 1e8;
+  EXPECT_NEAR(length(op_named(tl, "grouped nt")), 2.0 * (2 * one - 2 * 3.0) + 3.0, kExact);
+  EXPECT_NEAR(length(op_named(tl, "grouped nn")), 2 * one - 2 * 3.0 + 3.0, kExact);
+  EXPECT_NEAR(world.flops_done(), 2 * 2 * 2.0 * 1024 * 2048 * 4096, 1.0);
+  const Calibration c = parse_calibration(R"({"format": "fsdp-sim-calibration", "version": 1,
+    "peak_tflops": 989, "host": {"kernel_launch_us": 0, "gemm_launch_us": 0, "collective_launch_us": 0},
+    "kernel_min_us": 0, "memory_kernel_sharing": 2, "memory": {"gbps": 4000, "host_copy_gbps": 25},
+    "gemm": {"default_tflops": {"bf16": 700}, "grouped_factor": {"tn": 1.5}},
+    "attention": {"default_tflops_forward": 300, "default_tflops_backward": 250},
+    "links": {"nvlink": {"latency_us": 5, "busbw_gbps": [[1, 100]]},
+              "network": {"latency_us": 10, "busbw_gbps": [[1, 40]]}}})", "c.json");
+  EXPECT_EQ(c.grouped_gemm_factor[2], 1.5);
+  EXPECT_EQ(c.grouped_gemm_factor[1], 1.0);
+  EXPECT_EQ(c.memory_kernel_sharing, 2.0);
+  dev->free(a, s);
+}
+
 // 16 GPUs on 2 nodes, an all-gather of 1 Mi bf16 elements per rank (32 MiB in all): each
 // member passes 15/16 of it on; the half that comes from the other node comes through the
 // node's 8 NICs (1/16 of the message each), the rest over NVLink, at once; the ring's latency
@@ -156,6 +193,29 @@ TEST(SimBackend, OverlappingKernelsShareTheDevice) {
     EXPECT_NEAR(length(op_named(tl, "spin")), 50, kExact) << sharing;
     dev->free(buf, a);
   }
+}
+
+// A memory-bound kernel brings its own share factor (memory_kernel_sharing): at 3, with the
+// GEMM's at 0, the 200 us copy beside the 1000 us GEMM runs at 1 / (1 + 3) and ends at 800 us,
+// and the GEMM keeps its full speed and ends at 1000 us.
+TEST(SimBackend, AMemoryBoundKernelSharesAtItsOwnFactor) {
+  SimOptions o = ideal(1, 1, 100, 1000);
+  o.calibration.kernel_sharing = 0;
+  o.calibration.memory_kernel_sharing = 3;
+  SimWorld world(o);
+  auto dev = world.make_device();
+  Stream a = dev->create_stream("a", StreamPriority::Normal);
+  Stream b = dev->create_stream("b", StreamPriority::High);
+  void* buf = dev->alloc(1 << 20, a, MemTag::Other);
+  dev->enable_timeline(true);
+  dev->set_label("gemm");
+  dev->gemm(a, false, true, 1000, 1000, 50000, 1, buf, buf, DType::BF16, 0, buf, DType::BF16);
+  dev->set_label("copy");
+  dev->copy(b, buf, buf, 100000000);
+  const Timeline tl = dev->take_timeline();
+  EXPECT_NEAR(op_named(tl, "copy").end_us, 800, kExact);
+  EXPECT_NEAR(op_named(tl, "gemm").end_us, 1000, kExact);
+  dev->free(buf, a);
 }
 
 // Compute waits for an all-gather that ends after its own work: the wait is the difference.

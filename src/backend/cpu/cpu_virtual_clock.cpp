@@ -113,7 +113,7 @@ void VirtualClock::sleep_for(ClockParticipant& p, double us, const Cancellation*
 }
 
 void VirtualClock::sleep_on_channel(ClockParticipant& p, SharedChannel& channel, double work_us,
-                                    const Cancellation* cancel) {
+                                    const Cancellation* cancel, double sharing) {
   if (!(work_us > 0)) return;
   std::unique_lock<std::mutex> lock(mutex_);
   FSDP_CHECK(p.state == ClockParticipant::State::Running, "virtual clock: a timed op on a thread "
@@ -121,6 +121,7 @@ void VirtualClock::sleep_on_channel(ClockParticipant& p, SharedChannel& channel,
   p.state = ClockParticipant::State::Sleeping;
   p.channel = &channel;
   p.remaining_us = work_us;
+  p.sharing = sharing >= 0 ? sharing : channel.sharing;
   ++channel.active;
   --running_;
   advance_if_idle();
@@ -200,7 +201,7 @@ void VirtualClock::advance_if_idle() {
 void VirtualClock::advance() {
   // When each sleeper would wake at the rates of now (Note [Shared channels]).
   auto wake_time = [this](const ClockParticipant* p) {
-    return p->channel ? now_us_ + p->remaining_us * p->channel->stretch() : p->wake_at_us;
+    return p->channel ? now_us_ + p->remaining_us * p->channel->stretch(p->sharing) : p->wake_at_us;
   };
   double next = std::numeric_limits<double>::infinity();
   for (const ClockParticipant* p : participants_)
@@ -216,7 +217,7 @@ void VirtualClock::advance() {
     if (p->state != ClockParticipant::State::Sleeping) continue;
     if (p->channel) {
       const double w = wake_time(p);
-      p->remaining_us -= (next - now_us_) / p->channel->stretch();
+      p->remaining_us -= (next - now_us_) / p->channel->stretch(p->sharing);
       if (w <= next || p->remaining_us <= 1e-9 * std::max(1.0, next)) done.push_back(p);
     } else if (p->wake_at_us <= next) {
       done.push_back(p);

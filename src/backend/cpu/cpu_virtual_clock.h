@@ -27,6 +27,7 @@ struct ClockParticipant {
   // capacity) still to do.
   SharedChannel* channel = nullptr;
   double remaining_us = 0;
+  double sharing = 1.0;  // this job's share factor on its channel (Note [Shared channels])
 };
 
 // Note [Shared channels]
@@ -39,12 +40,16 @@ struct ClockParticipant {
 // channel (the calibration's sharing), so that kernels of different streams slow each other
 // down as they do on a GPU. The rates change only when a job starts or ends, and time advances
 // from one such event to the next, so the sharing is exact (a fluid model, not a sampled one).
-// Guarded by the clock's mutex.
+// A job may bring its own factor instead of the channel's (its rate is then 1 / (1 + s (n - 1))
+// with its own s, up to 4): the simulated GPU gives memory-bound kernels their own, as they lose
+// more to the kernels beside them than a GEMM does. Guarded by the clock's mutex.
 struct SharedChannel {
   int active = 0;        // participants sleeping on it now
   double sharing = 1.0;  // in [0, 1]
   // How much longer a job takes while `active` share the channel.
-  double stretch() const { return 1.0 + sharing * (active > 1 ? active - 1 : 0); }
+  double stretch() const { return stretch(sharing); }
+  // The same for a job of share factor s.
+  double stretch(double s) const { return 1.0 + s * (active > 1 ? active - 1 : 0); }
 };
 
 class VirtualClock {
@@ -69,9 +74,10 @@ class VirtualClock {
   // the clock reaches it. Throws fsdp::Error if `cancel` fires first (p is Running again).
   void sleep_for(ClockParticipant& p, double us, const Cancellation* cancel);
   // The same for `work_us` of work on a shared channel (Note [Shared channels]): it ends once
-  // the work is done at the share the channel gives p from moment to moment.
+  // the work is done at the share the channel gives p from moment to moment; `sharing` >= 0 is
+  // this job's share factor, else the channel's.
   void sleep_on_channel(ClockParticipant& p, SharedChannel& channel, double work_us,
-                        const Cancellation* cancel);
+                        const Cancellation* cancel, double sharing = -1);
   // For a host that asks about progress (query_event): returns once no other participant is
   // Running, so everything due at the current simulated time has happened and the answer is
   // the same on every run. p is Running again, and alone, so nothing moves until it waits.

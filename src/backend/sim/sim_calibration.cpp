@@ -203,6 +203,8 @@ Calibration parse_calibration(const std::string& text, const std::string& source
   c.kernel_min_us = r.number(Reader::member(j, "kernel_min_us"), "kernel_min_us", 0, 1e5);
   if (j.contains("kernel_sharing"))
     c.kernel_sharing = r.number(j["kernel_sharing"], "kernel_sharing", 0, 1);
+  if (j.contains("memory_kernel_sharing"))
+    c.memory_kernel_sharing = r.number(j["memory_kernel_sharing"], "memory_kernel_sharing", 0, 4);
   const json& mem = r.object(Reader::member(j, "memory"), "memory");
   c.memory_gbps = r.number(Reader::member(mem, "gbps"), "memory.gbps", 0, kMaxGbps, true);
   c.host_copy_gbps = r.number(Reader::member(mem, "host_copy_gbps"), "memory.host_copy_gbps", 0,
@@ -222,6 +224,12 @@ Calibration parse_calibration(const std::string& text, const std::string& source
     for (const auto& [name, v] : f.items())
       c.gemm_in_step_factor[static_cast<size_t>(layout_of(r, json(name), "gemm.in_step_factor." + name))] =
           r.number(v, "gemm.in_step_factor." + name, 0.1, 10);
+  }
+  if (const json& f = Reader::member(gemm, "grouped_factor"); !f.is_null()) {
+    r.object(f, "gemm.grouped_factor");
+    for (const auto& [name, v] : f.items())
+      c.grouped_gemm_factor[static_cast<size_t>(layout_of(r, json(name), "gemm.grouped_factor." + name))] =
+          r.number(v, "gemm.grouped_factor." + name, 0.1, 10);
   }
   if (const json& rows = Reader::member(gemm, "table"); !rows.is_null()) {
     r.array(rows, "gemm.table");
@@ -285,7 +293,10 @@ Calibration ideal_calibration(double memory_gbps, double tflops, double link_gbp
 // A GEMM takes its flops at the efficiency (flops per second) of the nearest measured shapes
 // of its dtype (inverse-distance weighted in log m, log n, log k; another layout counts as a
 // little farther), or at the dtype's default when none is measured, and at least its bytes
-// at the copy bandwidth (a skinny GEMM is memory-bound); then the layout's in-step factor.
+// at the copy bandwidth (a skinny GEMM is memory-bound); then the layout's in-step factor. A
+// grouped GEMM is one kernel: its groups' times add up (less the kernel minimum each would pay
+// alone), scaled by the layout's grouped factor (cuBLAS's grouped GEMM is measured slower than
+// the same GEMMs one by one).
 // Attention is the same over (batch * heads, seq, head_dim) with the causal flops. A
 // memory-bound kernel takes its bytes at its op class's measured bandwidth (the copy
 // bandwidth when the class has none). The classes are the Device methods' names
@@ -310,6 +321,17 @@ double gemm_us(const Calibration& c, DType ab_t, int64_t m, int64_t n, int64_t k
                         static_cast<double>(m) * n) * esize;
   const double us = std::max(flops / eff, bytes / (c.memory_gbps * 1e3));
   return std::max(c.kernel_min_us, us) * c.gemm_in_step_factor[static_cast<size_t>(layout & 3)];
+}
+
+double grouped_gemm_us(const Calibration& c, DType ab_t, const GemmShape* groups, int count,
+                       int layout) {
+  double us = 0;
+  for (int i = 0; i < count; ++i) {
+    const GemmShape& g = groups[i];
+    if (g.m == 0 || g.n == 0) continue;
+    us += std::max(0.0, gemm_us(c, ab_t, g.m, g.n, g.k, layout) - c.kernel_min_us);
+  }
+  return us * c.grouped_gemm_factor[static_cast<size_t>(layout & 3)] + c.kernel_min_us;
 }
 
 double attention_flops(bool backward, int64_t batch, int64_t seq, int64_t heads,

@@ -12,13 +12,18 @@
 //  - "kernel_min_us": the least time a kernel takes on the device; "kernel_sharing" (optional,
 //    in [0, 1], 1 when absent): how kernels of different streams share the GPU while they
 //    overlap (Note [Shared channels]), so that op timings measured alone add up in a step;
+//    "memory_kernel_sharing" (optional, in [0, 4], kernel_sharing when absent): the same for
+//    memory-bound kernels (those Note [Op costs] times by bytes), which lose more to a GEMM
+//    beside them than the GEMM loses to them;
 //  - "memory": {"gbps": copy bandwidth (bytes read + written per second, in GB/s),
 //    "host_copy_gbps": host <-> device, "by_op": {op class: GB/s}} for memory-bound kernels
 //    whose measured bandwidth differs from a copy's (Note [Op costs] names the classes);
 //  - "gemm": {"default_tflops": {dtype: TFLOP/s}, "in_step_factor": {layout: factor},
-//    "table": [{"dtype", "m", "n", "k", "layout", "us"}]}: measured GEMMs alone; layout is
-//    "nn", "nt", "tn" or "tt" (trans_a, trans_b); in_step_factor scales a layout's GEMMs for
-//    what they lose to the kernels beside them in a real step (1 when absent);
+//    "grouped_factor": {layout: factor}, "table": [{"dtype", "m", "n", "k", "layout", "us"}]}:
+//    measured GEMMs alone; layout is "nn", "nt", "tn" or "tt" (trans_a, trans_b);
+//    in_step_factor scales a layout's GEMMs for what they lose to the kernels beside them in a
+//    real step, grouped_factor a grouped GEMM (one call for many, as the MoE experts issue
+//    them) for what it loses to the same GEMMs one by one (both 1 when absent);
 //  - "attention": {"forward": [...], "backward": [...]}, rows {"batch", "seq", "heads",
 //    "kv_heads", "head_dim", "us"}, and "default_tflops_forward" / "_backward";
 //  - "links": {"nvlink": L, "network": L}, L = {"base_us": once per collective (launch and
@@ -68,11 +73,13 @@ struct Calibration {
   double kernel_launch_us = 0, gemm_launch_us = 0, collective_launch_us = 0;
   double kernel_min_us = 0;
   double kernel_sharing = 1.0;  // Note [Shared channels]: how overlapping kernels share the GPU
+  double memory_kernel_sharing = -1;  // the same for memory-bound kernels; < 0: kernel_sharing
   double memory_gbps = 3000;
   double host_copy_gbps = 25;
   std::map<std::string, double> op_gbps;  // memory-bound op class -> GB/s
   std::map<DType, double> gemm_default_tflops;
   std::array<double, 4> gemm_in_step_factor{1, 1, 1, 1};  // by layout
+  std::array<double, 4> grouped_gemm_factor{1, 1, 1, 1};  // by layout
   std::vector<GemmSample> gemms;
   std::vector<AttentionSample> attention_forward, attention_backward;
   double attention_forward_tflops = 300, attention_backward_tflops = 250;
@@ -89,6 +96,13 @@ Calibration ideal_calibration(double memory_gbps, double tflops, double link_gbp
 // ---- Note [Op costs]
 // Device microseconds of one op on the calibrated GPU; no op is shorter than kernel_min_us.
 double gemm_us(const Calibration& c, DType ab_t, int64_t m, int64_t n, int64_t k, int layout);
+// One grouped GEMM over `count` groups of (m, n, k): the groups' GEMM times less the kernel
+// minimum each would pay alone, times the layout's grouped factor, plus one kernel minimum.
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;
+};
+double grouped_gemm_us(const Calibration& c, DType ab_t, const GemmShape* groups, int count,
+                       int layout);
 // Causal attention, grouped-query; forward or backward.
 double attention_us(const Calibration& c, bool backward, int64_t batch, int64_t seq,
                     int64_t heads, int64_t kv_heads, int64_t head_dim);

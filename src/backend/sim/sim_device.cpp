@@ -126,7 +126,7 @@ void SimDevice::host_cost(double us) {
 }
 
 void SimDevice::timed(Stream s, OpKind kind, const char* op, double us, double launch_us,
-                      double bytes, double flops, bool alone) {
+                      double bytes, double flops, bool alone, bool memory_bound) {
   host_cost(launch_us);
   if (flops > 0) shared_->flops.fetch_add(flops, std::memory_order_relaxed);
   if (shared_->options.cost_log) {
@@ -141,15 +141,17 @@ void SimDevice::timed(Stream s, OpKind kind, const char* op, double us, double l
     enqueue(s, kind, [this, us] { world()->pass_time(us, &cancellation()); });
     return;
   }
-  enqueue(s, kind, [this, us] {
+  const double sharing = memory_bound ? calibration().memory_kernel_sharing : -1;
+  enqueue(s, kind, [this, us, sharing] {
     cpu::ClockParticipant* self = cpu::this_thread_participant();
     FSDP_CHECK(self != nullptr, "a simulated kernel outside a stream");
-    world()->clock->sleep_on_channel(*self, shared_->kernels, us, &cancellation());
+    world()->clock->sleep_on_channel(*self, shared_->kernels, us, &cancellation(), sharing);
   });
 }
 
 void SimDevice::memory_op(Stream s, const char* op, double bytes, OpKind kind) {
-  timed(s, kind, op, memory_us(calibration(), op, bytes), calibration().kernel_launch_us, bytes);
+  timed(s, kind, op, memory_us(calibration(), op, bytes), calibration().kernel_launch_us, bytes, 0,
+        false, /*memory_bound=*/true);
 }
 
 // ---- memory

@@ -43,9 +43,10 @@ class SimDevice final : public cpu::StreamDevice {
   // Enqueues an op that occupies stream s for `us` of device time, after the host's cost of
   // the call (`launch_us`); `op` names its cost class for the cost log.
   // A kernel shares the device with the kernels of the other streams while they overlap;
-  // `alone` (Device::spin) takes exactly its time whatever runs beside it.
+  // `alone` (Device::spin) takes exactly its time whatever runs beside it; a `memory_bound`
+  // kernel shares at the calibration's memory_kernel_sharing.
   void timed(Stream s, OpKind kind, const char* op, double us, double launch_us, double bytes = 0,
-             double flops = 0, bool alone = false);
+             double flops = 0, bool alone = false, bool memory_bound = false);
   // A memory-bound kernel of class `op` moving `bytes`.
   void memory_op(Stream s, const char* op, double bytes, OpKind kind = OpKind::Kernel);
   // The host's cost of one call, on the virtual clock.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/sim/sim_device.h"
 #include "fsdp/error.h"
@@ -163,17 +164,18 @@ void SimDevice::grouped_gemm(Stream s, bool trans_a, bool trans_b, const GemmGro
                              int count, DType ab_t, DType) {
   FSDP_CHECK(count >= 0 && (count == 0 || groups), "grouped_gemm: bad group array");
   const Calibration& c = calibration();
-  double us = 0, flops = 0;
+  std::vector<GemmShape> shapes(static_cast<size_t>(count));
+  double flops = 0;
   for (int i = 0; i < count; ++i) {
     const GemmGroup& g = groups[i];
     check_dims("grouped_gemm", {g.m, g.n, g.k});
-    if (g.m == 0 || g.n == 0) continue;
-    // One launch: the groups' times add up, less the per-kernel minimum each would pay alone.
-    us += std::max(0.0, gemm_us(c, ab_t, g.m, g.n, g.k, layout_of(trans_a, trans_b)) -
-                            c.kernel_min_us);
-    flops += 2.0 * d(g.m) * d(g.n) * d(g.k);
+    shapes[static_cast<size_t>(i)] = {g.m, g.n, g.k};
+    if (g.m > 0 && g.n > 0) flops += 2.0 * d(g.m) * d(g.n) * d(g.k);
   }
-  timed(s, OpKind::Kernel, "grouped_gemm", us + c.kernel_min_us, c.gemm_launch_us, 0, flops);
+  // One launch (Note [Op costs]).
+  timed(s, OpKind::Kernel, "grouped_gemm",
+        grouped_gemm_us(c, ab_t, shapes.data(), count, layout_of(trans_a, trans_b)),
+        c.gemm_launch_us, 0, flops);
 }
 
 void SimDevice::gemm_relu(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
