@@ -156,6 +156,12 @@ void Device::swiglu_backward(Stream, const void*, const void*, DType, int64_t, i
   not_on_backend(*this, "swiglu_backward");
 }
 void Device::moe_route(Stream, const MoeRouting&) { not_on_backend(*this, "moe_route"); }
+void Device::copy_from_host_async(Stream, void*, const void*, size_t) {
+  not_on_backend(*this, "copy_from_host_async");
+}
+void Device::run_host_task(Stream, int64_t, std::function<void()>) {
+  not_on_backend(*this, "run_host_task");
+}
 void Device::moe_route_backward(Stream, const MoeRouting&, const float*, float*) {
   not_on_backend(*this, "moe_route_backward");
 }
