@@ -126,8 +126,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "all-gather, on the all-gather stream (clipping works)")
       ->check(CLI::Range(0, 1));
   app.add_option("--offload", o.offload,
-                 "none | optimizer: fp32 master weights, grads and the optimizer's state in "
-                 "host memory, each group's step on the host after its grad comes down "
+                 "none | optimizer: fp32 master weights and the optimizer's state in host "
+                 "memory, each group's step on the host once its grad has come down "
                  "(docs/memory.md)")
       ->check(CLI::IsMember({"none", "optimizer"}));
   app.add_option("--host-memory-limit-mib", o.host_memory_limit_mib,

@@ -1,6 +1,6 @@
-// The optimizer on the host (FSDP2's CPUOffloadPolicy, ZeRO-Offload): fp32 master weights,
-// gradients and the optimizer's moments in host memory (page-locked on CUDA), the step run on
-// the host, threaded. docs/memory.md, "Optimizer offload".
+// The optimizer on the host (FSDP2's CPUOffloadPolicy, ZeRO-Offload): fp32 master weights and
+// the optimizer's state in host memory (page-locked on CUDA), the gradients passing through two
+// host buffers, the step run on the host, threaded. docs/memory.md, "Optimizer offload".
 #pragma once
 
 #include <cstdint>

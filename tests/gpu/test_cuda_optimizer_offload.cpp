@@ -43,7 +43,7 @@ TEST(CudaOptimizerOffload, TracksTheDeviceOptimizerWithALowerPeak) {
   ASSERT_EQ(device["losses"].size(), host["losses"].size());
   for (size_t i = 0; i < device["losses"].size(); ++i) {
     const double a = device["losses"][i], b = host["losses"][i];
-    EXPECT_NEAR(b, a, 2e-3 * std::abs(a)) << "step " << i;
+    EXPECT_NEAR(b, a, 1e-2 * std::abs(a)) << "step " << i;
   }
   const double peak_device = device.value("peak_mem_bytes", 0.0);
   const double peak_host = host.value("peak_mem_bytes", 0.0);
