@@ -31,6 +31,7 @@ struct Case {
   float clip = 0.05f;  // small: every step clips, so the global norm matters
   std::string optimizer = "adamw";
   int hsdp_replicas = 0;
+  int dim = 16;
 };
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
@@ -38,7 +39,7 @@ runtime::TrainConfig config_of(const Case& k) {
   runtime::TrainConfig c;
   c.model.kind = k.kind;
   c.model.layers = 3;
-  c.model.dim = 16;
+  c.model.dim = k.dim;
   c.model.classes = k.kind == "transformer" ? 0 : 4;
   c.model.hidden = 10;
   c.model.experts = 3;
@@ -93,7 +94,8 @@ TEST_P(OptimizerOffload, SameBitsAsTheDeviceStep) {
 }
 
 // Worlds of 1, 2 and 4; fp32 and bf16 params; micro-batches; clipping (and none); SGD; the
-// experts' own mesh (its grad sums on another communicator); HSDP.
+// experts' own mesh (its grad sums on another communicator); HSDP; groups large enough to be
+// stepped in chunks on several threads.
 INSTANTIATE_TEST_SUITE_P(
     Layouts, OptimizerOffload,
     ::testing::Values(Case{"mlp_one_rank_fp32", "mlp", 1},
@@ -104,7 +106,9 @@ INSTANTIATE_TEST_SUITE_P(
                            DType::F32, 2},
                       Case{"moe_expert_mesh", "moe", 2},
                       Case{"mlp_sgd", "mlp", 2, DType::F32, 1, 0.05f, "sgd"},
-                      Case{"hsdp_2x2", "mlp", 4, DType::F32, 1, 0.05f, "adamw", 2}),
+                      Case{"hsdp_2x2", "mlp", 4, DType::F32, 1, 0.05f, "adamw", 2},
+                      // Blocks of 512 x 512: each group's step is split across the threads.
+                      Case{"mlp_wide_threaded", "mlp", 1, DType::BF16, 1, 0.05f, "adamw", 0, 512}),
     [](const auto& info) { return info.param.name; });
 
 // The all-gather's wait for its group's upload is what keeps the copy-in from reading a shard
