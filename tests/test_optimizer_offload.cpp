@@ -18,6 +18,7 @@
 #include "test_util.h"
 #include "backend/sim/sim_backend.h"
 #include "runtime/launch_sim.h"
+#include "runtime/memory_estimate.h"
 
 namespace fsdp::testing {
 namespace {
@@ -155,6 +156,14 @@ TEST(OptimizerOffloadMemory, TheDevicePeakIsLowerByTheOptimizerState) {
     EXPECT_LE(b[rank].offload_host_bytes, state * 2 + 64);
     EXPECT_EQ(a[rank].params, b[rank].params);
   }
+  // The estimate made before any rank starts moves the same bytes from the device to the host.
+  const runtime::MemoryEstimate on_device = runtime::estimate_rank_memory(c, 2);
+  const runtime::MemoryEstimate offloaded = runtime::estimate_rank_memory(offload, 2);
+  const int64_t state = a[0].memory.tag_bytes[sharded] - b[0].memory.tag_bytes[sharded];
+  EXPECT_EQ(on_device.device_bytes - offloaded.device_bytes, state);
+  // The host: a master and the states per element, two grad slots (the offload's own count).
+  const double host = static_cast<double>(offloaded.host_bytes - on_device.host_bytes);
+  EXPECT_NEAR(host, static_cast<double>(b[0].offload_host_bytes), 0.05 * host);
 }
 
 // Host steps are on their own track: every host step is an optimizer op on the "host
