@@ -112,6 +112,17 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mlp_wide_threaded", "mlp", 1, DType::BF16, 1, 0.05f, "adamw", 0, 512}),
     [](const auto& info) { return info.param.name; });
 
+// Experts on the efsdp mesh with expert parallelism (all-to-alls between the groups'
+// all-gathers), clipping across both meshes, micro-batches.
+TEST(OptimizerOffloadMoe, MoeTransformerWithExpertParallelismIsBitwiseTheDeviceStep) {
+  runtime::TrainConfig device_step = tiny_moe_transformer_config(/*ep=*/2, /*experts=*/4, /*steps=*/3);
+  device_step.optimizer.max_grad_norm = 0.05f;
+  device_step.micro_batches = 2;
+  runtime::TrainConfig offload = device_step;
+  offload.offload_optimizer = true;
+  expect_same_bits(run_fsdp(4, device_step, chaos(61)), run_fsdp(4, offload, chaos(62)), 3);
+}
+
 // The all-gather's wait for its group's upload is what keeps the copy-in from reading a shard
 // the upload is still writing (or has not written): without it, under chaos delays, some
 // step trains on another step's params.
