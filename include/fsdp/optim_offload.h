@@ -102,7 +102,6 @@ class OptimizerOffload {
   float* sums_ = nullptr;  // host copy of the optimizer's grad sums (clipping)
   std::vector<float*> grad_slots_;  // kOffloadGradSlots host grads of the largest group's size
   std::vector<Event> slot_free_;    // per slot: after the host step that read it last
-  Event sums_ready_;
   Event step_begun_;  // on compute at step(): for groups the grad hook did not reach
   std::unique_ptr<Threads> threads_;
   int64_t host_bytes_ = 0;

@@ -178,7 +178,6 @@ OptimizerOffload::OptimizerOffload(Optimizer& optimizer, Stream stream, const Of
   sums_ = static_cast<float*>(device_.alloc_host(static_cast<size_t>(std::max(sums, 1)) * sizeof(float)));
   std::memset(sums_, 0, static_cast<size_t>(std::max(sums, 1)) * sizeof(float));
   host_bytes_ = static_cast<int64_t>(std::max(sums, 1) * sizeof(float));
-  sums_ready_ = device_.create_event();
   step_begun_ = device_.create_event();
   int64_t largest = 0;
   for (const OptimTensor& t : optimizer.tensors()) largest = std::max(largest, t.numel);
@@ -222,7 +221,6 @@ OptimizerOffload::~OptimizerOffload() {
   for (float* p : grad_slots_) device_.free_host(p);
   for (Event e : slot_free_) device_.destroy_event(e);
   device_.free_host(sums_);
-  device_.destroy_event(sums_ready_);
   device_.destroy_event(step_begun_);
 }
 
