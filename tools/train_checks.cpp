@@ -145,8 +145,15 @@ void resolve_defaults(const TrainOptions& o, runtime::TrainConfig& c) {
   c.schedule.min_lr = o.min_lr ? static_cast<float>(*o.min_lr) : opt.base_lr() / 10;
   // -1: in backward exactly when clipping is off and the optimizer is not in forward.
   c.optimizer_in_forward = o.optimizer_in_forward != 0;
+  c.offload_optimizer = o.offload == "optimizer";
+  FSDP_USER_CHECK(o.host_memory_limit_mib >= 0 && o.host_memory_limit_mib <= (int64_t{1} << 40),
+                  "--host-memory-limit-mib must be in [0, 2^40], got ", o.host_memory_limit_mib);
+  FSDP_USER_CHECK(o.host_memory_limit_mib == 0 || c.offload_optimizer,
+                  "--host-memory-limit-mib applies to --offload optimizer only");
+  c.offload.host_memory_limit = o.host_memory_limit_mib * 1024 * 1024;
   c.optimizer_in_backward = o.optimizer_in_backward == -1
-                                ? opt.max_grad_norm <= 0 && !c.optimizer_in_forward
+                                ? opt.max_grad_norm <= 0 && !c.optimizer_in_forward &&
+                                      !c.offload_optimizer
                                 : o.optimizer_in_backward != 0;
   c.timeline = !o.trace_path.empty();
   c.checkpoint.verbose = !o.quiet;

@@ -133,6 +133,15 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "0 | 1: step each group's shard in the next forward, just before its "
                  "all-gather, on the all-gather stream (clipping works)")
       ->check(CLI::Range(0, 1));
+  app.add_option("--offload", o.offload,
+                 "none | optimizer: fp32 master weights and the optimizer's state in host "
+                 "memory, each group's step on the host once its grad has come down "
+                 "(docs/memory.md)")
+      ->check(CLI::IsMember({"none", "optimizer"}));
+  app.add_option("--host-memory-limit-mib", o.host_memory_limit_mib,
+                 "with --offload optimizer: the host memory its state may take, in MiB, for "
+                 "all ranks of this host (0: /proc/meminfo's MemAvailable)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--prefetch-next-step", o.prefetch_next_step,
                  "0 | 1: start the next step's first all-gather before the step ends")
       ->check(CLI::Range(0, 1));
@@ -221,6 +230,7 @@ nlohmann::json settings_json(const runtime::TrainConfig& c) {
       {"hsdp_replicas", c.hsdp_replicas > 0 ? c.hsdp_replicas : 1},
       {"optimizer_in_backward", c.optimizer_in_backward},
       {"optimizer_in_forward", c.optimizer_in_forward},
+      {"offload", c.offload_optimizer ? "optimizer" : "none"},
       {"prefetch_next_step", c.prefetch_next_step},
       {"rs_max_input_buffers", c.rs_max_input_buffers},
       {"activation_checkpointing", c.activation_checkpoint.to_string()},

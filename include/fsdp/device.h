@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -171,6 +172,19 @@ class Device {
   virtual void copy(Stream s, void* dst, const void* src, size_t bytes) = 0;
   virtual void copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) = 0;
   virtual void copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) = 0;
+  // Note [Host-side stream work]
+  // For the optimizer offload (fsdp/optim_offload.h), whose host memory the device copies from
+  // and the host computes on, ordered by events like any stream work:
+  // copy_from_host_async reads host_src when the stream reaches the copy, not when it is
+  // called (unlike copy_from_host): host_src must be alloc_host memory that stays alive and
+  // unwritten by anyone else until then. run_host_task runs `task` on the host when the
+  // stream reaches it; the stream's later work follows its end; an exception it throws is the
+  // device's error (synchronize rethrows it). `bytes` is the memory the task reads and
+  // writes: what a device that computes nothing times it by (the simulation backend, which
+  // does not run it). Neither may be captured in a graph. The defaults raise "not
+  // implemented on this backend".
+  virtual void copy_from_host_async(Stream s, void* dst, const void* host_src, size_t bytes);
+  virtual void run_host_task(Stream s, int64_t bytes, std::function<void()> task);
   virtual void fill(Stream s, void* dst, DType t, int64_t n, float value) = 0;
   virtual void cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) = 0;
 

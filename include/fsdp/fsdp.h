@@ -134,6 +134,23 @@ using ShardStepFn = std::function<void(Stream rs_stream, int group_ordinal, floa
 using GradShardReadyFn =
     std::function<void(Stream s, int group_ordinal, const float* grad, int64_t numel)>;
 
+// Note [Optimizer offload hooks]
+// With the optimizer on the host (optim::OptimizerOffload, fsdp/optim_offload.h) a group's
+// fp32 shard is rewritten by an upload on a stream of the offload's own, after the host
+// step; the schedule itself is unchanged, and only these points reach the offload:
+// - before_all_gather(all-gather stream, group): just before a group's copy-in from its fp32
+//   shard (not before a gather from a post-forward shard, which that step's forward made);
+//   the all-gather stream waits for the group's upload there, and only for that group's;
+// - before_shard_read(s): in apply_pending_shard_updates(s), which whoever reads the shards or
+//   the optimizer state outside the schedule calls first (checkpoints, gather_full_params,
+//   the end of training): s waits for every host step and upload;
+// - the grad shard's end of a step is the Note [Early grad norm] hook (set_on_grad_shard_ready):
+//   the gradient goes down to the host from there.
+struct ShardOffloadHooks {
+  std::function<void(Stream all_gather_stream, int group_ordinal)> before_all_gather;
+  std::function<void(Stream s)> before_shard_read;
+};
+
 // Test hook: how the RS ring reclaims buffers. Only tests use Fsdp2_12LastGroupDrains, which
 // reproduces FSDP2 2.12's hook-order-dependent drain (docs/design.md) so the bound test
 // can be seen to fail.
@@ -208,6 +225,8 @@ class FsdpModule {
   // (made over the optimizer of sharded_groups(root), tensor i for group ordinal i) keeps the
   // deferred step and runs each group's part of it; it must outlive the forwards.
   void set_optimizer_in_forward(optim::OptimizerInForward& updates);
+  // Root only, before the first forward (or unshard): Note [Optimizer offload hooks].
+  void set_shard_offload_hooks(ShardOffloadHooks hooks);
   // Root only, after the step's clipping sums: closes the optimizer's step; every group's
   // update is pending from now, after the work issued on s.
   void defer_shard_updates(Stream s);

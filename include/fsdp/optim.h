@@ -38,10 +38,17 @@ struct OptimizerConfig {
 // trainer copies the same entries to the host to print the norm and to name a unit whose grad
 // is not finite.
 class OptimizerInForward;
+class OptimizerOffload;
+
+// Where the optimizer's state lives: device memory, or (the optimizer offload, fsdp/
+// optim_offload.h) host memory from Device::alloc_host, zero-filled, whose steps
+// OptimizerOffload runs on the host; step() and step_one() then refuse.
+enum class StatePlacement : uint8_t { Device, Host };
 
 class Optimizer {
  public:
-  Optimizer(Device& device, Stream stream, std::vector<ParamSpan> params, OptimizerConfig config);
+  Optimizer(Device& device, Stream stream, std::vector<ParamSpan> params, OptimizerConfig config,
+            StatePlacement placement = StatePlacement::Device);
   ~Optimizer();
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -75,16 +82,22 @@ class Optimizer {
   const std::vector<OptimTensor>& tensors() const { return tensors_; }
   const OptimizerConfig& config() const { return config_; }
   void set_step_count(int64_t steps);
+  StatePlacement placement() const { return placement_; }
+  // The begun step's scalars as begin_step wrote them to the device (the host's copy).
+  const StepScalars& host_scalars() const { return host_scalars_; }
 
  private:
   // Closes a step and runs its parts (Note [Optimizer in forward's owner]).
   friend class OptimizerInForward;
+  friend class OptimizerOffload;
   void launch(Stream s, const OptimTensor* t, int count, const StepScalars* scalars,
               GradSquares sq);
   void end_step();  // step() and OptimizerInForward::defer: the begun step is closed
 
   Device& device_;
   OptimizerConfig config_;
+  StatePlacement placement_;
+  StepScalars host_scalars_;
   std::vector<OptimTensor> tensors_;
   std::vector<float*> state_;
   // Per mesh: the tensors whose shards live there, and where their sums go in grad_sq_.

@@ -50,6 +50,7 @@ class CommContext {
   GradShardReadyFn grad_shard_ready;  // Note [Early grad norm]; empty when off
   // Note [Optimizer in forward's owner]: null when off. It keeps which updates are pending.
   optim::OptimizerInForward* optimizer_in_forward = nullptr;
+  ShardOffloadHooks offload_hooks;  // Note [Optimizer offload hooks]; empty when off
   // Whether work (accumulation, cast, optimizer) follows the newest ring entry's event on the
   // RS stream; finalize then joins the RS stream itself, not only the ring.
   bool rs_work_after_ring = false;

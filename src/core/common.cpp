@@ -180,6 +180,12 @@ void Device::fp8_gemm(Stream, bool, bool, int64_t, int64_t, int64_t, Fp8Operand,
   not_on_backend(*this, "fp8_gemm");
 }
 void Device::moe_route(Stream, const MoeRouting&) { not_on_backend(*this, "moe_route"); }
+void Device::copy_from_host_async(Stream, void*, const void*, size_t) {
+  not_on_backend(*this, "copy_from_host_async");
+}
+void Device::run_host_task(Stream, int64_t, std::function<void()>) {
+  not_on_backend(*this, "run_host_task");
+}
 void Device::moe_route_backward(Stream, const MoeRouting&, const float*, float*) {
   not_on_backend(*this, "moe_route_backward");
 }

@@ -162,6 +162,12 @@ void FsdpModule::set_optimizer_in_forward(optim::OptimizerInForward& updates) {
   state_->optimizer_in_forward = &updates;
 }
 
+void FsdpModule::set_shard_offload_hooks(ShardOffloadHooks hooks) {
+  FSDP_USER_CHECK(!state_->ctx, "set_shard_offload_hooks must be called before FSDP's lazy init "
+                  "(the first forward, or an unshard() before it)");
+  state_->offload_hooks = std::move(hooks);
+}
+
 void FsdpModule::defer_shard_updates(Stream s) { state_->defer_updates(s); }
 
 void FsdpModule::apply_pending_shard_updates(Stream s) {

@@ -170,6 +170,7 @@ void FsdpState::lazy_init(Stream stream) {
   ctx->optimizer_in_backward = optimizer_in_backward;
   ctx->grad_shard_ready = grad_shard_ready;
   ctx->optimizer_in_forward = optimizer_in_forward;
+  ctx->offload_hooks = offload_hooks;
   if (ctx->separate_reduce_scatter_group)
     for (FsdpState* s : all_states)
       for (auto& g : s->groups) ctx->create_separate_comm(g->mesh());
@@ -237,6 +238,7 @@ void FsdpState::defer_updates(Stream s) {
 
 void FsdpState::apply_pending_updates(Stream s) {
   if (ctx && ctx->optimizer_in_forward) ctx->optimizer_in_forward->run_all(s);
+  if (ctx && ctx->offload_hooks.before_shard_read) ctx->offload_hooks.before_shard_read(s);
 }
 
 void FsdpState::unshard(const char* phase) {

@@ -68,6 +68,7 @@ class FsdpState : public ModuleHooks {
   ShardStepFn optimizer_in_backward;  // root only
   GradShardReadyFn grad_shard_ready;  // root only
   optim::OptimizerInForward* optimizer_in_forward = nullptr;  // root only
+  ShardOffloadHooks offload_hooks;  // root only
 
   // The state of the nearest fully_shard'ed ancestor, set by that ancestor's fully_shard
   // (bottom-up, so it comes after this one); nullptr for the top of a tree.

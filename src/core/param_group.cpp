@@ -134,6 +134,8 @@ void ParamGroup::unshard() {
       device_->set_label(label_optimizer_);
       ctx_->optimizer_in_forward->run(s, ordinal_, slot, t);
     } else {
+      // Note [Optimizer offload hooks]: the shard is the host step's upload.
+      if (ctx_->offload_hooks.before_all_gather) ctx_->offload_hooks.before_all_gather(s, ordinal_);
       device_->set_label(label_ag_copy_in_);
       device_->cast(s, slot, t, shard_param_, DType::F32, n);
     }

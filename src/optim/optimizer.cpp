@@ -2,23 +2,32 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "fsdp/error.h"
 
 namespace fsdp::optim {
 
 Optimizer::Optimizer(Device& device, Stream stream, std::vector<ParamSpan> params,
-                     OptimizerConfig config)
-    : device_(device), config_(std::move(config)) {
+                     OptimizerConfig config, StatePlacement placement)
+    : device_(device), config_(std::move(config)), placement_(placement) {
   FSDP_CHECK(config_.kind == "adamw" || config_.kind == "sgd", "unknown optimizer '",
              config_.kind, "' (expected adamw or sgd)");
   const int states = config_.kind == "adamw" ? 2 : 1;
   for (const ParamSpan& p : params) {
     OptimTensor t{p.param, p.grad, nullptr, nullptr, p.numel};
     for (int s = 0; s < states; ++s) {
-      auto* buf = static_cast<float*>(
-          device_.alloc(static_cast<size_t>(p.numel) * sizeof(float), stream, MemTag::ShardedState));
-      device_.fill(stream, buf, DType::F32, p.numel, 0.0f);
+      const size_t bytes = static_cast<size_t>(p.numel) * sizeof(float);
+      float* buf = nullptr;
+      if (placement_ == StatePlacement::Host) {
+        buf = static_cast<float*>(device_.alloc_host(bytes));
+        // A simulated device's host memory starts zeroed and is never touched (Note
+        // [Host-side stream work]).
+        if (device_.computes_values()) std::memset(buf, 0, bytes);
+      } else {
+        buf = static_cast<float*>(device_.alloc(bytes, stream, MemTag::ShardedState));
+        device_.fill(stream, buf, DType::F32, p.numel, 0.0f);
+      }
       state_.push_back(buf);
       (s == 0 ? t.state0 : t.state1) = buf;
     }
@@ -54,7 +63,11 @@ Optimizer::Optimizer(Device& device, Stream stream, std::vector<ParamSpan> param
 
 Optimizer::~Optimizer() {
   synchronize_in_destructor(device_);
-  for (float* p : state_) device_.free(p, Stream{0});
+  for (float* p : state_)
+    if (placement_ == StatePlacement::Host)
+      device_.free_host(p);
+    else
+      device_.free(p, Stream{0});
   device_.free(grad_sq_, Stream{0});
   device_.free(scalars_, Stream{0});
 }
@@ -74,6 +87,7 @@ void Optimizer::begin_step(Stream s, float lr) {
         static_cast<float>(std::sqrt(1.0 - std::pow(double{config_.adamw.beta2}, n)));
   }
   v.max_grad_norm = config_.max_grad_norm;
+  host_scalars_ = v;
   device_.set_label("optimizer scalars");
   device_.copy_from_host(s, scalars_, &v, sizeof(v));
 }
@@ -134,6 +148,8 @@ void Optimizer::end_step() {
 }
 
 void Optimizer::step(Stream s) {
+  FSDP_CHECK(placement_ == StatePlacement::Device,
+             "the optimizer's state is on the host: OptimizerOffload::step runs its step");
   if (!begun_) begin_step(s, config_.base_lr());
   end_step();
   GradSquares sq{grad_sq_, grad_sq_valid_ ? static_cast<int>(sq_names_.size()) : 0};
@@ -144,6 +160,8 @@ void Optimizer::step_one(Stream s, int index, const void* grad, DType grad_dtype
   FSDP_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()), "optimizer tensor ", index,
              " out of range (", tensors_.size(), " tensors)");
   FSDP_CHECK(begun_, "step_one() needs begin_step() first");
+  FSDP_CHECK(placement_ == StatePlacement::Device,
+             "the optimizer's state is on the host: it cannot step in backward");
   FSDP_CHECK(config_.max_grad_norm <= 0,
              "the optimizer in backward cannot clip gradients: clipping needs every grad first");
   OptimTensor t = tensors_[index];

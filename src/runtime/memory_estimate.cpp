@@ -48,8 +48,9 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& c, int shard_ranks) {
   }
   for (int64_t n : units) total += n;
   const int64_t dense_params = total - expert_params;
-  const int64_t sharded = (ceil_div(dense_params, world) + ceil_div(expert_params, expert_world)) *
-                          (2 + states) * 4;
+  const int64_t shard_numel = ceil_div(dense_params, world) + ceil_div(expert_params, expert_world);
+  // Note [Optimizer offload]: the states leave the device.
+  const int64_t sharded = shard_numel * (2 + (c.offload_optimizer ? 0 : states)) * 4;
   // Two units gathered (the one computing, the one prefetched), one unit's unsharded grads,
   // the ring's k RS inputs; without reshard after forward every unit stays gathered.
   const int64_t gathered = c.reshard_after_forward ? root + largest + second : total;
@@ -81,6 +82,10 @@ MemoryEstimate estimate_rank_memory(const TrainConfig& c, int shard_ranks) {
   MemoryEstimate e;
   e.device_bytes = sharded + (gathered + largest) * p + rs_inputs + static_cast<int64_t>(activations);
   e.host_bytes = total * 4;  // each param's fp32 initial values, made while sharding
+  // Note [Optimizer offload]: a master and the states per element, two grad slots of the
+  // largest unit's shard.
+  if (c.offload_optimizer)
+    e.host_bytes += shard_numel * (1 + states) * 4 + optim::kOffloadGradSlots * (largest / world) * 4;
   return e;
 }
 

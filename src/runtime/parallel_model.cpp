@@ -70,8 +70,20 @@ PlacedOptimizer place_optimizer(Device& device, Stream compute, FsdpModule& root
   for (const ShardedGroupView& g : sharded_groups(root, !config.optimizer_in_backward))
     spans.push_back({g.param, g.grad, g.numel, g.mesh ? &g.mesh->comm() : nullptr, g.name});
   PlacedOptimizer out;
-  out.optimizer = std::make_unique<optim::Optimizer>(device, compute, spans, config.optimizer);
+  optim::OffloadOptions offload = config.offload;
+  if (offload.ranks_sharing_host == 0) offload.ranks_sharing_host = root.state().mesh.data_parallel_size();
+  offload.simulated_host = !device.computes_values();
+  // Note [Optimizer offload]: the host's memory is checked before any of it is taken.
+  if (config.offload_optimizer) optim::check_offload_host_memory(spans, config.optimizer, offload);
+  out.optimizer = std::make_unique<optim::Optimizer>(
+      device, compute, spans, config.optimizer,
+      config.offload_optimizer ? optim::StatePlacement::Host : optim::StatePlacement::Device);
   optim::Optimizer* opt = out.optimizer.get();
+  if (config.offload_optimizer) {
+    out.offload = std::make_unique<optim::OptimizerOffload>(*opt, compute, offload);
+    root.set_shard_offload_hooks(out.offload->hooks());
+  }
+  optim::OptimizerOffload* off = out.offload.get();
   if (config.optimizer_in_backward)
     root.set_optimizer_in_backward(
         [opt](Stream s, int ordinal, float*, const void* grad, DType t, int64_t) {
@@ -83,8 +95,9 @@ PlacedOptimizer place_optimizer(Device& device, Stream compute, FsdpModule& root
   }
   // Note [Early grad norm]; an after_backward hook may change grads the early sums have read.
   if (!config.optimizer_in_backward && !config.after_backward)
-    root.set_on_grad_shard_ready([opt](Stream s, int ordinal, const float* grad, int64_t) {
+    root.set_on_grad_shard_ready([opt, off](Stream s, int ordinal, const float* grad, int64_t) {
       opt->add_grad_square(s, ordinal, grad);  // Note [Early grad norm]
+      if (off) off->grad_ready(s, ordinal);     // Note [Optimizer offload]: the grad goes down
     });
   return out;
 }

@@ -38,6 +38,9 @@ struct PlacedOptimizer {
   // With the optimizer in forward, the owner of its deferred steps (Note [Optimizer in
   // forward's owner]), handed to the root; null otherwise. It must go before the optimizer.
   std::unique_ptr<optim::OptimizerInForward> in_forward;
+  // With the optimizer offload, the owner of the host state and steps (Note [Optimizer
+  // offload]); null otherwise. It must go before the optimizer.
+  std::unique_ptr<optim::OptimizerOffload> offload;
 };
 
 // The optimizer over the root's sharded groups, where the config puts it: one multi-tensor

@@ -144,6 +144,8 @@ constexpr SummaryRule derived(const char* keys) { return {Summarized::Derived, k
   X(int64_t, param_count, 0, not_summarized(), "active params (Model::active_param_count)")      \
   X(int64_t, sharded_state_bytes, 0, not_summarized(),                                           \
     "the bytes of the sharded params (MemTag::ShardedState) after fully_shard")                  \
+  X(int64_t, offload_host_bytes, 0, not_summarized(),                                            \
+    "with the optimizer offload: the host bytes of its state (Note [Optimizer offload])")       \
   X(double, host_us_per_step, 0, max_over_ranks("host_us_per_step"),                             \
     "host time to issue a step (batch, scalars, and the step's work or its replay), mean over "  \
     "the timed steps after the warm-up (and after the capture, under a graph); the host's "      \

@@ -44,6 +44,17 @@ void check_train_config(const TrainConfig& c, int world_size) {
   FSDP_OPTION_CHECK(!(c.optimizer_in_backward && c.optimizer_in_forward),
                     OptionName{"optimizer_in_forward"}, " and ", in_backward,
                     " exclude each other: the optimizer runs in backward or in forward, not both");
+  // Note [Optimizer offload]: the host steps each group once, after backward.
+  const OptionName offload{"offload"};
+  FSDP_OPTION_CHECK(!(c.offload_optimizer && c.optimizer_in_backward), offload,
+                    " optimizer and ", in_backward, " exclude each other: the step runs on the "
+                    "host after the grads are down, not on the device in backward");
+  FSDP_OPTION_CHECK(!(c.offload_optimizer && c.optimizer_in_forward), offload,
+                    " optimizer and ", OptionName{"optimizer_in_forward"}, " exclude each other: "
+                    "with the offload each group's all-gather already waits for its host step");
+  FSDP_OPTION_CHECK(!(c.offload_optimizer && c.cuda_graph), offload,
+                    " optimizer cannot run in a captured step (", OptionName{"cuda_graph"},
+                    "): its host steps and transfers are not graph work");
   check_checkpoint_options(c.checkpoint);
   const nn::ModelConfig model = models::resolved(c.model);  // the family's size checks
   const models::ModelFamily& family = models::family(model.kind);

@@ -106,6 +106,8 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   // Note [Optimizer in forward's owner]: with the optimizer in forward; destroyed first.
   std::unique_ptr<optim::OptimizerInForward> in_forward_;
+  // Note [Optimizer offload]: with the optimizer on the host; destroyed before the optimizer.
+  std::unique_ptr<optim::OptimizerOffload> offload_;
   std::unique_ptr<BatchSource> source_, eval_source_;
   std::unique_ptr<StepReader> reader_;
   std::unique_ptr<TrainState> state_;
@@ -146,6 +148,8 @@ Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig&
   PlacedOptimizer placed = place_optimizer(device, compute_, root, config);
   optimizer_ = std::move(placed.optimizer);
   in_forward_ = std::move(placed.in_forward);
+  offload_ = std::move(placed.offload);
+  if (offload_) result_.offload_host_bytes = offload_->host_bytes();
   result_.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
   source_ = make_source(config, rank, world->size());
   // The MoE layers' max loads are read with the step's loss (Model::copy_expert_loads).
@@ -178,6 +182,8 @@ Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig&
   for (auto& o : observers_) o->on_start(*state_);
   if (config.on_start) config.on_start(*state_);  // sees the loaded state
   device.synchronize();
+  // A loaded checkpoint wrote the device shards: the host masters follow them.
+  if (offload_ && (config.checkpoint.enabled() || config.on_start)) offload_->pull_masters(compute_);
   device.reset_peak_memory();
   units_ = count_units(model);
   next_step_ = first_step_ = state_->next_step;
@@ -218,6 +224,8 @@ void Trainer::issue_step(int step, float* step_loss, double& host_us,
     scale_for_micro_batches(device_, compute_, dy, config_.micro_batches, micro_scale_);
     y = Tensor{};
     const double h1 = device_.now_us();
+    // Note [Optimizer offload]: the reduce-scatters overwrite grads still going down.
+    if (offload_) offload_->before_backward(compute_);
     model.backward(ctx_, dy, /*input_grad=*/false);  // the data needs no gradient
     host_us += device_.now_us() - h1;
     if (first)
@@ -231,6 +239,8 @@ void Trainer::issue_step(int step, float* step_loss, double& host_us,
     optimizer_->compute_grad_squares(compute_);
     if (in_forward_)  // Note [Optimizer in forward]
       root.defer_shard_updates(compute_);
+    else if (offload_)  // Note [Optimizer offload]
+      offload_->step(compute_);
     else
       optimizer_->step(compute_);
     zero_sharded_grads(root);

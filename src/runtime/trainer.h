@@ -13,6 +13,7 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/nn/model.h"
 #include "fsdp/optim.h"
+#include "fsdp/optim_offload.h"
 #include "optim/lr_schedule.h"
 #include "runtime/batch_source.h"
 #include "runtime/rank_result_fields.h"
@@ -84,6 +85,11 @@ struct TrainConfig {
   // all-gather stream (Note [Optimizer in forward]); clipping works. Off: one multi-tensor
   // step after backward on the compute stream.
   bool optimizer_in_forward = false;
+  // The fp32 masters, grads and optimizer state in host memory and the step on the host
+  // (Note [Optimizer offload], fsdp/optim_offload.h). offload.ranks_sharing_host 0: every
+  // rank of the world shares the host's memory.
+  bool offload_optimizer = false;
+  optim::OffloadOptions offload;
   // Between steps, start the first unit's all-gather for the next step (FsdpModule::unshard
   // with async_op) so it runs while the host finishes the step.
   bool prefetch_next_step = false;

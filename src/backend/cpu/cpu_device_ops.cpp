@@ -76,6 +76,18 @@ void CpuDevice::copy_to_host(Stream s, void* host_dst, const void* src, size_t b
   enqueue(s, OpKind::Copy, [=] { if (bytes) std::memcpy(host_dst, src, bytes); });
 }
 
+// Note [Host-side stream work]: the stream reads the host memory when it gets to the copy.
+void CpuDevice::copy_from_host_async(Stream s, void* dst, const void* host_src, size_t bytes) {
+  FSDP_CHECK(bytes == 0 || (dst && host_src), "copy_from_host_async of ", bytes,
+             " bytes with a null pointer");
+  enqueue(s, OpKind::Copy, [=] { if (bytes) std::memcpy(dst, host_src, bytes); });
+}
+
+void CpuDevice::run_host_task(Stream s, int64_t bytes, std::function<void()> task) {
+  FSDP_CHECK(bytes >= 0 && task, "run_host_task: no task, or a negative byte count ", bytes);
+  enqueue(s, OpKind::Optimizer, std::move(task));
+}
+
 void CpuDevice::fill(Stream s, void* dst, DType t, int64_t n, float value) {
   check_buffer(dst, n, "dst", "fill");
   enqueue(s, OpKind::Kernel, [=] { kernels::fill(dst, t, n, value); });

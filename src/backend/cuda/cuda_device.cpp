@@ -185,6 +185,7 @@ void CudaDevice::synchronize_stream(Stream s) {
   make_current();
   const cudaStream_t stream = native(s);
   FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaStreamQuery(stream); }));
+  rethrow_host_task_error();
 }
 
 void CudaDevice::synchronize() {
@@ -195,6 +196,7 @@ void CudaDevice::synchronize() {
   for (const StreamEntry& s : streams_)
     FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaStreamQuery(s.native); }));
   FSDP_CUDA_CHECK(cudaGetLastError());
+  rethrow_host_task_error();
 }
 
 // ---- memory
@@ -312,7 +314,9 @@ void CudaDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_
   // Large uploads (weights at start-up). cudaMemcpyAsync from pageable memory does return
   // only after the source is consumed, but from page-locked memory it returns at once, and
   // we cannot know which kind the caller has; a sync makes "reusable on return" hold always.
-  FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, op.stream()));
+  // cudaMemcpyDefault: the destination may be page-locked host memory (the offloaded
+  // optimizer's state, which a checkpoint loads; Note [Host-side stream work]).
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, op.stream()));
   const cudaStream_t stream = op.stream();
   FSDP_CUDA_CHECK(poll_until_ready([&] { return cudaStreamQuery(stream); }));
 }
@@ -320,7 +324,9 @@ void CudaDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_
 void CudaDevice::copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) {
   OpScope op(*this, s, OpKind::Copy);
   if (bytes == 0) return;
-  FSDP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, op.stream()));
+  // cudaMemcpyDefault: the source may be page-locked host memory (the offloaded optimizer's
+  // state, which a checkpoint saves; Note [Host-side stream work]).
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault, op.stream()));
 }
 
 // ---- timeline

@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,6 +37,8 @@ namespace fsdp::cuda {
 class CublasHandle;
 
 class CudnnAttention;
+
+struct HostTaskErrors;  // cuda_host_tasks.cpp
 
 class CudaDevice final : public Device {
  public:
@@ -64,6 +67,8 @@ class CudaDevice final : public Device {
   void copy(Stream s, void* dst, const void* src, size_t bytes) override;
   void copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) override;
+  void copy_from_host_async(Stream s, void* dst, const void* host_src, size_t bytes) override;
+  void run_host_task(Stream s, int64_t bytes, std::function<void()> task) override;
   void fill(Stream s, void* dst, DType t, int64_t n, float value) override;
   void cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override;
 
@@ -256,6 +261,11 @@ class CudaDevice final : public Device {
   // else a device copy staged on `stream` for the launch.
   template <typename Desc, typename Launch>
   void with_device_descs(cudaStream_t stream, const std::vector<Desc>& descs, Launch&& launch);
+
+  // Note [Host-side stream work] (cuda_host_tasks.cpp): the first error a host task raised,
+  // which synchronize() then rethrows; set from CUDA's host-function thread.
+  std::shared_ptr<HostTaskErrors> host_task_errors_;
+  void rethrow_host_task_error() const;
 
   int ordinal_;
   cudaMemPool_t pool_ = nullptr;

@@ -74,7 +74,8 @@ void StagingRing::copy_to_device(cudaStream_t stream, void* device_dst, const vo
   FSDP_CHECK(bytes <= kMaxStagedCopyBytes, "staged copy of ", bytes, " bytes");
   Slot& slot = take_slot(stream, bytes, /*need_device=*/false);
   std::memcpy(slot.host, host_src, bytes);
-  FSDP_CUDA_CHECK(cudaMemcpyAsync(device_dst, slot.host, bytes, cudaMemcpyHostToDevice, stream));
+  // cudaMemcpyDefault: device_dst may be page-locked host memory (offloaded optimizer state).
+  FSDP_CUDA_CHECK(cudaMemcpyAsync(device_dst, slot.host, bytes, cudaMemcpyDefault, stream));
   FSDP_CUDA_CHECK(cudaEventRecord(slot.done, stream));
 }
 

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <map>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -69,6 +70,8 @@ class SimDevice final : public cpu::StreamDevice {
   void copy(Stream s, void* dst, const void* src, size_t bytes) override;
   void copy_from_host(Stream s, void* dst, const void* host_src, size_t bytes) override;
   void copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) override;
+  void copy_from_host_async(Stream s, void* dst, const void* host_src, size_t bytes) override;
+  void run_host_task(Stream s, int64_t bytes, std::function<void()> task) override;
   void fill(Stream s, void* dst, DType t, int64_t n, float value) override;
   void cast(Stream s, void* dst, DType dst_t, const void* src, DType src_t, int64_t n) override;
   void all_gather_copy_out(Stream s, const void* gathered, DType t, int64_t shard_numel, int world,

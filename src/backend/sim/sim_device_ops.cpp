@@ -70,16 +70,39 @@ void SimDevice::copy_from_host(Stream s, void* dst, const void* host_src, size_t
 void SimDevice::copy_to_host(Stream s, void* host_dst, const void* src, size_t bytes) {
   FSDP_CHECK(bytes == 0 || (host_dst && src), "copy_to_host of ", bytes, " bytes with a null pointer");
   // Note [Simulated values]: written now, read by the host after it synchronizes.
+  // A large buffer holds no values here; its host copy is left untouched, so host memory that
+  // only offloaded state would fill is never paged in (Note [Host-side stream work]).
   if (bytes) {
     if (const std::vector<char>* v = shadow_at(src, bytes))
       std::memcpy(host_dst, v->data(), bytes);
-    else if (!synthesize_probabilities(host_dst, src, bytes))
+    else if (!synthesize_probabilities(host_dst, src, bytes) && bytes <= (size_t{1} << 20))
       std::memset(host_dst, 0, bytes);
   }
   const Calibration& c = calibration();
   timed(s, OpKind::Copy, "copy_to_host",
         std::max(c.kernel_min_us, static_cast<double>(bytes) / (c.host_copy_gbps * 1e3)),
         c.kernel_launch_us, static_cast<double>(bytes));
+}
+
+// Note [Host-side stream work]: a transfer over the host link, by its bytes; the host's
+// bytes stay unread (large buffers keep no values here).
+void SimDevice::copy_from_host_async(Stream s, void* dst, const void* host_src, size_t bytes) {
+  FSDP_CHECK(bytes == 0 || (dst && host_src), "copy_from_host_async of ", bytes,
+             " bytes with a null pointer");
+  set_shadow(dst, {});
+  const Calibration& c = calibration();
+  timed(s, OpKind::Copy, "copy_from_host",
+        std::max(c.kernel_min_us, static_cast<double>(bytes) / (c.host_copy_gbps * 1e3)),
+        c.kernel_launch_us, static_cast<double>(bytes));
+}
+
+// A host task is not run (its memory holds nothing to compute on): it costs its bytes at the
+// host's memory bandwidth, which a many-core host streams at about kHostMemoryGbps.
+void SimDevice::run_host_task(Stream s, int64_t bytes, std::function<void()>) {
+  FSDP_CHECK(bytes >= 0, "run_host_task: negative byte count ", bytes);
+  constexpr double kHostMemoryGbps = 100;
+  timed(s, OpKind::Optimizer, "host_task", static_cast<double>(bytes) / (kHostMemoryGbps * 1e3),
+        0.0, static_cast<double>(bytes));
 }
 
 void SimDevice::fill(Stream s, void* dst, DType t, int64_t n, float value) {
