@@ -30,6 +30,7 @@ const std::map<std::string, std::string> kDefaultOnCpu = {
     {"graph_op_times", "under --cuda-graph only"},
     {"error", "set only when a step is not finite (tests/test_train_nonfinite.cpp)"},
     {"failed_step", "set only when a step is not finite"},
+    {"memory_plan", "set only with a memory budget (tests/test_memory_planner.cpp)"},
 };
 
 // A moe-transformer with expert parallelism (every communicator kind, the expert loads),
