@@ -72,7 +72,7 @@ std::string gib_text(int64_t bytes) {
 void apply_memory_budget(const TrainOptions& o, TrainRun& run, int64_t capacity) {
   runtime::TrainConfig& c = run.config;
   const int shard = std::max(run.world / std::max(c.hsdp_replicas, 1), 1);
-  if (o.memory_budget.empty()) {
+  if (o.memory_budget.empty() && !(o.memory_budget_opt && o.memory_budget_opt->count() > 0)) {
     c.predicted_peak_bytes = runtime::estimate_rank_memory(c, shard).device_bytes;
     return;
   }

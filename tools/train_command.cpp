@@ -78,7 +78,7 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   o.micro_batches_opt = app.add_option(
       "--micro-batches", o.micro_batches,
       "split each step's --tokens into N micro-batches (gradient accumulation)");
-  app.add_option("--memory-budget", o.memory_budget,
+  o.memory_budget_opt = app.add_option("--memory-budget", o.memory_budget,
                  "GiB | auto (the device's memory): choose the fastest --activation-checkpointing, "
                  "--micro-batches, --rs-max-input-buffers and --reshard-after-forward whose "
                  "predicted peak fits, of those not given (docs/memory.md, Planner)");

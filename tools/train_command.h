@@ -53,6 +53,7 @@ struct TrainOptions {
   // --memory-budget GiB | auto: the planner chooses the settings below that the user left
   // unset (Note [Memory plans]); empty: no plan.
   std::string memory_budget;
+  const CLI::Option* memory_budget_opt = nullptr;
   const CLI::Option* activation_checkpointing_opt = nullptr;
   const CLI::Option* micro_batches_opt = nullptr;
   const CLI::Option* rs_max_input_buffers_opt = nullptr;

@@ -39,6 +39,7 @@ class RankMemoryModel {
   const models::ModelFamily* family_ = nullptr;
   int world_ = 1;
   std::vector<int64_t> units_;
+  std::vector<int64_t> block_experts_;  // each block's expert params (its own FSDP group)
   int64_t total_ = 0, expert_params_ = 0, output_dim_ = 0;
   int expert_world_ = 1;
 };

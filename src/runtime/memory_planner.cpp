@@ -212,13 +212,11 @@ MemoryPlan plan_memory(const TrainConfig& config, int shard_ranks, int64_t budge
             smallest.predicted_peak_bytes = peak;
           }
           if (!fits) continue;
-          // The fastest; of two within 0.1% of each other, the smaller peak.
-          const bool faster = s < best_s * (1 - 1e-3);
-          const bool as_fast = !faster && s <= best_s * (1 + 1e-3);
-          if (faster || (as_fast && peak < best.predicted_peak_bytes)) {
+          // The fastest; of two as fast (k on one rank, say), the smaller peak.
+          if (s < best_s || (s == best_s && peak < best.predicted_peak_bytes)) {
             best.config = c;
             best.predicted_peak_bytes = peak;
-            best_s = std::min(best_s, s);
+            best_s = s;
             best.relative_step_time = s;
             best.fits = true;
           }

@@ -11,7 +11,7 @@
 // docs/memory.md) and its step time with a cost model of relative costs (the recompute's
 // measured share of a step, the collectives' bytes over the link, a fixed cost per unit and
 // micro-batch), and keeps the fastest whose predicted peak, with the model's error margin,
-// fits the budget; ties go to the smaller peak. The command applies the plan once, while it
+// fits the budget; of two as fast, the smaller peak. The command applies the plan once, while it
 // resolves its options, and prints it; the trainer's out-of-memory error asks it what would
 // fit (Note [Out of memory]).
 #pragma once
