@@ -369,6 +369,18 @@ TEST(MemoryBudgetCommand, BadBudgetsAndBudgetsNothingFitsAreOneLine) {
        "lower --tokens, add ranks, or leave more of these flags to the planner"});
 }
 
+TEST(MemoryBudgetCommand, SimulateTakesTheBudgetAutoFromItsCalibration) {
+  const CommandResult r = run_bounded(
+      "simulate --gpus 2 --model transformer --layers 2 --dim 64 --heads 4 --kv-heads 2 "
+      "--ffn-dim 192 --vocab 128 --seq-len 32 --tokens 256 --steps 2 --memory-budget auto");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const std::vector<std::string> plan = lines_starting(r.output, "memory plan: ");
+  ASSERT_EQ(plan.size(), 1u) << r.output;
+  EXPECT_NE(plan[0].find("(auto: the calibration's "), std::string::npos) << plan[0];
+  EXPECT_NE(plan[0].find("--activation-checkpointing none --micro-batches 1 "), std::string::npos)
+      << plan[0];
+}
+
 // ---- out of memory (Note [Out of memory]): one line with the peak, the budget and what would
 // fit, and what it says fits does.
 
