@@ -29,7 +29,7 @@ class RankMemoryModel {
   RankMemoryModel(const TrainConfig& config, int shard_ranks);
   MemoryEstimate estimate(const TrainConfig& config) const;
   int shard_ranks() const { return world_; }
-  // Every unit's params (the blocks, then the root), and their bytes in `dtype` gathered.
+  // The params of every unit together, and of each (the blocks, then the root).
   int64_t total_params() const { return total_; }
   const std::vector<int64_t>& unit_params() const { return units_; }
   const nn::ModelConfig& model() const { return model_; }

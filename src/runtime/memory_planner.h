@@ -45,7 +45,7 @@ struct MemoryPlan {
   int64_t budget_bytes = 0;
   int64_t predicted_peak_bytes = 0;
   // The predicted step time against that of the fastest choice regardless of memory (1: no
-  // cost paid to fit).
+  // cost paid to fit; 0 when nothing fits).
   double relative_step_time = 1;
   int candidates = 0;  // the combinations tried
   // The chosen settings, each as `spell(option) value` ("--micro-batches 3"), in a fixed
