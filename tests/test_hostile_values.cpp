@@ -138,7 +138,7 @@ TEST(HostileValues, TheCommandMapsTheLibrarysSizeChecksToItsFlags) {
 }
 
 // Note [Out of memory], on the CPU backend with a device of limited memory: the allocation
-// that does not fit ends the run in one line with what to try, and the summary is written.
+// that does not fit ends the run in one line with what would fit, and the summary is written.
 TEST(HostileValues, OutOfDeviceMemoryIsOneLineWithThePeakAndWhatToTry) {
   const std::string json = fresh_dir("values_oom") + "/summary.json";
   const CommandResult r = run_bounded(
@@ -146,7 +146,8 @@ TEST(HostileValues, OutOfDeviceMemoryIsOneLineWithThePeakAndWhatToTry) {
       "--tokens 2048 --steps 2 --quiet --cpu-memory-mib 4 --json " + json);
   expect_one_line_error(r, {"out of memory on cpu:", " for activation did not fit beside the ",
                             " in use of the device's 4.0 MiB; the run's peak so far: ",
-                            "Try fewer --tokens, more --micro-batches or --activation-checkpointing"});
+                            "; the budget: 4.0 MiB (the device's); what would fit: "
+                            "--activation-checkpointing "});
   ASSERT_TRUE(std::filesystem::exists(json)) << r.output;
   const nlohmann::json summary = nlohmann::json::parse(read_file(json));
   EXPECT_NE(summary.value("error", std::string()).find("out of memory on cpu:"), std::string::npos)
@@ -174,9 +175,13 @@ TEST(HostileValues, TheLibraryRaisesOutOfMemoryErrorInItsOwnTerms) {
     EXPECT_LE(e.live(), e.capacity());
     EXPECT_GT(e.live() + static_cast<int64_t>(e.requested()), e.capacity()) << m;
     EXPECT_NE(m.find("of the device's 64.0 KiB; the run's peak so far: "), std::string::npos) << m;
-    EXPECT_NE(m.find("Try fewer tokens, more micro_batches or activation_checkpointing"),
+    // What would fit, in the API's names: nothing, on a device this small.
+    EXPECT_NE(m.find("; the budget: 64.0 KiB (the device's); no checkpointing, micro-batches, "
+                     "reduce_scatter_max_input_buffers or reshard_after_forward fits it (the "
+                     "least: "),
               std::string::npos)
         << m;
+    EXPECT_NE(m.find("with activation_checkpointing full micro_batches "), std::string::npos) << m;
   }
 }
 

@@ -31,6 +31,7 @@ const std::map<std::string, std::string> kDefaultOnCpu = {
     {"error", "set only when a step is not finite (tests/test_train_nonfinite.cpp)"},
     {"failed_step", "set only when a step is not finite"},
     {"offload_host_bytes", "with the optimizer offload only (tests/test_optimizer_offload.cpp)"},
+    {"memory_plan", "set only with a memory budget (tests/test_memory_planner.cpp)"},
 };
 
 // A moe-transformer with expert parallelism (every communicator kind, the expert loads),

@@ -233,11 +233,15 @@ int run_simulate(SimulateOptions& o) {
                   "--moe-max-load needs --moe-load skewed");
   FSDP_USER_CHECK(!o.calibration_path.empty(), "--calibration FILE is needed (none is committed "
                   "beside this binary's source)");
-  runtime::TrainConfig config = simulate_config_of(o.train, o.gpus);
-  check_writable("--cost-log", o.cost_log_path);
-
   sim::SimOptions so;
   so.calibration = sim::read_calibration(o.calibration_path);
+  std::string plan_line;  // with --memory-budget (auto: the calibration's GPU memory)
+  runtime::TrainConfig config = simulate_config_of(
+      o.train, o.gpus,
+      static_cast<int64_t>(so.calibration.device_memory_gib * 1024.0 * 1024.0 * 1024.0),
+      &plan_line);
+  check_writable("--cost-log", o.cost_log_path);
+
   if (o.nvlink_gbps > 0) so.calibration.nvlink.scale_to(o.nvlink_gbps);
   if (o.net_gbps > 0) so.calibration.network.scale_to(o.net_gbps);
   so.gpus = o.gpus;
@@ -260,6 +264,7 @@ int run_simulate(SimulateOptions& o) {
   std::printf("one rank is simulated (rank %d) and stands for all %d: every rank runs the same "
               "schedule (docs/simulate.md)\n", o.gpus - 1, o.gpus);
   std::printf("losses and grad norms: not computed (the simulation does no arithmetic)\n");
+  if (!plan_line.empty()) std::printf("%s\n", plan_line.c_str());
   std::fflush(stdout);
   runtime::RankResult result;
   sim::CostLog costs;
@@ -271,7 +276,9 @@ int run_simulate(SimulateOptions& o) {
                             {"calibration", o.calibration_path},
                             {"device", so.calibration.device},
                             {"simulated_rank", o.gpus - 1},
-                            {"step", to_json(base)}};
+                            {"step", to_json(base)},
+                            {"memory_plan", config.memory_plan},
+                            {"predicted_peak_bytes", result.predicted_peak_bytes}};
   if (!o.cost_log_path.empty()) write_cost_log(o.cost_log_path, costs, config.steps);
   if (!o.train.trace_path.empty()) write_trace_file(o.train.trace_path, {result});
   if (o.sweep) {

@@ -372,10 +372,12 @@ TrainRun resolve_train_run(const TrainOptions& o) {
   resolve_defaults(o, run.config);
   choose_backend(o, run);
   attach_token_data(o, run);
+  apply_memory_budget(o, run);  // last: it plans for the run as resolved
   return run;
 }
 
-runtime::TrainConfig simulate_config_of(const TrainOptions& o, int gpus) {
+runtime::TrainConfig simulate_config_of(const TrainOptions& o, int gpus, int64_t capacity,
+                                        std::string* plan_line) {
   try {
     check_train_options(o);
     TrainRun run;
@@ -383,6 +385,10 @@ runtime::TrainConfig simulate_config_of(const TrainOptions& o, int gpus) {
     apply_hf_model(o, run);
     resolve_defaults(o, run.config);
     runtime::check_train_config(run.config, gpus);
+    run.backend = "sim";
+    run.world = gpus;
+    apply_memory_budget(o, run, capacity);
+    if (plan_line) *plan_line = run.memory_plan_line;
     check_writable("--json", o.json_path);
     check_writable("--trace", o.trace_path);
     return run.config;

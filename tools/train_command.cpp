@@ -75,8 +75,13 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "moe-transformer: load-balancing loss weight");
   app.add_option("--tokens", o.config.tokens, "tokens per rank per step");
   // ---- whole-step CUDA graphs and gradient accumulation (docs/cuda_graphs.md)
-  app.add_option("--micro-batches", o.micro_batches,
-                 "split each step's --tokens into N micro-batches (gradient accumulation)");
+  o.micro_batches_opt = app.add_option(
+      "--micro-batches", o.micro_batches,
+      "split each step's --tokens into N micro-batches (gradient accumulation)");
+  o.memory_budget_opt = app.add_option("--memory-budget", o.memory_budget,
+                 "GiB | auto (the device's memory): choose the fastest --activation-checkpointing, "
+                 "--micro-batches, --rs-max-input-buffers and --reshard-after-forward whose "
+                 "predicted peak fits, of those not given (docs/memory.md, Planner)");
   app.add_flag("--cuda-graph", o.cuda_graph,
                "CUDA backend: capture one whole step in a CUDA graph after the warm-up and replay "
                "it [default: off]");
@@ -96,11 +101,11 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--fp8-all-gather", o.fp8_all_gather,
                  "0 | 1: with --fp8 tensorwise, all-gather those weights as fp8 (half the bytes)")
       ->check(CLI::Range(0, 1));
-  app.add_option("--reshard-after-forward", o.reshard_after_forward,
+  o.reshard_after_forward_opt = app.add_option("--reshard-after-forward", o.reshard_after_forward,
                  "0 | 1: free each block's gathered params after its forward; N >= 2: keep 1/N "
                  "of them, for a backward all-gather over N ranks (N divides the shard size)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--activation-checkpointing", o.activation_checkpointing,
+  o.activation_checkpointing_opt = app.add_option("--activation-checkpointing", o.activation_checkpointing,
                  "none | full | every:N | selective: blocks keep only their input and recompute "
                  "in backward (full: every block; every:N: blocks 0, N, 2N, ...), or keep the "
                  "GEMM and attention outputs and recompute the norms and SwiGLU (selective; "
@@ -109,7 +114,7 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   app.add_option("--hsdp", o.config.hsdp_replicas,
                  "R: HSDP, params sharded over world / R consecutive ranks and replicated R "
                  "times; grads reduce-scattered, then all-reduced across replicas");
-  app.add_option("--rs-max-input-buffers", o.config.rs_max_input_buffers,
+  o.rs_max_input_buffers_opt = app.add_option("--rs-max-input-buffers", o.config.rs_max_input_buffers,
                  "reduce-scatter input buffers in flight (k >= 1)");
   app.add_option("--separate-rs-group", o.separate_rs_group,
                  "0 | 1: reduce-scatters on their own communicator")
@@ -284,9 +289,12 @@ void write_text(const std::string& flag, const std::string& path, const std::str
 
 // Note [Unreadable steps]: rank 0's result of a run that an error ended, from the steps it
 // reported before.
-runtime::RankResult result_of_failed_run(const std::vector<runtime::StepReport>& reported,
+runtime::RankResult result_of_failed_run(const runtime::TrainConfig& c,
+                                         const std::vector<runtime::StepReport>& reported,
                                          const std::string& error, int failed_step) {
   runtime::RankResult r;
+  r.memory_plan = c.memory_plan;  // the plan the run was made with (Note [Memory plans])
+  r.predicted_peak_bytes = c.predicted_peak_bytes;
   for (const runtime::StepReport& step : reported) {
     runtime::append_step(r, step);
     if (step.val_loss >= 0) r.val_losses.push_back({step.step, step.val_loss});
@@ -376,6 +384,7 @@ int run_train(const TrainOptions& o) {
   const runtime::TrainConfig& config = run.config;
   if (!run.why.empty())
     std::printf("backend: %s (--backend auto: %s)\n", backend.c_str(), run.why.c_str());
+  if (!run.memory_plan_line.empty()) std::printf("%s\n", run.memory_plan_line.c_str());
   StepPrinterOptions po;
   po.steps = config.steps;
   po.world = run.world;
@@ -436,7 +445,7 @@ int run_train(const TrainOptions& o) {
     const auto* step_error = dynamic_cast<const runtime::StepError*>(&e);
     if (!o.json_path.empty()) {
       const runtime::RankResult r0 =
-          result_of_failed_run(reported, e.what(), step_error ? step_error->step() : -1);
+          result_of_failed_run(config, reported, e.what(), step_error ? step_error->step() : -1);
       write_summary(summarize_results(backend, world, config, {r0}, o.peak_tflops));
     }
     throw;

@@ -54,6 +54,14 @@ struct TrainOptions {
   bool quiet = false;
   int log_every = 1;
   int micro_batches = 1;    // --micro-batches: --tokens splits into this many
+  // --memory-budget GiB | auto: the planner chooses the settings below that the user left
+  // unset (Note [Memory plans]); empty: no plan.
+  std::string memory_budget;
+  const CLI::Option* memory_budget_opt = nullptr;
+  const CLI::Option* activation_checkpointing_opt = nullptr;
+  const CLI::Option* micro_batches_opt = nullptr;
+  const CLI::Option* rs_max_input_buffers_opt = nullptr;
+  const CLI::Option* reshard_after_forward_opt = nullptr;
   bool cuda_graph = false;  // --cuda-graph (Note [Captured steps])
   double peak_tflops = 989.0;  // H200 dense bf16, for MFU on GPUs
   runtime::TrainConfig config;  // the flags that the config holds as they are
@@ -78,6 +86,7 @@ struct TrainRun {
   CpuProcessOptions cpu_place;
   double unigram_entropy_nats = -1;  // of the --data corpus (meta.json), beside the val loss
   bool model_from_hf = false;  // a config.json set the model: the vocabulary is the model's
+  std::string memory_plan_line;  // with --memory-budget: the plan, as the command prints it
 };
 
 void add_train_options(CLI::App& app, TrainOptions& options);
@@ -113,10 +122,18 @@ void check_train_options(const TrainOptions& options);
 TrainRun resolve_train_run(const TrainOptions& options);
 // The same for `fsdp simulate` on `gpus` simulated GPUs (no backend to choose, no data): the
 // resolved config.
-runtime::TrainConfig simulate_config_of(const TrainOptions& options, int gpus);
+// With --memory-budget the plan is applied (auto: `capacity`, the calibration's GPU memory) and
+// its line set in `plan_line`.
+runtime::TrainConfig simulate_config_of(const TrainOptions& options, int gpus,
+                                        int64_t capacity = 0, std::string* plan_line = nullptr);
 // train_data.cpp: with --data, the token-file batch sources, the validation batches and the
 // vocabulary from the corpus's meta.json; one-line errors for bad data files.
 void attach_token_data(const TrainOptions& options, TrainRun& run);
+// memory_budget.cpp: with --memory-budget, the memory plan (Note [Memory plans]) applied to
+// run.config: the unset flags among --activation-checkpointing, --micro-batches,
+// --rs-max-input-buffers and --reshard-after-forward chosen; a budget nothing fits is one line.
+// `capacity`: the device's memory for `auto` (0: ask the backend: a GPU's, --cpu-memory-mib).
+void apply_memory_budget(const TrainOptions& options, TrainRun& run, int64_t capacity = 0);
 // Bytes one rank needs, from the formula in docs/memory.md.
 int64_t estimate_rank_bytes(const runtime::TrainConfig& c, int world);
 // cuBLASLt's fp8 GEMMs take sizes in multiples of 16 (docs/fp8.md): with --fp8 on CUDA, the

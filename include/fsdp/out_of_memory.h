@@ -4,9 +4,11 @@
 // Note [Out of memory]
 // Running out of device memory is the run's sizes, not a fault in the code: the device raises
 // an OutOfMemoryError, a plain line with no source location, naming the device, what did not
-// fit and the memory in use of the device's. train_rank adds the run's peak so far and what to
-// try: fewer tokens per step, more micro-batches (each holds tokens / micro-batches of
-// activations), activation checkpointing. The command still writes its JSON summary (Note
+// fit and the memory in use of the device's. train_rank adds the run's peak so far, the budget
+// (the memory plan's, else the device's capacity) and what would fit in it: the memory
+// planner's answer (Note [Memory plans] in src/runtime/memory_planner.h), or, when nothing
+// the planner chooses fits, the least it found and fewer tokens or more ranks; with no
+// capacity known, what to try. The command still writes its JSON summary (Note
 // [Unreadable steps]). The advice names options, and a rank process prints its error itself
 // (the front end never sees the exception to rephrase it), so the front end says once, before
 // any rank starts, how it spells the API's options (set_option_spelling); a forked rank

@@ -43,21 +43,29 @@ double decoder_attention_flops_per_token(const nn::TransformerConfig& c) {
 }
 
 double attention_saved_bytes_per_token(const nn::TransformerConfig& c, DType act) {
-  // The attention norm's output (wqkv's input), wqkv's output and q/k after RoPE, the
-  // attention output (wo's input) and its softmax statistics (fp32 per head), the residual
-  // sum; the block's input is the block before's output.
+  // The block's input (attention_norm's) and the norm's output (wqkv's input) and rstd (fp32),
+  // wqkv's output (RoPE rotates its q and k in place: one copy), the attention output (wo's
+  // input) and its softmax statistics (fp32 per head). The block's output is the next one's
+  // input (the last block's, the final norm's).
   const double d = static_cast<double>(c.dim), hd = static_cast<double>(c.head_dim());
   const double qkv = static_cast<double>(c.heads + 2 * c.kv_heads) * hd;
   const double a = static_cast<double>(dtype_size(act));
-  return (2 * d + 2 * qkv + static_cast<double>(c.heads) * hd) * a + static_cast<double>(c.heads) * 4;
+  return (2 * d + qkv + static_cast<double>(c.heads) * hd) * a + static_cast<double>(c.heads) * 4 +
+         4;
 }
 
 double dense_block_saved_bytes_per_token(const nn::TransformerConfig& c, DType act) {
-  // Attention's, then the FFN norm's output, w13's output (SwiGLU's input), SwiGLU's output
-  // (w2's input), the block's output.
+  // Attention's, then the residual sum h (ffn_norm's input), the norm's output and rstd,
+  // w13's output (SwiGLU's input), SwiGLU's output (w2's input): docs/memory.md's table.
   const double d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
   return attention_saved_bytes_per_token(c, act) +
-         (2 * d + 3 * f) * static_cast<double>(dtype_size(act));
+         (2 * d + 3 * f) * static_cast<double>(dtype_size(act)) + 4;
+}
+
+double swiglu_backward_bytes_per_token(double swiglu_width, DType act) {
+  // SwiGLU's backward holds the gradients of its output (w2's input) and of its input (w13's
+  // output, twice as wide) at once.
+  return 3 * swiglu_width * static_cast<double>(dtype_size(act));
 }
 
 double selective_dropped_bytes_per_token(const nn::TransformerConfig& c, double swiglu_width,
@@ -184,6 +192,10 @@ struct LlamaFamily final : ModelFamily {
     const nn::TransformerConfig c = nn::transformer_config(m);
     return dense_block_saved_bytes_per_token(c, act) -
            selective_dropped_bytes_per_token(c, static_cast<double>(c.ffn_dim), act);
+  }
+  double block_backward_bytes_per_token(const nn::ModelConfig& m, int, DType act) const override {
+    return swiglu_backward_bytes_per_token(static_cast<double>(nn::transformer_config(m).ffn_dim),
+                                           act);
   }
   std::string selective_checkpoint_refusal() const override { return {}; }
   std::string generation_refusal() const override { return {}; }  // nn::CachedBlock blocks

@@ -23,6 +23,9 @@ double dense_block_saved_bytes_per_token(const nn::TransformerConfig& c, DType a
 // or top_k x an expert's for an MoE layer's routed copies).
 double selective_dropped_bytes_per_token(const nn::TransformerConfig& c, double swiglu_width,
                                          DType act);
+// What a decoder block's backward holds at once beyond its saved set, per token: SwiGLU's
+// gradients, `swiglu_width` wide (ModelFamily::block_backward_bytes_per_token).
+double swiglu_backward_bytes_per_token(double swiglu_width, DType act);
 nlohmann::json decoder_shape_fields(const ModelFamily& f, const nn::ModelConfig& m);
 void read_decoder_shape_fields(const nlohmann::json& j, nn::ModelConfig& m);
 checkpoint::HfNames decoder_hf_names(const nn::TransformerConfig& c);

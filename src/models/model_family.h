@@ -92,6 +92,15 @@ class ModelFamily {
   // family's selective policy keeps.
   virtual double block_saved_bytes_per_token(const nn::ModelConfig& config, int layer, DType act,
                                              ActivationCheckpoint mode) const;
+  // What block `layer`'s backward holds at once beyond the block's saved set, per token (the
+  // gradients it makes of its own activations), for the estimate's peak inside the last
+  // block's backward; by default half the block's saved bytes and three of its width (the
+  // gradient passed in, the one being made, the model's input).
+  virtual double block_backward_bytes_per_token(const nn::ModelConfig& config, int layer,
+                                                DType act) const {
+    return 0.5 * block_saved_bytes_per_token(config, layer, act, ActivationCheckpoint::None) +
+           3.0 * static_cast<double>(config.dim * dtype_size(act));
+  }
   // Why selective checkpointing cannot run on this family's blocks (they do not say which of
   // their outputs are cheap to make again); empty: it can. Full runs on every family's.
   virtual std::string selective_checkpoint_refusal() const;

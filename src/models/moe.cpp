@@ -40,6 +40,12 @@ struct MoeFamily final : ModelFamily {
     const double e = static_cast<double>(c.experts), a = static_cast<double>(dtype_size(act));
     return (e * (2 * h + d) + e + d + (c.norm ? d : 0)) * a + e * 4;
   }
+  double block_backward_bytes_per_token(const nn::ModelConfig& c, int, DType act) const override {
+    // The experts' backward runs one expert at a time: the gradients of one expert's hidden
+    // pre- and post-activation and its output, beside the three of the block's width.
+    const double d = static_cast<double>(c.dim), h = static_cast<double>(hidden(c));
+    return (2 * h + d + 3 * d) * static_cast<double>(dtype_size(act));
+  }
 };
 
 const ModelFamily& moe_family() {

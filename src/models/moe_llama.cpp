@@ -90,7 +90,7 @@ struct MoeLlamaFamily final : ModelFamily {
     const nn::MoeConfig m = nn::moe_config(config);
     const bool moe_layer = nn::is_moe_layer(layer, config.moe_every);
     const double a = static_cast<double>(dtype_size(act)), d = static_cast<double>(c.dim);
-    const double moe = 2 * d * a + 2 * m.experts * 4.0 +
+    const double moe = 2 * d * a + 4 + 2 * m.experts * 4.0 +
                        m.top_k * (d + 3 * static_cast<double>(m.expert_ffn_dim)) * a + d * a;
     const double all = moe_layer ? attention_saved_bytes_per_token(c, act) + moe
                                  : dense_block_saved_bytes_per_token(c, act);
@@ -98,6 +98,15 @@ struct MoeLlamaFamily final : ModelFamily {
     const double swiglu = moe_layer ? m.top_k * static_cast<double>(m.expert_ffn_dim)
                                     : static_cast<double>(c.ffn_dim);
     return all - selective_dropped_bytes_per_token(c, swiglu, act);
+  }
+  double block_backward_bytes_per_token(const nn::ModelConfig& config, int layer,
+                                        DType act) const override {
+    const bool moe_layer = nn::is_moe_layer(layer, config.moe_every);
+    const nn::MoeConfig m = nn::moe_config(config);
+    return swiglu_backward_bytes_per_token(
+        moe_layer ? m.top_k * static_cast<double>(m.expert_ffn_dim)
+                  : static_cast<double>(nn::transformer_config(config).ffn_dim),
+        act);
   }
   std::string selective_checkpoint_refusal() const override { return {}; }
   nlohmann::json shape_fields(const nn::ModelConfig& m) const override {

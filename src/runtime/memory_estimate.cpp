@@ -1,6 +1,7 @@
 #include "runtime/memory_estimate.h"
 
 #include <algorithm>
+#include <set>
 
 #include "models/model_family.h"
 
@@ -12,81 +13,130 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-MemoryEstimate estimate_rank_memory(const TrainConfig& c, int shard_ranks) {
-  const int world = std::max(shard_ranks, 1);
-  nn::ModelConfig model_config = models::resolved(c.model);
-  const models::ModelFamily& family = models::family(model_config.kind);
-  const int ep = family.expert_parallel_size(model_config);
-  std::unique_ptr<nn::Model> model = models::build_model(model_config);  // no values made
-  const std::vector<int64_t> units = models::unit_param_counts(*model);
-
+RankMemoryModel::RankMemoryModel(const TrainConfig& c, int shard_ranks)
+    : model_(models::resolved(c.model)),
+      family_(&models::family(model_.kind)),
+      world_(std::max(shard_ranks, 1)) {
+  const int ep = family_->expert_parallel_size(model_);
+  std::unique_ptr<nn::Model> model = models::build_model(model_);  // no values made
+  units_ = models::unit_param_counts(*model);
+  output_dim_ = model->output_dim();
   // The experts of a rank (E / ep of them) shard over world / ep ranks, the rest over world.
-  int64_t expert_params = 0;
-  if (const auto is_expert = family.expert_modules())
+  std::set<const Param*> experts;
+  if (const auto is_expert = family_->expert_modules())
     model->visit([&](Module& m) {
       if (is_expert(m))
-        for (const auto& p : m.params()) expert_params += p->numel();
+        for (const auto& p : m.params()) {
+          expert_params_ += p->numel();
+          experts.insert(p.get());
+        }
     });
-  const int expert_world = std::max(world / std::max(ep, 1), 1);
-
-  const int64_t p = dtype_size(c.param_dtype), r = dtype_size(c.reduce_dtype);
-  // docs/memory.md: the sharded fp32 param and grad, and the optimizer's states per element.
-  const int64_t states = c.optimizer.kind == "adamw" ? 2 : 1;
-  // The root stays gathered from its forward to its backward (FSDP2's default for the root);
-  // of the blocks, the largest and the next (the one prefetched beside it) are gathered at
-  // once.
-  int64_t largest = 0, second = 0, total = 0;
-  const int64_t root = ceil_div(units.back(), world) * world;
-  for (size_t i = 0; i + 1 < units.size(); ++i) {
-    const int64_t gathered = ceil_div(units[i], world) * world;
-    if (gathered > largest) {
-      second = largest;
-      largest = gathered;
-    } else {
-      second = std::max(second, gathered);
-    }
+  for (Module* block : model->blocks()) {
+    int64_t n = 0;
+    for (Param* p : block->all_params())
+      if (experts.count(p)) n += p->numel();
+    block_experts_.push_back(n);
   }
-  for (int64_t n : units) total += n;
-  const int64_t dense_params = total - expert_params;
-  const int64_t shard_numel = ceil_div(dense_params, world) + ceil_div(expert_params, expert_world);
-  // Note [Optimizer offload]: the states leave the device.
-  const int64_t sharded = shard_numel * (2 + (c.offload_optimizer ? 0 : states)) * 4;
-  // Two units gathered (the one computing, the one prefetched), one unit's unsharded grads,
-  // the ring's k RS inputs; without reshard after forward every unit stays gathered.
-  const int64_t gathered = c.reshard_after_forward ? root + largest + second : total;
-  largest = std::max(largest, root);  // the largest unit's grads and RS input
-  const int64_t rs_inputs = world > 1 ? c.rs_max_input_buffers * largest * r : 0;
+  expert_world_ = std::max(world_ / std::max(ep, 1), 1);
+  for (int64_t n : units_) total_ += n;
+}
+
+MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
+  const int world = world_;
+  const models::ModelFamily& family = *family_;
+  const nn::ModelConfig& m = model_;
+  const double p = static_cast<double>(dtype_size(c.param_dtype));
+  const double r = static_cast<double>(dtype_size(c.reduce_dtype));
+  // docs/memory.md: the sharded fp32 param and grad, and the optimizer's states per element.
+  // Note [Optimizer offload]: the states leave the device (the fp32 param and grad stay).
+  const int64_t states = c.offload_optimizer ? 0 : c.optimizer.kind == "adamw" ? 2 : 1;
+  const int64_t dense_params = total_ - expert_params_;
+  const double sharded = static_cast<double>(
+      (ceil_div(dense_params, world) + ceil_div(expert_params_, expert_world_)) * (2 + states) * 4);
+  // Micro-batches but the last skip the gradient sync: every unit accumulates its unsharded
+  // grads in fp32 from the first micro-batch's backward to the last's (the GradAccum tag).
+  const double accumulated = c.micro_batches > 1 ? static_cast<double>(total_) * 4 : 0;
+  // Each unit gathered (W x its shard, padding included); the blocks, then the root.
+  const int blocks = static_cast<int>(units_.size()) - 1;
+  std::vector<double> gathered(units_.size());
+  double largest_block = 0, all_gathered = 0;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    gathered[i] = static_cast<double>(ceil_div(units_[i], world) * world);
+    all_gathered += gathered[i];
+    if (static_cast<int>(i) < blocks) largest_block = std::max(largest_block, gathered[i]);
+  }
+  const double root = gathered.back();
+  // What each block keeps for backward under its checkpointing mode (Note [Activation
+  // checkpointing]), its whole set (its backward holds it, made again first when it is
+  // checkpointed) and what its backward holds besides (the gradients of its activations).
   const double tokens = static_cast<double>(c.tokens);
-  const double act = static_cast<double>(p);
-  // What every block keeps under its checkpointing mode (Note [Activation checkpointing]),
-  // and the last block's whole set, which its backward holds (made again first when it is
-  // checkpointed).
-  const int layers = model_config.layers;
-  double kept = 0;
+  const int layers = std::min(m.layers, blocks);
+  std::vector<double> kept(layers);
+  double all_kept = 0;
   for (int i = 0; i < layers; ++i)
-    kept += family.block_saved_bytes_per_token(model_config, i, c.param_dtype,
-                                               c.activation_checkpoint.of_block(i));
-  const double last_kept = family.block_saved_bytes_per_token(
-      model_config, layers - 1, c.param_dtype, c.activation_checkpoint.of_block(layers - 1));
-  const double last_whole = family.block_saved_bytes_per_token(
-      model_config, layers - 1, c.param_dtype, ActivationCheckpoint::None);
-  // The root's output and its gradient, and the loss's fp32 work per output; the first
-  // block's input, and the gradient that backward passes from block to block with the one it
-  // makes.
-  const double d = static_cast<double>(model_config.dim);
-  const double head = tokens * static_cast<double>(model->output_dim()) * (2 * act + 4);
-  const double passed = tokens * 3 * d * act;
-  // The peak comes in the last block's backward: every other block's saved activations, and
-  // the last block's, about half of which it has freed by the time its grads are all made.
-  const double activations = tokens * (kept - last_kept + 0.5 * last_whole) + head + passed;
+    all_kept += kept[i] = family.block_saved_bytes_per_token(m, i, c.param_dtype,
+                                                            c.activation_checkpoint.of_block(i));
+  // The peak comes at one of two moments (docs/memory.md):
+  // - the loss: every block's saved set, the logits and their gradient, the final norm's
+  //   output; the root gathered and the last block prefetched for its backward (every unit,
+  //   without reshard after forward);
+  const double d = static_cast<double>(m.dim);
+  const double at_loss =
+      tokens * (all_kept + static_cast<double>(output_dim_) * 2 * p + d * p) +
+      p * (c.reshard_after_forward ? root + (blocks > 0 ? gathered[blocks - 1] : 0) : all_gathered);
+  // - block j's backward, n = L-1-j blocks after the last's: the saved sets of the blocks
+  //   before it, its whole set and its backward's work; the root and block j gathered, j-1
+  //   prefetched (without reshard after forward: the root and blocks 0..j); the root's grads
+  //   and about a quarter of block j's (the FFN's output projection's, made before SwiGLU's
+  //   backward); the RS inputs of up to k blocks done (none on one rank: Note [One-rank
+  //   reduce-scatter]). n runs to k: past it the ring holds no more, and the saved sets
+  //   only shrink.
+  // An RS output of its own (shard x r) exists unless the reduce-scatter writes the fp32 grad
+  // shard itself (Note [Lazy zero grad]): with a bf16 reduce, or into grads that micro-batches
+  // accumulated.
+  const bool rs_output = world > 1 && (c.micro_batches > 1 || c.reduce_dtype != DType::F32);
+  double in_backward = 0, below = all_kept, reduced = 0;
+  for (int n = 0; n < layers && n <= c.rs_max_input_buffers; ++n) {
+    const int j = layers - 1 - n;
+    below -= kept[j];
+    if (n > 0) reduced += static_cast<double>(units_[j + 1]);  // its fp32 accumulator is freed
+    const double whole =
+        family.block_saved_bytes_per_token(m, j, c.param_dtype, ActivationCheckpoint::None);
+    const double work = family.block_backward_bytes_per_token(m, j, c.param_dtype);
+    double held = root + gathered[j];
+    if (c.reshard_after_forward) {
+      if (j > 0) held += gathered[j - 1];
+    } else {
+      for (int i = 0; i < j; ++i) held += gathered[i];
+    }
+    // Inside the block's FFN backward (SwiGLU's gradients live): the root's grads and the FFN
+    // output projection's (a quarter of a dense block's params). A block's experts are a
+    // group of their own, on their own mesh, whose backward comes first in the block: their
+    // grads and their copy into an RS input are held at once, beside the block's whole set
+    // and (an upper bound: measured, the peak holds part of it) its backward's work.
+    const double experts = static_cast<double>(
+        ceil_div(block_experts_[j], expert_world_) * expert_world_);
+    const double dense = static_cast<double>(units_[j]) - static_cast<double>(block_experts_[j]);
+    const double root_grads = static_cast<double>(units_.back()) * p;
+    const double ring = world > 1 ? std::min(n, c.rs_max_input_buffers) * largest_block * r +
+                                        (rs_output && n > 0 ? largest_block / world * r : 0)
+                                  : 0;
+    const double accumulators = accumulated > 0 ? accumulated - 4 * reduced : 0;
+    const double before = tokens * (below + whole) + held * p + root_grads + ring + accumulators;
+    in_backward = std::max(in_backward, before + tokens * work + 0.25 * dense * p);
+    if (experts > 0)
+      in_backward = std::max(
+          in_backward, before + tokens * work + experts * (p + (world > 1 ? r : 0)) +
+                           (rs_output ? experts / expert_world_ * r : 0));
+  }
   MemoryEstimate e;
-  e.device_bytes = sharded + (gathered + largest) * p + rs_inputs + static_cast<int64_t>(activations);
-  e.host_bytes = total * 4;  // each param's fp32 initial values, made while sharding
-  // Note [Optimizer offload]: a master and the states per element, two grad slots of the
-  // largest unit's shard.
-  if (c.offload_optimizer)
-    e.host_bytes += shard_numel * (1 + states) * 4 + optim::kOffloadGradSlots * (largest / world) * 4;
+  e.device_bytes = static_cast<int64_t>(sharded + std::max(at_loss + accumulated, in_backward));
+  e.host_bytes = total_ * 4;  // each param's fp32 initial values, made while sharding
   return e;
+}
+
+MemoryEstimate estimate_rank_memory(const TrainConfig& config, int shard_ranks) {
+  return RankMemoryModel(config, shard_ranks).estimate(config);
 }
 
 }  // namespace fsdp::runtime

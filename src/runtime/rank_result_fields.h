@@ -150,6 +150,12 @@ constexpr SummaryRule derived(const char* keys) { return {Summarized::Derived, k
     "host time to issue a step (batch, scalars, and the step's work or its replay), mean over "  \
     "the timed steps after the warm-up (and after the capture, under a graph); the host's "      \
     "waits for the device are left out where the backend counts them (Device::host_wait_us)")   \
+  X(std::string, memory_plan, {}, rank0("memory_plan"),                                          \
+    "the settings a memory plan chose (TrainConfig::memory_plan; Note [Memory plans]), empty "  \
+    "without a memory budget")                                                                   \
+  X(int64_t, predicted_peak_bytes, 0, rank0("predicted_peak_bytes"),                             \
+    "the device's peak the memory model predicts for the run (the plan's, or the estimate's "   \
+    "without one), beside the measured peak_mem_bytes")                                          \
   X(int64_t, backend_peak_bytes, 0, max_over_ranks("backend_peak_bytes"),                        \
     "Device::backend_peak_bytes() at the end")                                                   \
   X(int64_t, backend_reserved_peak_bytes, 0, max_over_ranks("backend_reserved_peak_bytes"),      \

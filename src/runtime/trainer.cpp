@@ -14,6 +14,8 @@
 #include "models/model_family.h"
 #include "runtime/captured_step.h"
 #include "runtime/evaluation.h"
+#include "runtime/memory_estimate.h"
+#include "runtime/memory_planner.h"
 #include "runtime/parallel_model.h"
 #include "runtime/step_parts.h"
 #include "runtime/step_reader.h"
@@ -139,6 +141,12 @@ Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig&
   if (config.check_collectives) world = with_collective_checks(std::move(world), device);
   const int rank = world->rank();
   result_.rank = rank;
+  result_.memory_plan = config.memory_plan;
+  result_.predicted_peak_bytes =
+      config.predicted_peak_bytes > 0
+          ? config.predicted_peak_bytes
+          : estimate_rank_memory(config, world->size() / std::max(config.hsdp_replicas, 1))
+                .device_bytes;
   compute_ = device.create_stream("compute", StreamPriority::Normal);
   ctx_ = RunContext{&device, compute_, config.param_dtype};
   pm_ = parallelize_model(device, world, config);
@@ -385,19 +393,17 @@ RankResult Trainer::finish() {
 
 RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainConfig& config,
                       const std::function<void(const StepReport&)>& on_step) {
+  const int shard_ranks = world->size() / std::max(config.hsdp_replicas, 1);
   try {
     Trainer trainer(device, std::move(world), config, on_step);
     while (trainer.running()) trainer.step();
     return trainer.finish();
   } catch (const OutOfMemoryError& e) {
     // Note [Out of memory]: the run's peak so far (the device's, since the set-up; at least
-    // what this allocation would have made it) and what to try.
+    // what this allocation would have made it), the budget, and what would fit in it.
     const int64_t peak = std::max<int64_t>(device.memory_stats().peak_bytes,
                                            e.live() + static_cast<int64_t>(e.requested()));
-    throw e.followed_by(detail::concat(
-        "; the run's peak so far: ", byte_size_text(static_cast<uint64_t>(peak)), ". Try fewer ",
-        option_spelling("tokens"), ", more ", option_spelling("micro_batches"), " or ",
-        option_spelling("activation_checkpointing")));
+    throw e.followed_by(out_of_memory_advice(config, shard_ranks, peak, e.capacity()));
   }
 }
 

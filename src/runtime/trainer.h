@@ -102,6 +102,13 @@ struct TrainConfig {
   std::vector<ScheduleEvent>* event_log = nullptr;  // rank 0's schedule events
   CheckpointOptions checkpoint;  // --save-dir, --resume, --init-from (Note [Checkpoint hooks])
   std::string data_name = "synthetic";  // what batch_source reads (a checkpoint records it)
+  // The memory plan that chose this config's checkpointing, k, reshard after forward and
+  // micro-batches (Note [Memory plans] in runtime/memory_planner.h): its settings, the peak it
+  // predicts and the budget it fits; empty and 0 without one (the trainer then reports the
+  // estimate's peak, and an out-of-memory error plans for the device's capacity).
+  std::string memory_plan;
+  int64_t predicted_peak_bytes = 0;
+  int64_t memory_budget_bytes = 0;
   // Called after fully_shard on every rank, before the first step (prefetch lists etc.).
   std::function<void(nn::Model&, FsdpModule& root)> customize;
 };

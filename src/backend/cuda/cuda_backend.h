@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -21,6 +22,9 @@ std::string build_versions();
 // Note: this initializes CUDA in the calling process; a launcher that forks one process per
 // GPU must not call it before fork() (ask the environment, or a child process, instead).
 int device_count();
+// GPU `gpu`'s memory in bytes (cudaMemGetInfo's total); 0 when unknown. Never throws; it
+// initializes CUDA as device_count does.
+int64_t device_memory_bytes(int gpu);
 
 struct UniqueId {
   std::array<char, 128> bytes{};

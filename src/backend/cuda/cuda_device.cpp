@@ -374,6 +374,16 @@ int device_count() {
   return count;
 }
 
+int64_t device_memory_bytes(int gpu) {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (gpu < 0 || gpu >= device_count() || cudaSetDevice(gpu) != cudaSuccess ||
+      cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(total_bytes);
+}
+
 std::unique_ptr<Device> make_device(int local_rank) {
   const int available = device_count();
   FSDP_CHECK(local_rank >= 0 && local_rank < available, "local rank ", local_rank, " needs GPU ",
