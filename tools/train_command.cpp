@@ -81,7 +81,8 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
   o.memory_budget_opt = app.add_option("--memory-budget", o.memory_budget,
                  "GiB | auto (the device's memory): choose the fastest --activation-checkpointing, "
                  "--micro-batches, --rs-max-input-buffers and --reshard-after-forward whose "
-                 "predicted peak fits, of those not given (docs/memory.md, Planner)");
+                 "predicted peak fits, of those not given (docs/memory.md, Planner) "
+                 "[default: none, no plan]");
   app.add_flag("--cuda-graph", o.cuda_graph,
                "CUDA backend: capture one whole step in a CUDA graph after the warm-up and replay "
                "it [default: off]");

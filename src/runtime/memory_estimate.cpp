@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "fsdp/optim_offload.h"
 #include "models/model_family.h"
 
 namespace fsdp::runtime {
@@ -49,10 +50,11 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
   const double r = static_cast<double>(dtype_size(c.reduce_dtype));
   // docs/memory.md: the sharded fp32 param and grad, and the optimizer's states per element.
   // Note [Optimizer offload]: the states leave the device (the fp32 param and grad stay).
-  const int64_t states = c.offload_optimizer ? 0 : c.optimizer.kind == "adamw" ? 2 : 1;
+  const int64_t states = c.optimizer.kind == "adamw" ? 2 : 1;
+  const int64_t device_states = c.offload_optimizer ? 0 : states;
   const int64_t dense_params = total_ - expert_params_;
-  const double sharded = static_cast<double>(
-      (ceil_div(dense_params, world) + ceil_div(expert_params_, expert_world_)) * (2 + states) * 4);
+  const int64_t shard_numel = ceil_div(dense_params, world) + ceil_div(expert_params_, expert_world_);
+  const double sharded = static_cast<double>(shard_numel * (2 + device_states) * 4);
   // Micro-batches but the last skip the gradient sync: every unit accumulates its unsharded
   // grads in fp32 from the first micro-batch's backward to the last's (the GradAccum tag).
   const double accumulated = c.micro_batches > 1 ? static_cast<double>(total_) * 4 : 0;
@@ -132,6 +134,11 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
   MemoryEstimate e;
   e.device_bytes = static_cast<int64_t>(sharded + std::max(at_loss + accumulated, in_backward));
   e.host_bytes = total_ * 4;  // each param's fp32 initial values, made while sharding
+  // Note [Optimizer offload]: a master and the states per element, two grad slots of the
+  // largest unit's shard.
+  if (c.offload_optimizer)
+    e.host_bytes += shard_numel * (1 + states) * 4 +
+                    optim::kOffloadGradSlots * static_cast<int64_t>(std::max(largest_block, root) / world) * 4;
   return e;
 }
 
