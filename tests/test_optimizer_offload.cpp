@@ -37,18 +37,7 @@ struct Case {
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 runtime::TrainConfig config_of(const Case& k) {
-  runtime::TrainConfig c;
-  c.model.kind = k.kind;
-  c.model.layers = 3;
-  c.model.dim = k.dim;
-  c.model.classes = k.kind == "transformer" ? 0 : 4;
-  c.model.hidden = 10;
-  c.model.experts = 3;
-  c.model.heads = 2;
-  c.model.ffn_dim = 24;
-  c.model.seq_len = 4;
-  c.model.vocab = 29;
-  c.tokens = 8;
+  runtime::TrainConfig c = tiny_config_of_kind(k.kind, k.dim);
   c.steps = 4;
   c.micro_batches = k.micro_batches;
   c.param_dtype = k.param_dtype;
@@ -61,13 +50,7 @@ runtime::TrainConfig config_of(const Case& k) {
   return c;
 }
 
-cpu::CpuOptions chaos(uint64_t seed) {
-  cpu::CpuOptions o;
-  o.chaos = true;
-  o.chaos_seed = seed;
-  o.virtual_clock = true;  // the delays reorder the streams without taking wall-clock time
-  return o;
-}
+cpu::CpuOptions chaos(uint64_t seed) { return chaos_options(seed); }
 
 void expect_same_bits(const std::vector<runtime::RankResult>& a,
                       const std::vector<runtime::RankResult>& b, size_t steps) {

@@ -79,6 +79,34 @@ inline nn::ModelConfig tiny_mlp_config(int layers, int dim) {
 
 // A tiny llama-style transformer: grouped-query attention, and a vocab (61) whose embedding
 // and head rows never divide evenly over ranks; two sequences of 8 tokens per rank.
+// A few-parameter model of any family (mlp, moe, transformer, ...): 3 blocks of width `dim`,
+// 8 tokens a step, for the tests that compare two schedules bit for bit on every family.
+inline runtime::TrainConfig tiny_config_of_kind(const std::string& kind, int dim = 16) {
+  runtime::TrainConfig c;
+  c.model.kind = kind;
+  c.model.layers = 3;
+  c.model.dim = dim;
+  c.model.classes = kind == "transformer" ? 0 : 4;
+  c.model.hidden = 10;
+  c.model.experts = 3;
+  c.model.heads = 2;
+  c.model.ffn_dim = 24;
+  c.model.seq_len = 4;
+  c.model.vocab = 29;
+  c.tokens = 8;
+  return c;
+}
+
+// Chaos delays on every stream, on the virtual clock: they reorder the streams without taking
+// wall-clock time.
+inline cpu::CpuOptions chaos_options(uint64_t seed) {
+  cpu::CpuOptions o;
+  o.chaos = true;
+  o.chaos_seed = seed;
+  o.virtual_clock = true;
+  return o;
+}
+
 inline runtime::TrainConfig tiny_transformer_config(int steps) {
   runtime::TrainConfig c;
   c.model.kind = "transformer";

@@ -113,6 +113,25 @@ void CudaDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, c
                              dw);
 }
 
+namespace {
+
+// RoPE's head shape checked, and its frequencies as a kernel argument: they travel with the
+// launch, so the caller's host array need not outlive the call, and a captured graph replays
+// them. Shared by rope (training) and rope_at (a KV cache's positions).
+kernels::RopeFreqs rope_freqs(const char* name, int64_t ld, int64_t heads, int64_t head_dim,
+                              const float* inv_freq) {
+  FSDP_CHECK(head_dim >= 2 && head_dim % 2 == 0 && head_dim / 2 <= kernels::kRopeMaxHalf, name,
+             ": head_dim ", head_dim, " must be even and at most ", 2 * kernels::kRopeMaxHalf);
+  FSDP_CHECK(ld >= heads * head_dim, name, ": row stride ", ld, " is smaller than ", heads,
+             " heads x ", head_dim);
+  FSDP_CHECK(inv_freq != nullptr, name, ": no inverse frequencies");
+  kernels::RopeFreqs freqs{};
+  for (int64_t i = 0; i < head_dim / 2; ++i) freqs.inv_freq[i] = inv_freq[i];
+  return freqs;
+}
+
+}  // namespace
+
 void CudaDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
                       int64_t head_dim, int64_t seq_len, const float* inv_freq, bool inverse) {
   OpScope op(*this, s, OpKind::Kernel);
@@ -120,16 +139,8 @@ void CudaDevice::rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int6
   check_activation_dtype(t, name);
   FSDP_CHECK(rows >= 0 && heads >= 1 && seq_len >= 1, name, ": rows ", rows, ", heads ", heads,
              ", seq_len ", seq_len);
-  FSDP_CHECK(head_dim >= 2 && head_dim % 2 == 0 && head_dim / 2 <= kernels::kRopeMaxHalf, name,
-             ": head_dim ", head_dim, " must be even and at most ", 2 * kernels::kRopeMaxHalf);
-  FSDP_CHECK(ld >= heads * head_dim, name, ": row stride ", ld, " is smaller than ", heads,
-             " heads x ", head_dim);
-  FSDP_CHECK(inv_freq != nullptr, name, ": no inverse frequencies");
   check_ptr(x, "x", name);
-  // The frequencies travel with the launch (a kernel argument), so the caller's host array
-  // need not outlive the call, and a captured graph replays them.
-  kernels::RopeFreqs freqs{};
-  for (int64_t i = 0; i < head_dim / 2; ++i) freqs.inv_freq[i] = inv_freq[i];
+  const kernels::RopeFreqs freqs = rope_freqs(name, ld, heads, head_dim, inv_freq);
   kernels::rope(op.stream(), x, ld, t, rows, heads, head_dim, seq_len, 0, freqs, inverse);
 }
 
@@ -182,14 +193,8 @@ void CudaDevice::rope_at(Stream s, void* x, int64_t ld, DType t, int64_t rows, i
   check_activation_dtype(t, name);
   FSDP_CHECK(rows >= 0 && heads >= 1 && first_position >= 0, name, ": rows ", rows, ", heads ",
              heads, ", first_position ", first_position);
-  FSDP_CHECK(head_dim >= 2 && head_dim % 2 == 0 && head_dim / 2 <= kernels::kRopeMaxHalf, name,
-             ": head_dim ", head_dim, " must be even and at most ", 2 * kernels::kRopeMaxHalf);
-  FSDP_CHECK(ld >= heads * head_dim, name, ": row stride ", ld, " is smaller than ", heads,
-             " heads x ", head_dim);
-  FSDP_CHECK(inv_freq != nullptr, name, ": no inverse frequencies");
   check_ptr(x, "x", name);
-  kernels::RopeFreqs freqs{};
-  for (int64_t i = 0; i < head_dim / 2; ++i) freqs.inv_freq[i] = inv_freq[i];
+  const kernels::RopeFreqs freqs = rope_freqs(name, ld, heads, head_dim, inv_freq);
   const int64_t seq_len = rows > 0 ? rows : 1;  // r % seq_len == r
   kernels::rope(op.stream(), x, ld, t, rows, heads, head_dim, seq_len, first_position, freqs,
                 false);
