@@ -1,5 +1,6 @@
 // `fsdp train --memory-budget GiB|auto`: the memory plan (Note [Memory plans] in
 // src/runtime/memory_planner.h), applied once while the command resolves its options.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -61,7 +62,9 @@ int64_t budget_bytes(const TrainOptions& o, const TrainRun& run, int64_t capacit
   return bytes;
 }
 
+// GiB to two places; a size under a GiB as byte_size_text gives it ("0.00 GiB" says nothing).
 std::string gib_text(int64_t bytes) {
+  if (bytes < int64_t{1} << 30) return byte_size_text(static_cast<uint64_t>(std::max<int64_t>(bytes, 0)));
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f GiB", static_cast<double>(bytes) / kGiB);
   return buf;
