@@ -196,6 +196,30 @@ TEST(MemoryPlanner, ABudgetBelowEverythingFitsNothingAndSaysTheLeast) {
   EXPECT_EQ(p.predicted_peak_bytes, predicted(p.config));
 }
 
+// The optimizer on the host is the last resort: under a budget below the least any device-only
+// setting needs it fits, with the offload; with room on the device it is not chosen; and the
+// plan trains on a device of that budget.
+TEST(MemoryPlanner, PutsTheOptimizerOnTheHostOnlyWhenNothingElseFits) {
+  runtime::TrainConfig c = transformer();
+  c.optimizer_in_backward = false;  // the offload steps after backward
+  runtime::PlanFreedom with_offload;
+  with_offload.offload_optimizer = true;
+  const runtime::MemoryPlan least = plan(c, 1024);
+  ASSERT_FALSE(least.fits);
+  const double budget = static_cast<double>(least.predicted_peak_bytes);  // short of the margin
+  EXPECT_FALSE(plan(c, budget).fits);
+  const runtime::MemoryPlan p = plan(c, budget, with_offload);
+  ASSERT_TRUE(p.fits) << p.settings(tools::flag_of);
+  EXPECT_TRUE(p.config.offload_optimizer);
+  EXPECT_NE(p.settings(tools::flag_of).find(" --offload optimizer"), std::string::npos);
+  EXPECT_LT(p.predicted_peak_bytes, least.predicted_peak_bytes);
+  EXPECT_FALSE(plan(c, 1e12, with_offload).config.offload_optimizer);
+  cpu::CpuOptions device;
+  device.memory_capacity_bytes = static_cast<size_t>(budget);
+  const runtime::RankResult r = run_fsdp(2, p.config, device)[0];
+  EXPECT_LE(static_cast<double>(r.memory.peak_bytes), budget);
+}
+
 runtime::TrainConfig three_billion(int64_t tokens) {
   runtime::TrainConfig c;
   c.model.kind = "transformer";

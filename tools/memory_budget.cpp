@@ -90,6 +90,7 @@ void apply_memory_budget(const TrainOptions& o, TrainRun& run, int64_t capacity)
   freedom.micro_batches = !given(o.micro_batches_opt);
   freedom.rs_max_input_buffers = !given(o.rs_max_input_buffers_opt);
   freedom.reshard_after_forward = !given(o.reshard_after_forward_opt);
+  freedom.offload_optimizer = !given(o.offload_opt);  // the last resort (Note [Memory plans])
   const runtime::MemoryPlan plan = runtime::plan_memory(c, shard, budget, freedom);
   const std::string budget_text =
       gib_text(budget) + (source.empty() ? std::string() : " (" + source + ")");
@@ -107,7 +108,12 @@ void apply_memory_budget(const TrainOptions& o, TrainRun& run, int64_t capacity)
   run.memory_plan_line = "memory plan: " + c.memory_plan + ": a predicted peak of " +
                          gib_text(plan.predicted_peak_bytes) + " in a budget of " + budget_text +
                          ", a step " + step + "x the fastest setting's (" +
-                         std::to_string(plan.candidates) + " settings tried)";
+                         std::to_string(plan.candidates) + " settings tried" +
+                         (plan.config.offload_optimizer && !given(o.offload_opt)
+                              ? "; nothing fits with the optimizer on the device, and the host "
+                                "step the offload adds is not in that ratio"
+                              : "") +
+                         ")";
 }
 
 }  // namespace fsdp::tools

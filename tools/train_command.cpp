@@ -139,7 +139,7 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "0 | 1: step each group's shard in the next forward, just before its "
                  "all-gather, on the all-gather stream (clipping works)")
       ->check(CLI::Range(0, 1));
-  app.add_option("--offload", o.offload,
+  o.offload_opt = app.add_option("--offload", o.offload,
                  "none | optimizer: fp32 master weights and the optimizer's state in host "
                  "memory, each group's step on the host once its grad has come down "
                  "(docs/memory.md)")

@@ -62,6 +62,7 @@ struct TrainOptions {
   const CLI::Option* micro_batches_opt = nullptr;
   const CLI::Option* rs_max_input_buffers_opt = nullptr;
   const CLI::Option* reshard_after_forward_opt = nullptr;
+  const CLI::Option* offload_opt = nullptr;
   bool cuda_graph = false;  // --cuda-graph (Note [Captured steps])
   double peak_tflops = 989.0;  // H200 dense bf16, for MFU on GPUs
   runtime::TrainConfig config;  // the flags that the config holds as they are

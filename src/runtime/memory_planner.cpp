@@ -148,12 +148,13 @@ std::string MemoryPlan::settings(
   std::string reshard = c.reshard_after_forward_size > 0
                             ? std::to_string(c.reshard_after_forward_size)
                             : std::string(c.reshard_after_forward ? "1" : "0");
-  return detail::concat(spelled(spell, "activation_checkpointing"), " ",
-                        c.activation_checkpoint.to_string(), " ",
-                        spelled(spell, "micro_batches"), " ", c.micro_batches, " ",
-                        spelled(spell, "reduce_scatter_max_input_buffers"), " ",
-                        c.rs_max_input_buffers, " ", spelled(spell, "reshard_after_forward"), " ",
-                        reshard);
+  std::string out = detail::concat(
+      spelled(spell, "activation_checkpointing"), " ", c.activation_checkpoint.to_string(), " ",
+      spelled(spell, "micro_batches"), " ", c.micro_batches, " ",
+      spelled(spell, "reduce_scatter_max_input_buffers"), " ", c.rs_max_input_buffers, " ",
+      spelled(spell, "reshard_after_forward"), " ", reshard);
+  if (c.offload_optimizer) out += detail::concat(" ", spelled(spell, "offload"), " optimizer");
+  return out;
 }
 
 MemoryPlan plan_memory(const TrainConfig& config, int shard_ranks, int64_t budget_bytes,
@@ -180,47 +181,53 @@ MemoryPlan plan_memory(const TrainConfig& config, int shard_ranks, int64_t budge
   if (freedom.reshard_after_forward && !int_reshard && shard_ranks > 1)
     reshard.push_back(!config.reshard_after_forward);
 
-  // Offload (the optimizer on the host) would be the outermost loop here: the same
-  // candidates with the sharded states on the host, each paying its transfers.
+  // The offload is the outermost choice, and the last (PlanFreedom::offload_optimizer): the
+  // same candidates with the states on the host, tried only when none on the device fits.
+  std::vector<bool> offloads{config.offload_optimizer};
+  if (freedom.offload_optimizer && !config.offload_optimizer) offloads.push_back(true);
   MemoryPlan best, smallest;
   double best_s = std::numeric_limits<double>::infinity(), fastest_s = best_s;
   smallest.predicted_peak_bytes = std::numeric_limits<int64_t>::max();
   int tried = 0;
-  for (const auto& mode : modes)
-    for (int m : micro)
-      for (int k : ks)
-        for (bool raf : reshard) {
-          TrainConfig c = config;
-          c.activation_checkpoint = mode;
-          c.micro_batches = m;
-          c.tokens = step_tokens / m;
-          c.rs_max_input_buffers = k;
-          c.reshard_after_forward = raf;
-          try {
-            check_train_config(c, world);
-          } catch (const Error&) {
-            continue;  // a combination the API refuses (selective on this family, ...)
+  for (bool offload : offloads) {
+    if (best.fits) break;
+    for (const auto& mode : modes)
+      for (int m : micro)
+        for (int k : ks)
+          for (bool raf : reshard) {
+            TrainConfig c = config;
+            c.activation_checkpoint = mode;
+            c.micro_batches = m;
+            c.tokens = step_tokens / m;
+            c.rs_max_input_buffers = k;
+            c.reshard_after_forward = raf;
+            c.offload_optimizer = offload;
+            try {
+              check_train_config(c, world);
+            } catch (const Error&) {
+              continue;  // a combination the API refuses (selective on this family, ...)
+            }
+            ++tried;
+            const int64_t peak = memory.estimate(c).device_bytes;
+            const double s = cost.seconds(c, step_tokens);
+            fastest_s = std::min(fastest_s, s);
+            const bool fits = static_cast<double>(peak) * (1 + kPlanMargin) <=
+                              static_cast<double>(budget_bytes);
+            if (peak < smallest.predicted_peak_bytes) {
+              smallest.config = c;
+              smallest.predicted_peak_bytes = peak;
+            }
+            if (!fits) continue;
+            // The fastest; of two as fast (k on one rank, say), the smaller peak.
+            if (s < best_s || (s == best_s && peak < best.predicted_peak_bytes)) {
+              best.config = c;
+              best.predicted_peak_bytes = peak;
+              best_s = s;
+              best.relative_step_time = s;
+              best.fits = true;
+            }
           }
-          ++tried;
-          const int64_t peak = memory.estimate(c).device_bytes;
-          const double s = cost.seconds(c, step_tokens);
-          fastest_s = std::min(fastest_s, s);
-          const bool fits = static_cast<double>(peak) * (1 + kPlanMargin) <=
-                            static_cast<double>(budget_bytes);
-          if (peak < smallest.predicted_peak_bytes) {
-            smallest.config = c;
-            smallest.predicted_peak_bytes = peak;
-          }
-          if (!fits) continue;
-          // The fastest; of two as fast (k on one rank, say), the smaller peak.
-          if (s < best_s || (s == best_s && peak < best.predicted_peak_bytes)) {
-            best.config = c;
-            best.predicted_peak_bytes = peak;
-            best_s = s;
-            best.relative_step_time = s;
-            best.fits = true;
-          }
-        }
+  }
   MemoryPlan plan = best.fits ? best : smallest;
   plan.budget_bytes = budget_bytes;
   plan.candidates = tried;

@@ -11,9 +11,10 @@
 // docs/memory.md) and its step time with a cost model of relative costs (the recompute's
 // measured share of a step, the collectives' bytes over the link, a fixed cost per unit and
 // micro-batch), and keeps the fastest whose predicted peak, with the model's error margin,
-// fits the budget; of two as fast, the smaller peak. The command applies the plan once, while it
-// resolves its options, and prints it; the trainer's out-of-memory error asks it what would
-// fit (Note [Out of memory]).
+// fits the budget; of two as fast, the smaller peak. The optimizer on the host is tried last,
+// only when nothing fits on the device (PlanFreedom::offload_optimizer). The command applies
+// the plan once, while it resolves its options, and prints it; the trainer's out-of-memory
+// error asks it what would fit (Note [Out of memory]).
 #pragma once
 
 #include <cstdint>
@@ -30,9 +31,11 @@ struct PlanFreedom {
   bool rs_max_input_buffers = true;
   bool reshard_after_forward = true;
   bool micro_batches = true;
-  // The optimizer on the host (offload) is not a choice yet: where it lands, it is one more
-  // axis here (its states and fp32 params leave the device's sharded term for the host's, at
-  // the cost of the transfers that the overlap does not hide).
+  // The optimizer on the host (Note [Optimizer offload]): its states leave the device, but
+  // its host step is far slower than any device-only setting (docs/memory.md), so it is
+  // chosen only when none of those fits, and then with the fastest of them that fits. Off
+  // unless asked: the offload has its own refusals (with the optimizer in backward, ...).
+  bool offload_optimizer = false;
 };
 
 // The share of the budget the planner keeps free for the memory model's error: a plan fits
@@ -49,7 +52,8 @@ struct MemoryPlan {
   double relative_step_time = 1;
   int candidates = 0;  // the combinations tried
   // The chosen settings, each as `spell(option) value` ("--micro-batches 3"), in a fixed
-  // order: activation checkpointing, micro-batches, RS input buffers, reshard after forward.
+  // order: activation checkpointing, micro-batches, RS input buffers, reshard after forward,
+  // and the offload when the plan puts the optimizer on the host.
   std::string settings(const std::function<std::string(const std::string&)>& spell) const;
 };
 
