@@ -36,14 +36,9 @@ FIXTURES = ROOT / "tests" / "fixtures" / "tokenizer"
 SEQ, BATCH, VOCAB = 64, 8, 704  # the fixtures' tokenizers have 663 ids
 PROMPTS = ["The quick brown fox", "def main():\n    ", "In the beginning"]
 
-V5 = int(transformers.__version__.split(".")[0]) >= 5
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hf_parity import V5, rope  # noqa: E402  the rope keys in this transformers' spelling
 
-
-def rope(theta, scaling=None):
-    """The rope keys in this transformers' spelling (as bench/hf_parity.py)."""
-    if V5:
-        return {"rope_parameters": {"rope_type": "default", "rope_theta": theta, **(scaling or {})}}
-    return {"rope_theta": theta, **({"rope_scaling": scaling} if scaling else {})}
 
 
 def configs():
