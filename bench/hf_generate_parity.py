@@ -40,7 +40,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hf_parity import V5, rope  # noqa: E402  the rope keys in this transformers' spelling
 
 
-
 def configs():
     t = transformers
     common = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
