@@ -2,7 +2,7 @@
 """Greedy decoding of `fsdp generate` against transformers' `generate(do_sample=False)`, fp32.
 
     python3 bench/hf_generate_parity.py --fsdp build-gpu/fsdp --out /tmp/hf_generate \
-        [--train-steps 200] [--backends cuda,cpu] [--new-tokens 64]
+        [--train-steps 200] [--backends cuda,cpu] [--new-tokens 64] [--input-ids]
 
 For a Llama-3.2-shaped model (tied head, GQA, theta 500000, llama3 rope scaling) and a
 Qwen2.5-shaped one (tied head, q/k/v biases, theta 1e6, eps 1e-6), cut small, this script:
@@ -82,6 +82,9 @@ def main():
     p.add_argument("--backends", default="cuda,cpu")
     p.add_argument("--train-steps", type=int, default=200)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--input-ids", action="store_true",
+                   help="give fsdp the prompt's ids (--input-ids), not its text: for a build "
+                        "without a tokenizer.json reader; the decoding is compared all the same")
     a = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -117,7 +120,8 @@ def main():
             for backend in a.backends.split(","):
                 js = d / f"fsdp_{backend}_{k}.json"
                 cmd = [a.fsdp, "generate", "--backend", backend, "--init-from", str(d),
-                       "--prompt", prompt, "--max-new-tokens", str(a.new_tokens), "--ignore-eos",
+                       *(["--input-ids", ",".join(map(str, want_prompt))] if a.input_ids
+                         else ["--prompt", prompt]), "--max-new-tokens", str(a.new_tokens), "--ignore-eos",
                        "--json", str(js)]
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 got = json.loads(js.read_text()) if r.returncode == 0 and js.exists() else {}

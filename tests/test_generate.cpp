@@ -328,7 +328,7 @@ TEST(GenerateCommand, BadInputIsOneLine) {
     EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
     EXPECT_NE(r.output.find(words), std::string::npos) << args << ": " << r.output;
   };
-  fails_with("--prompt ''", "--prompt is empty");
+  fails_with("--prompt ''", "give the --prompt (text) or the --input-ids");
   fails_with("--prompt hi --temperature -1", "--temperature must be a number >= 0");
   fails_with("--prompt hi --top-p 0", "--top-p must be in (0, 1]");
   fails_with("--prompt hi --top-p 1.01", "--top-p must be in (0, 1]");
@@ -344,6 +344,50 @@ TEST(GenerateCommand, BadInputIsOneLine) {
       "/config.json --prompt hi");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("generate needs the model's tokenizer"), std::string::npos) << r.output;
+}
+
+// The prompt as ids: no tokenizer is read (a build without a tokenizer.json reader generates
+// all the same), the new tokens print as ids, and they are the text prompt's.
+TEST(GenerateCommand, InputIdsAreThePromptWithoutATokenizer) {
+  const std::string dir = hf_model_dir("command_ids");
+  const std::string base = "generate --backend cpu --init-from " + dir + " --max-new-tokens 12";
+  const testing::CommandResult ids = testing::run_fsdp_command(
+      base + " --input-ids 659,84,104,101,32,113 --json " + dir + "/ids.json");
+  ASSERT_EQ(ids.code, 0) << ids.output;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(dir + "/ids.json"));
+  EXPECT_EQ(j["prompt_ids"], nlohmann::json({659, 84, 104, 101, 32, 113}));
+  ASSERT_EQ(j["new_ids"].size(), 12u);  // no tokenizer, no end-of-sequence token
+  std::string printed;
+  for (const auto& id : j["new_ids"]) printed += (printed.empty() ? "" : " ") + std::to_string(id.get<int>());
+  EXPECT_EQ(ids.output, printed + "\n");
+  if (tokenizer::reads_tokenizer_json()) {
+    const testing::CommandResult text = testing::run_fsdp_command(
+        base + " --ignore-eos --prompt 'The quick brown fox' --json " + dir + "/text.json");
+    ASSERT_EQ(text.code, 0) << text.output;
+    const nlohmann::json t = nlohmann::json::parse(std::ifstream(dir + "/text.json"));
+    std::string joined;
+    for (const auto& id : t["prompt_ids"]) joined += (joined.empty() ? "" : ",") + std::to_string(id.get<int>());
+    const testing::CommandResult same =
+        testing::run_fsdp_command(base + " --input-ids " + joined + " --json " + dir + "/same.json");
+    ASSERT_EQ(same.code, 0) << same.output;
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir + "/same.json"))["new_ids"], t["new_ids"]);
+  }
+  auto fails_with = [&](const std::string& args, const std::string& words) {
+    const testing::CommandResult r = testing::run_fsdp_command(base + " " + args);
+    EXPECT_EQ(r.code, 1) << args << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+    EXPECT_NE(r.output.find(words), std::string::npos) << args << ": " << r.output;
+  };
+  fails_with("--input-ids 1,,2", "--input-ids: '' (item 2) is not a token id in [0, 704)");
+  fails_with("--input-ids 704", "'704' (item 1) is not a token id in [0, 704)");
+  fails_with("--input-ids -1", "'-1' (item 1) is not a token id");
+  fails_with("--input-ids 3x", "'3x' (item 1) is not a token id");
+  fails_with("--input-ids 1,", "'' (item 2) is not a token id");
+  fails_with("--input-ids 99999999999999999999", "is not a token id");
+  fails_with("", "give the --prompt (text) or the --input-ids");
+  const testing::CommandResult both = testing::run_fsdp_command(base + " --prompt hi --input-ids 1");
+  EXPECT_EQ(both.code, 2) << both.output;  // a usage error, as every flag CLI11 refuses
+  EXPECT_NE(both.output.find("--prompt excludes --input-ids"), std::string::npos) << both.output;
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
 #include "tools/generate_command.h"
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 
 #include <nlohmann/json.hpp>
@@ -31,7 +34,14 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommandOptions& o) {
   cmd->add_option("--tokenizer", o.tokenizer,
                   "the model's tokenizer: tokenizer.json, a SentencePiece .model, or a directory "
                   "holding one [default: the one in --init-from DIR]");
-  cmd->add_option("--prompt", o.prompt, "the text to continue")->required();
+  auto* prompt = cmd->add_option("--prompt", o.prompt, "the text to continue");
+  auto* ids = cmd->add_option("--input-ids", o.input_ids,
+                              "the prompt as token ids, comma-separated (Hugging Face's input_ids), "
+                              "instead of --prompt: no tokenizer is read unless --tokenizer is "
+                              "given, and without one generation stops at --max-new-tokens only");
+  prompt->excludes(ids);
+  ids->excludes(prompt);
+
   cmd->add_option("--max-new-tokens", o.max_new_tokens, "tokens to generate (at most)");
   cmd->add_option("--temperature", o.temperature,
                   "0: greedy (the most likely token); else sample from softmax(logits / T)");
@@ -104,6 +114,50 @@ std::unique_ptr<Device> make_device(const std::string& backend, std::unique_ptr<
   return world->make_device(0);
 }
 
+// --input-ids "1,2,3": each a decimal id below the model's vocabulary, nothing else.
+std::vector<uint32_t> parse_input_ids(const std::string& text, int64_t vocab) {
+  std::vector<uint32_t> ids;
+  size_t at = 0;
+  while (at <= text.size()) {
+    const size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    int64_t id = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+    FSDP_OPTION_CHECK(!item.empty() && ec == std::errc() && end == item.data() + item.size() &&
+                          id >= 0 && id < vocab,
+                      OptionName{"input_ids"}, ": '", item, "' (item ", ids.size() + 1,
+                      ") is not a token id in [0, ", vocab, ")");
+    ids.push_back(static_cast<uint32_t>(id));
+    at = comma + 1;
+  }
+  return ids;
+}
+
+// The continuation as the whole sequence decodes past the prompt: a SentencePiece piece's
+// leading space is dropped when the piece is decoded alone.
+// A model's vocabulary may be padded past its tokenizer's (Qwen2.5's 151,936 rows for
+// 151,665 tokens): ids the tokenizer lacks have no text and are left out of it, as Hugging
+// Face's decode leaves them (the --json file keeps every id).
+std::string continuation(const tokenizer::Tokenizer& tok, const std::vector<uint32_t>& prompt,
+                         const std::vector<int32_t>& generated) {
+  std::vector<uint32_t> new_ids;
+  for (int32_t id : generated)
+    if (id < tok.vocab_size()) new_ids.push_back(static_cast<uint32_t>(id));
+  std::vector<uint32_t> ids(prompt);
+  ids.insert(ids.end(), new_ids.begin(), new_ids.end());
+  const std::string whole = tok.decode(ids, /*skip_special_tokens=*/true);
+  const std::string before = tok.decode(prompt, /*skip_special_tokens=*/true);
+  return whole.starts_with(before) ? whole.substr(before.size())
+                                   : tok.decode(new_ids, /*skip_special_tokens=*/true);
+}
+
+// Without a tokenizer the new tokens print as their ids.
+std::string ids_text(const std::vector<int32_t>& ids) {
+  std::string text;
+  for (int32_t id : ids) text += (text.empty() ? "" : " ") + std::to_string(id);
+  return text;
+}
+
 }  // namespace
 
 int run_generate(const GenerateCommandOptions& o) {
@@ -117,18 +171,27 @@ int run_generate(const GenerateCommandOptions& o) {
     generate::check_sampling(g.sampling);
     FSDP_OPTION_CHECK(g.max_new_tokens >= 1, OptionName{"max_new_tokens"},
                       " must be >= 1, got ", g.max_new_tokens);
-    FSDP_OPTION_CHECK(!o.prompt.empty(), "the ", OptionName{"prompt"},
-                      " is empty: generation continues a prompt of at least one token");
+    FSDP_OPTION_CHECK(!o.prompt.empty() || !o.input_ids.empty(), "give the ",
+                      OptionName{"prompt"}, " (text) or the ", OptionName{"input_ids"},
+                      ": generation continues a prompt of at least one token");
     const nn::ModelConfig model = model_of(o);
-    const tokenizer::LoadedTokenizer tok = tokenizer_of(o);
-    FSDP_USER_CHECK(tok.tokenizer->vocab_size() <= model.vocab, "the tokenizer (",
-                    tok.tokenizer->description(), ") has ", tok.tokenizer->vocab_size(),
-                    " ids, more than the model's vocabulary of ", model.vocab,
-                    ": another model's tokenizer?");
-    const std::vector<uint32_t> encoded = tok.tokenizer->encode(o.prompt, !o.no_special_tokens);
+    // With --input-ids, the tokenizer is read only when named: a build without a tokenizer.json
+    // reader still generates from ids.
+    std::optional<tokenizer::LoadedTokenizer> tok;
+    if (o.input_ids.empty() || !o.tokenizer.empty()) tok = tokenizer_of(o);
+    if (tok)
+      FSDP_USER_CHECK(tok->tokenizer->vocab_size() <= model.vocab, "the tokenizer (",
+                      tok->tokenizer->description(), ") has ", tok->tokenizer->vocab_size(),
+                      " ids, more than the model's vocabulary of ", model.vocab,
+                      ": another model's tokenizer?");
+    std::vector<uint32_t> encoded;
+    if (!o.input_ids.empty())
+      encoded = parse_input_ids(o.input_ids, model.vocab);
+    else
+      encoded = tok->tokenizer->encode(o.prompt, !o.no_special_tokens);
     const std::vector<int32_t> prompt(encoded.begin(), encoded.end());
-    if (!o.ignore_eos)
-      if (const std::optional<uint32_t> eos = tok.tokenizer->eos_id())
+    if (tok && !o.ignore_eos)
+      if (const std::optional<uint32_t> eos = tok->tokenizer->eos_id())
         g.eos_id = static_cast<int32_t>(*eos);
     std::unique_ptr<cpu::CpuWorld> world;
     std::string backend;
@@ -144,17 +207,9 @@ int run_generate(const GenerateCommandOptions& o) {
     // A model's vocabulary may be padded past its tokenizer's (Qwen2.5's 151,936 rows for
     // 151,665 tokens): ids the tokenizer lacks have no text and are left out of it, as Hugging
     // Face's decode leaves them (the --json file keeps every id).
-    std::vector<uint32_t> new_ids;
-    for (int32_t id : out.tokens)
-      if (id < tok.tokenizer->vocab_size()) new_ids.push_back(static_cast<uint32_t>(id));
-    std::vector<uint32_t> ids(encoded);
-    ids.insert(ids.end(), new_ids.begin(), new_ids.end());
-    const std::string whole = tok.tokenizer->decode(ids, /*skip_special_tokens=*/true);
-    const std::string before = tok.tokenizer->decode(encoded, /*skip_special_tokens=*/true);
-    const std::string text = whole.starts_with(before)
-                                 ? whole.substr(before.size())
-                                 : tok.tokenizer->decode(new_ids, /*skip_special_tokens=*/true);
-    std::printf("%s%s\n", o.prompt.c_str(), text.c_str());
+    const std::string text = tok ? continuation(*tok->tokenizer, encoded, out.tokens)
+                                 : ids_text(out.tokens);
+    std::printf("%s%s\n", tok && !o.prompt.empty() ? o.prompt.c_str() : "", text.c_str());
     std::fflush(stdout);
     if (!o.json_path.empty()) {
       nlohmann::json j = {{"backend", backend},

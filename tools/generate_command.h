@@ -1,7 +1,7 @@
 // `fsdp generate`: text from a model, on one rank (the model whole on one device, unsharded),
 // through the model's own tokenizer (docs/generate.md).
 //   fsdp generate --init-from DIR|FILE [--hf-config config.json] [--tokenizer PATH]
-//                 --prompt TEXT [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S]
+//                 --prompt TEXT | --input-ids I,J,.. [--max-new-tokens N] [--temperature T] [--top-p P] [--seed S]
 #pragma once
 
 #include <cstdint>
@@ -16,6 +16,7 @@ struct GenerateCommandOptions {
   std::string hf_config;  // the config.json of --init-from FILE
   std::string tokenizer;  // default: the tokenizer.json or tokenizer.model in --init-from DIR
   std::string prompt;
+  std::string input_ids;  // the prompt as token ids, "1,2,3", instead of --prompt
   int64_t max_new_tokens = 32;
   double temperature = 0;
   double top_p = 1;

@@ -74,42 +74,52 @@ TEST_F(CudaFp8, CastsAgreeBitForBitWithTheCpu) {
         }
 }
 
+// Every layout, both recipes, the three format pairs the linears use (forward e4m3 x e4m3
+// with fast accumulation; the gradients with an e5m2 side) and both output types.
 TEST_F(CudaFp8, GemmMatchesTheCpuInEveryLayout) {
   const int64_t m = 64, n = 48, k = 96;
+  const std::pair<Fp8Format, Fp8Format> pairs[] = {{Fp8Format::E4M3, Fp8Format::E4M3},
+                                                   {Fp8Format::E5M2, Fp8Format::E4M3},
+                                                   {Fp8Format::E4M3, Fp8Format::E5M2}};
   for (bool rowwise : {false, true})
-    for (bool trans_a : {false, true})
-      for (bool trans_b : {false, true}) {
-        std::mt19937 rng(11);
-        const auto a = uniform(rng, static_cast<size_t>(m * k), -2, 2);
-        const auto bv = uniform(rng, static_cast<size_t>(k * n), -0.05f, 0.05f);
-        const std::string what = std::string("fp8_gemm") + (rowwise ? " rowwise" : " tensorwise") +
-                                 (trans_a ? " A^T" : " A") + (trans_b ? " B^T" : " B");
-        compare_with_cpu(what, [&](Buffers& b) {
-          Device& d = b.device();
-          // op(A) rows and op(B) columns carry the rowwise scales: A's rows unless
-          // transposed, B's columns unless transposed.
-          const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
-          const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
-          const Axis a_axis = !rowwise ? Axis::Tensor : trans_a ? Axis::Cols : Axis::Rows;
-          const Axis b_axis = !rowwise ? Axis::Tensor : trans_b ? Axis::Rows : Axis::Cols;
-          void* da = b.upload(DType::BF16, a);
-          void* db = b.upload(DType::BF16, bv);
-          auto* qa = static_cast<uint8_t*>(b.alloc(static_cast<size_t>(m * k)));
-          auto* qb = static_cast<uint8_t*>(b.alloc(static_cast<size_t>(k * n)));
-          auto* sa = static_cast<float*>(b.poisoned(DType::F32, 2 * m));
-          auto* sb = static_cast<float*>(b.poisoned(DType::F32, 2 * n));
-          d.fp8_amax(b.stream(), da, DType::BF16, a_rows, a_cols, a_axis, sa);
-          d.fp8_cast(b.stream(), da, DType::BF16, DType::BF16, a_rows, a_cols, a_axis, sa,
-                     Fp8Format::E4M3, qa, sa + m);
-          d.fp8_amax(b.stream(), db, DType::BF16, b_rows, b_cols, b_axis, sb);
-          d.fp8_cast(b.stream(), db, DType::BF16, DType::BF16, b_rows, b_cols, b_axis, sb,
-                     Fp8Format::E5M2, qb, sb + n);
-          void* c = b.poisoned(DType::BF16, m * n);
-          d.fp8_gemm(b.stream(), trans_a, trans_b, m, n, k, {qa, Fp8Format::E4M3, sa + m},
-                     {qb, Fp8Format::E5M2, sb + n}, rowwise, c, DType::BF16);
-          return std::vector<Output>{{"C", b.read(c, DType::BF16, m * n), Tolerance{1e-2, 2e-3}}};
-        });
-      }
+    for (const auto& [fa, fb] : pairs)
+      for (DType c_t : {DType::BF16, DType::F32})
+        for (bool trans_a : {false, true})
+          for (bool trans_b : {false, true}) {
+            std::mt19937 rng(11);
+            const auto a = uniform(rng, static_cast<size_t>(m * k), -2, 2);
+            const auto bv = uniform(rng, static_cast<size_t>(k * n), -0.05f, 0.05f);
+            const std::string what =
+                std::string("fp8_gemm") + (rowwise ? " rowwise" : " tensorwise") +
+                (fa == Fp8Format::E5M2 ? " e5m2" : " e4m3") +
+                (fb == Fp8Format::E5M2 ? "xe5m2" : "xe4m3") + " c=" + dtype_name(c_t) +
+                (trans_a ? " A^T" : " A") + (trans_b ? " B^T" : " B");
+            compare_with_cpu(what, [&](Buffers& b) {
+              Device& d = b.device();
+              // op(A) rows and op(B) columns carry the rowwise scales: A's rows unless
+              // transposed, B's columns unless transposed.
+              const int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+              const int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+              const Axis a_axis = !rowwise ? Axis::Tensor : trans_a ? Axis::Cols : Axis::Rows;
+              const Axis b_axis = !rowwise ? Axis::Tensor : trans_b ? Axis::Rows : Axis::Cols;
+              void* da = b.upload(DType::BF16, a);
+              void* db = b.upload(DType::BF16, bv);
+              auto* qa = static_cast<uint8_t*>(b.alloc(static_cast<size_t>(m * k)));
+              auto* qb = static_cast<uint8_t*>(b.alloc(static_cast<size_t>(k * n)));
+              auto* sa = static_cast<float*>(b.poisoned(DType::F32, 2 * m));
+              auto* sb = static_cast<float*>(b.poisoned(DType::F32, 2 * n));
+              d.fp8_amax(b.stream(), da, DType::BF16, a_rows, a_cols, a_axis, sa);
+              d.fp8_cast(b.stream(), da, DType::BF16, DType::BF16, a_rows, a_cols, a_axis, sa,
+                         fa, qa, sa + m);
+              d.fp8_amax(b.stream(), db, DType::BF16, b_rows, b_cols, b_axis, sb);
+              d.fp8_cast(b.stream(), db, DType::BF16, DType::BF16, b_rows, b_cols, b_axis, sb,
+                         fb, qb, sb + n);
+              void* c = b.poisoned(c_t, m * n);
+              d.fp8_gemm(b.stream(), trans_a, trans_b, m, n, k, {qa, fa, sa + m},
+                         {qb, fb, sb + n}, rowwise, c, c_t);
+              return std::vector<Output>{{"C", b.read(c, c_t, m * n), Tolerance{1e-2, 2e-3}}};
+            });
+          }
 }
 
 }  // namespace

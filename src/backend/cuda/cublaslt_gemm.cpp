@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "backend/cuda/cuda_check.h"
@@ -135,64 +136,107 @@ int LtGemm::fastest(const Plan& plan, const Key& key, const Operands& operands,
   return best;
 }
 
-LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
-  Plan plan;
+std::string LtGemm::describe(const Key& key) {
+  std::string fp8;
+  if (key.fp8)
+    fp8 = std::string(" a=") + (key.fp8 & 2 ? "e5m2" : "e4m3") + " b=" + (key.fp8 & 4 ? "e5m2" : "e4m3") +
+          (key.fp8 & 8 ? " (rowwise scales)" : "");
+  return "gemm m=" + std::to_string(key.m) + " n=" + std::to_string(key.n) +
+         " k=" + std::to_string(key.k) + " trans_a=" + std::to_string(key.trans_a) +
+         " trans_b=" + std::to_string(key.trans_b) +
+         (key.fp8 ? fp8 : std::string(" ab=") + dtype_name(key.ab_t)) + " c=" +
+         dtype_name(key.c_t) + " alignments " + std::to_string(key.align_a) + "/" +
+         std::to_string(key.align_b) + "/" + std::to_string(key.align_c);
+}
+
+void LtGemm::make_descriptors(const Key& key, Plan& plan) {
+  FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // Note [Row-major GEMM on a column-major library]: Lt's A is our B, Lt's B is our A.
+  const cublasOperation_t lt_trans_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t lt_trans_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, lt_trans_a);
+  set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, lt_trans_b);
+  if (key.relu) set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU);
+
+  // Layouts describe the matrices as stored (column-major view, before the transposes).
+  const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
+  const uint64_t b_rows = key.trans_a ? key.m : key.k, b_cols = key.trans_a ? key.k : key.m;
+  // torchao's default: fast accumulation for the forward GEMM (both operands E4M3), the
+  // more accurate one for the gradient GEMMs (an E5M2 operand).
+  if ((key.fp8 & 1) && !(key.fp8 & 6))
+    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{1});
+  if (key.fp8 & 8) {  // rowwise: a vector of inverse scales per operand
+    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                       int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
+    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                       int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
+  }
+  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_a, operand_type(key.fp8, false, key.ab_t),
+                                               a_rows, a_cols, static_cast<int64_t>(a_rows)));
+  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_b, operand_type(key.fp8, true, key.ab_t),
+                                               b_rows, b_cols, static_cast<int64_t>(b_rows)));
+  FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_c, lt_type(key.c_t), key.n, key.m,
+                                               static_cast<int64_t>(key.n)));
+}
+
+int LtGemm::candidates(const Key& key, const Plan& plan, cublasLtMatmulHeuristicResult_t* results,
+                       int max_results) {
   cublasLtMatmulPreference_t pref = nullptr;
+  FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  int found = 0;
+  cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
   try {
-    FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    // Note [Row-major GEMM on a column-major library]: Lt's A is our B, Lt's B is our A.
-    const cublasOperation_t lt_trans_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t lt_trans_b = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSA, lt_trans_a);
-    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_TRANSB, lt_trans_b);
-    if (key.relu) set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_RELU);
-
-    // Layouts describe the matrices as stored (column-major view, before the transposes).
-    const uint64_t a_rows = key.trans_b ? key.k : key.n, a_cols = key.trans_b ? key.n : key.k;
-    const uint64_t b_rows = key.trans_a ? key.m : key.k, b_cols = key.trans_a ? key.k : key.m;
-    // torchao's default: fast accumulation for the forward GEMM (both operands E4M3), the
-    // more accurate one for the gradient GEMMs (an E5M2 operand).
-    if ((key.fp8 & 1) && !(key.fp8 & 6))
-      set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, int8_t{1});
-    if (key.fp8 & 8) {  // rowwise: a vector of inverse scales per operand
-      set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
-                         int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
-      set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
-                         int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
-    }
-    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_a, operand_type(key.fp8, false, key.ab_t),
-                                                 a_rows, a_cols, static_cast<int64_t>(a_rows)));
-    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_b, operand_type(key.fp8, true, key.ab_t),
-                                                 b_rows, b_cols, static_cast<int64_t>(b_rows)));
-    FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_c, lt_type(key.c_t), key.n, key.m,
-                                                 static_cast<int64_t>(key.n)));
-
-    FSDP_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     set_preference(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{kWorkspaceBytes});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, uint32_t{key.align_b});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, uint32_t{key.align_a});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, uint32_t{key.align_c});
     set_preference(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, uint32_t{key.align_c});
+    status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.lt_a, plan.lt_b, plan.lt_c,
+                                            plan.lt_c, pref, max_results, results, &found);
+  } catch (...) {
+    (void)cublasLtMatmulPreferenceDestroy(pref);
+    throw;
+  }
+  (void)cublasLtMatmulPreferenceDestroy(pref);
+  // A combination this GPU's cuBLASLt lacks (rowwise fp8 scales on some) is no algorithm, not
+  // an internal error: the callers say which GEMM.
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE) return 0;
+  FSDP_CUBLAS_CHECK(status);
+  return found;
+}
+
+LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
+  Plan plan;
+  try {
+    make_descriptors(key, plan);
     cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
-    int found = 0;
-    FSDP_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.lt_a, plan.lt_b,
-                                                     plan.lt_c, plan.lt_c, pref,
-                                                     autotune_ ? kAutotuneCandidates : 1, results,
-                                                     &found));
-    FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for gemm m=", key.m, " n=", key.n,
-               " k=", key.k, " trans_a=", key.trans_a, " trans_b=", key.trans_b,
-               " ab=", key.fp8 ? "fp8" : dtype_name(key.ab_t), " c=", dtype_name(key.c_t),
-               key.fp8 & 8 ? " (rowwise scales)" : "");
+    const int found = candidates(key, plan, results, autotune_ ? kAutotuneCandidates : 1);
+    FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for ", describe(key));
     // The ReLU epilogue writes C without reading it, like beta = 0: the same timing applies.
     const int chosen = autotune_ && found > 1 ? fastest(plan, key, operands, results, found) : 0;
     plan.algo = results[chosen].algo;
   } catch (...) {
-    if (pref) (void)cublasLtMatmulPreferenceDestroy(pref);
     destroy_plan(plan);
     throw;
   }
-  (void)cublasLtMatmulPreferenceDestroy(pref);
   return plan;
+}
+
+bool LtGemm::rowwise_fp8_supported() {
+  if (!rowwise_fp8_supported_) {
+    const Key key{16, 16, 16, false, true, DType::BF16, DType::BF16, 256, 256, 256, false, 9};
+    Plan plan;
+    try {
+      make_descriptors(key, plan);
+      cublasLtMatmulHeuristicResult_t result{};
+      rowwise_fp8_supported_ = candidates(key, plan, &result, 1) > 0;
+    } catch (...) {
+      destroy_plan(plan);
+      throw;
+    }
+    destroy_plan(plan);
+  }
+  return *rowwise_fp8_supported_;
 }
 
 const LtGemm::Plan& LtGemm::plan_for(const Key& key, const Operands& operands) {
@@ -239,9 +283,11 @@ void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const
   set_desc_attribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv);
   const float alpha = 1.0f, beta = 0.0f;
   void* workspace = workspace_for(stream);
-  FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan->op, &alpha, b, plan->lt_a, a, plan->lt_b, &beta,
-                                   c, plan->lt_c, c, plan->lt_c, &plan->algo, workspace,
-                                   kWorkspaceBytes, stream));
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, plan->op, &alpha, b, plan->lt_a, a, plan->lt_b, &beta, c,
+                     plan->lt_c, c, plan->lt_c, &plan->algo, workspace, kWorkspaceBytes, stream);
+  FSDP_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLASLt failed (", cublasGetStatusString(status),
+             ") on ", describe(key));
 }
 
 }  // namespace fsdp::cuda

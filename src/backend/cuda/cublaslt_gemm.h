@@ -25,6 +25,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <unordered_map>
 
 #include "fsdp/dtype.h"
@@ -54,6 +56,9 @@ class LtGemm {
   void run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const void* a,
                Fp8Format a_format, const float* a_scale_inv, const void* b, Fp8Format b_format,
                const float* b_scale_inv, bool rowwise, void* c, DType c_t);
+
+  // Whether this GPU's cuBLASLt has fp8 GEMMs with rowwise (outer-vector) scales; asked once.
+  bool rowwise_fp8_supported();
 
   size_t cached_plans() const { return plans_.size(); }
   bool autotune() const { return autotune_; }
@@ -85,6 +90,11 @@ class LtGemm {
   };
   const Plan& plan_for(const Key& key, const Operands& operands);
   Plan make_plan(const Key& key, const Operands& operands);
+  void make_descriptors(const Key& key, Plan& plan);
+  // The heuristic's algorithms for the plan (up to max_results); 0 when cuBLASLt has none.
+  int candidates(const Key& key, const Plan& plan, cublasLtMatmulHeuristicResult_t* results,
+                 int max_results);
+  static std::string describe(const Key& key);
   // Index of the fastest of `count` algorithms on the operands (Note [GEMM autotune]).
   int fastest(const Plan& plan, const Key& key, const Operands& operands,
               const cublasLtMatmulHeuristicResult_t* results, int count);
@@ -92,6 +102,7 @@ class LtGemm {
   void* workspace_for(cudaStream_t stream);
 
   bool autotune_ = false;
+  std::optional<bool> rowwise_fp8_supported_;
   cublasLtHandle_t handle_ = nullptr;
   cudaMemPool_t pool_;
   std::unordered_map<Key, Plan, KeyHash> plans_;

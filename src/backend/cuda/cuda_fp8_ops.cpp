@@ -5,6 +5,11 @@
 // cuBLASLt runs fp8 GEMMs in one layout only (row-major A [m, k] and B [n, k], "TN" in its
 // column-major terms): an operand in the other layout is transposed into a stream-ordered
 // temporary first. The scales keep their meaning (per row of op(A), per column of op(B)).
+//
+// Note [Rowwise fp8 without outer-vector scales]: cuBLASLt's rowwise (OUTER_VEC_32F) scales
+// are not on every GPU (on the H200 with cuBLAS 13 the heuristic refuses them). Rowwise
+// scales factor out of the sum (sum_k a[i,k] sa[i] b[k,j] sb[j] = sa[i] sb[j] sum_k ...), so
+// there the GEMM runs on the codes with unit scales into fp32 and a kernel applies them.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -63,17 +68,33 @@ void CudaDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64
   uint8_t* b_t = nullptr;
   if (trans_a) a_t = static_cast<uint8_t*>(alloc(static_cast<size_t>(m * k), s, MemTag::Activation));
   if (!trans_b) b_t = static_cast<uint8_t*>(alloc(static_cast<size_t>(n * k), s, MemTag::Activation));
+  float* acc = nullptr;  // Note [Rowwise fp8 without outer-vector scales]
+  if (rowwise && !gemm_->rowwise_fp8_supported())
+    acc = static_cast<float*>(
+        alloc(static_cast<size_t>(m * n + 1) * sizeof(float), s, MemTag::Activation));
   {
     OpScope op(*this, s, OpKind::Kernel);
     const uint8_t* a_rows = a.data;  // [m, k]
     const uint8_t* b_rows = b.data;  // [n, k]
     if (a_t) kernels::transpose_u8(op.stream(), a.data, k, m, a_t), a_rows = a_t;
     if (b_t) kernels::transpose_u8(op.stream(), b.data, k, n, b_t), b_rows = b_t;
-    gemm_->run_fp8(op.stream(), m, n, k, a_rows, a.format, a.scale_inv, b_rows, b.format,
-                   b.scale_inv, rowwise, c, c_t);
+    if (acc) {
+      // Note [Rowwise fp8 without outer-vector scales]: op(A) op(B) of the codes with unit
+      // scales, in fp32, then each element times its row's and its column's inverse scale:
+      // the same product, one fp32 pass more.
+      float* one = acc + m * n;
+      kernels::fill(op.stream(), one, DType::F32, 1, 1.0f);
+      gemm_->run_fp8(op.stream(), m, n, k, a_rows, a.format, one, b_rows, b.format, one, false,
+                     acc, DType::F32);
+      kernels::fp8_scale_outer(op.stream(), acc, m, n, a.scale_inv, b.scale_inv, c, c_t);
+    } else {
+      gemm_->run_fp8(op.stream(), m, n, k, a_rows, a.format, a.scale_inv, b_rows, b.format,
+                     b.scale_inv, rowwise, c, c_t);
+    }
   }
   if (a_t) free(a_t, s);  // stream-ordered: after the GEMM read it
   if (b_t) free(b_t, s);
+  if (acc) free(acc, s);
 }
 
 }  // namespace fsdp::cuda

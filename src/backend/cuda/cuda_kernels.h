@@ -170,6 +170,10 @@ void fp8_cast(cudaStream_t stream, const void* x, DType t, DType value_t, int64_
               float* scale_inv);
 void transpose_u8(cudaStream_t stream, const uint8_t* src, int64_t rows, int64_t cols,
                   uint8_t* dst);
+// c[i, j] = acc[i, j] * row_scale[i] * col_scale[j], as c_t: rowwise scales applied after an
+// unscaled fp8 GEMM.
+void fp8_scale_outer(cudaStream_t stream, const float* acc, int64_t rows, int64_t cols,
+                     const float* row_scale, const float* col_scale, void* c, DType c_t);
 
 // ---- attention on CUDA cores (attention_simt.cu): flash-style tiles, fp32 math, no T x T
 // buffer. The path for fp32 activations (cuDNN's fused attention is fp16/bf16 only), and for

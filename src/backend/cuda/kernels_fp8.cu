@@ -105,6 +105,15 @@ __global__ void transpose_u8_kernel(const uint8_t* src, int64_t rows, int64_t co
   }
 }
 
+template <typename T>
+__global__ void scale_outer_kernel(const float* acc, int64_t rows, int64_t cols,
+                                   const float* row_scale, const float* col_scale, T* c) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    c[i] = from_float<T>(acc[i] * row_scale[i / cols] * col_scale[i % cols]);
+}
+
 }  // namespace
 
 void fp8_amax(cudaStream_t stream, const void* x, DType t, int64_t rows, int64_t cols, Axis axis,
@@ -154,6 +163,17 @@ void transpose_u8(cudaStream_t stream, const uint8_t* src, int64_t rows, int64_t
   if (rows == 0 || cols == 0) return;
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
   transpose_u8_kernel<<<grid, dim3(32, 8), 0, stream>>>(src, rows, cols, dst);
+  FSDP_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_scale_outer(cudaStream_t stream, const float* acc, int64_t rows, int64_t cols,
+                     const float* row_scale, const float* col_scale, void* c, DType c_t) {
+  if (rows == 0 || cols == 0) return;
+  dispatch_dtype(c_t, [&](auto tag) {
+    using T = decltype(tag);
+    scale_outer_kernel<<<blocks_for(rows * cols), kThreads, 0, stream>>>(
+        acc, rows, cols, row_scale, col_scale, static_cast<T*>(c));
+  });
   FSDP_CUDA_CHECK_LAUNCH();
 }
 
