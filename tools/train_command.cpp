@@ -447,7 +447,11 @@ int run_train(const TrainOptions& o) {
     if (!o.json_path.empty()) {
       const runtime::RankResult r0 =
           result_of_failed_run(config, reported, e.what(), step_error ? step_error->step() : -1);
-      write_summary(summarize_results(backend, world, config, {r0}, o.peak_tflops));
+      nlohmann::json summary = summarize_results(backend, world, config, {r0}, o.peak_tflops);
+      // The ranks' memory statistics went down with them: unknown, not zero.
+      summary["peak_mem_bytes"] = nullptr;
+      summary["rs_inputs_in_flight_max"] = nullptr;
+      write_summary(std::move(summary));
     }
     throw;
   }

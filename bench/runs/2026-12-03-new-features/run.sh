@@ -19,7 +19,7 @@ run_llama llama1b_4seq_bf16 --tokens 8192 --fp8 none
 run_llama llama1b_4seq_fp8_tensorwise --tokens 8192 --fp8 tensorwise
 run_llama llama1b_4seq_fp8_rowwise --tokens 8192 --fp8 rowwise
 for n in bf16 fp8_tensorwise fp8_rowwise; do
-  python3 -c "import json; j=json.load(open('$R/llama1b_4seq_$n.json')); print('$n', 'step_ms', j.get('step_ms_median'), 'mfu', j.get('mfu'), 'loss_last', j.get('loss_last'), 'peak GiB %.2f' % (j.get('peak_mem_bytes', 0) / 2**30))" 2>&1 | tail -1
+  python3 -c "import json; j=json.load(open('$R/llama1b_4seq_$n.json')); print('$n', 'step_ms', j.get('step_ms_median'), 'mfu', j.get('mfu'), 'loss_last', j.get('loss_last'), 'peak GiB %.2f' % ((j.get('peak_mem_bytes') or 0) / 2**30))" 2>&1 | tail -1
 done
 PYTHONUNBUFFERED=1 timeout 120 python3 bench/hf_generate_parity.py --fsdp build-gpu/fsdp \
   --out /tmp/hf_generate --backends cuda --new-tokens 64 --input-ids > "$R/hf_generate_parity.log" 2>&1
