@@ -149,7 +149,12 @@ std::string LtGemm::describe(const Key& key) {
          std::to_string(key.align_b) + "/" + std::to_string(key.align_c);
 }
 
-void LtGemm::make_descriptors(const Key& key, Plan& plan) {
+// Note [Fp8 scales before the heuristic]: cuBLASLt's heuristic answers for the descriptor as
+// it is. Asked before the scale pointers (or the rowwise scale mode's vectors) are set, it
+// may pick a kernel without scaling, which cublasLtMatmul then refuses once they are
+// (CUBLAS_STATUS_NOT_SUPPORTED, seen on the H200 with cuBLAS 13 for llama1b's shapes), so a
+// plan's descriptor gets the first call's scale pointers; each call sets its own after.
+void LtGemm::make_descriptors(const Key& key, const Operands& operands, Plan& plan) {
   FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Note [Row-major GEMM on a column-major library]: Lt's A is our B, Lt's B is our A.
   const cublasOperation_t lt_trans_a = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -170,6 +175,12 @@ void LtGemm::make_descriptors(const Key& key, Plan& plan) {
                        int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
     set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
                        int32_t{CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F});
+  }
+  if (key.fp8 & 1) {
+    FSDP_CHECK(operands.a_scale_inv && operands.b_scale_inv, "an fp8 gemm without inverse scales");
+    // Note [Row-major GEMM on a column-major library]: cuBLASLt's A is our B.
+    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, operands.b_scale_inv);
+    set_desc_attribute(plan.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, operands.a_scale_inv);
   }
   FSDP_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan.lt_a, operand_type(key.fp8, false, key.ab_t),
                                                a_rows, a_cols, static_cast<int64_t>(a_rows)));
@@ -208,7 +219,7 @@ int LtGemm::candidates(const Key& key, const Plan& plan, cublasLtMatmulHeuristic
 LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
   Plan plan;
   try {
-    make_descriptors(key, plan);
+    make_descriptors(key, operands, plan);
     cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
     const int found = candidates(key, plan, results, autotune_ ? kAutotuneCandidates : 1);
     FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for ", describe(key));
@@ -222,12 +233,12 @@ LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
   return plan;
 }
 
-bool LtGemm::rowwise_fp8_supported() {
+bool LtGemm::rowwise_fp8_supported(const float* a_scale_inv, const float* b_scale_inv) {
   if (!rowwise_fp8_supported_) {
     const Key key{16, 16, 16, false, true, DType::BF16, DType::BF16, 256, 256, 256, false, 9};
     Plan plan;
     try {
-      make_descriptors(key, plan);
+      make_descriptors(key, Operands{nullptr, nullptr, nullptr, a_scale_inv, b_scale_inv}, plan);
       cublasLtMatmulHeuristicResult_t result{};
       rowwise_fp8_supported_ = candidates(key, plan, &result, 1) > 0;
     } catch (...) {
@@ -271,7 +282,7 @@ void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const
   autotune_ = false;
   const Plan* plan = nullptr;
   try {
-    plan = &plan_for(key, Operands{stream, a, b});
+    plan = &plan_for(key, Operands{stream, a, b, a_scale_inv, b_scale_inv});
   } catch (...) {
     autotune_ = autotune;
     throw;

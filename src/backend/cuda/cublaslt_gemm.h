@@ -57,8 +57,9 @@ class LtGemm {
                Fp8Format a_format, const float* a_scale_inv, const void* b, Fp8Format b_format,
                const float* b_scale_inv, bool rowwise, void* c, DType c_t);
 
-  // Whether this GPU's cuBLASLt has fp8 GEMMs with rowwise (outer-vector) scales; asked once.
-  bool rowwise_fp8_supported();
+  // Whether this GPU's cuBLASLt has fp8 GEMMs with rowwise (outer-vector) scales; asked once,
+  // with the first rowwise call's inverse scales (device pointers, m and n floats).
+  bool rowwise_fp8_supported(const float* a_scale_inv, const float* b_scale_inv);
 
   size_t cached_plans() const { return plans_.size(); }
   bool autotune() const { return autotune_; }
@@ -87,10 +88,14 @@ class LtGemm {
   struct Operands {
     cudaStream_t stream;
     const void *a, *b;
+    // fp8: the inverse scales, set on the descriptor before the heuristic is asked (Note
+    // [Fp8 scales before the heuristic] in cublaslt_gemm.cpp).
+    const float* a_scale_inv = nullptr;
+    const float* b_scale_inv = nullptr;
   };
   const Plan& plan_for(const Key& key, const Operands& operands);
   Plan make_plan(const Key& key, const Operands& operands);
-  void make_descriptors(const Key& key, Plan& plan);
+  void make_descriptors(const Key& key, const Operands& operands, Plan& plan);
   // The heuristic's algorithms for the plan (up to max_results); 0 when cuBLASLt has none.
   int candidates(const Key& key, const Plan& plan, cublasLtMatmulHeuristicResult_t* results,
                  int max_results);

@@ -69,7 +69,7 @@ void CudaDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64
   if (trans_a) a_t = static_cast<uint8_t*>(alloc(static_cast<size_t>(m * k), s, MemTag::Activation));
   if (!trans_b) b_t = static_cast<uint8_t*>(alloc(static_cast<size_t>(n * k), s, MemTag::Activation));
   float* acc = nullptr;  // Note [Rowwise fp8 without outer-vector scales]
-  if (rowwise && !gemm_->rowwise_fp8_supported())
+  if (rowwise && !gemm_->rowwise_fp8_supported(a.scale_inv, b.scale_inv))
     acc = static_cast<float*>(
         alloc(static_cast<size_t>(m * n + 1) * sizeof(float), s, MemTag::Activation));
   {
