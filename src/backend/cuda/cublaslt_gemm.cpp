@@ -151,9 +151,8 @@ std::string LtGemm::describe(const Key& key) {
 
 // Note [Fp8 scales before the heuristic]: cuBLASLt's heuristic answers for the descriptor as
 // it is. Asked before the scale pointers (or the rowwise scale mode's vectors) are set, it
-// may pick a kernel without scaling, which cublasLtMatmul then refuses once they are
-// (CUBLAS_STATUS_NOT_SUPPORTED, seen on the H200 with cuBLAS 13 for llama1b's shapes), so a
-// plan's descriptor gets the first call's scale pointers; each call sets its own after.
+// may answer for a GEMM without scaling (the rowwise mode without its vectors), so a plan's
+// descriptor gets the first call's scale pointers; each call sets its own after.
 void LtGemm::make_descriptors(const Key& key, const Operands& operands, Plan& plan) {
   FSDP_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // Note [Row-major GEMM on a column-major library]: Lt's A is our B, Lt's B is our A.
@@ -221,11 +220,14 @@ LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
   try {
     make_descriptors(key, operands, plan);
     cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
-    const int found = candidates(key, plan, results, autotune_ ? kAutotuneCandidates : 1);
+    const bool fp8 = key.fp8 & 1;
+    const int found = candidates(key, plan, results, autotune_ || fp8 ? kAutotuneCandidates : 1);
     FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for ", describe(key));
     // The ReLU epilogue writes C without reading it, like beta = 0: the same timing applies.
     const int chosen = autotune_ && found > 1 ? fastest(plan, key, operands, results, found) : 0;
     plan.algo = results[chosen].algo;
+    if (fp8)
+      for (int i = 1; i < found; ++i) plan.other_algos.push_back(results[i].algo);
   } catch (...) {
     destroy_plan(plan);
     throw;
@@ -250,7 +252,7 @@ bool LtGemm::rowwise_fp8_supported(const float* a_scale_inv, const float* b_scal
   return *rowwise_fp8_supported_;
 }
 
-const LtGemm::Plan& LtGemm::plan_for(const Key& key, const Operands& operands) {
+LtGemm::Plan& LtGemm::plan_for(const Key& key, const Operands& operands) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   return plans_.emplace(key, make_plan(key, operands)).first->second;
@@ -280,7 +282,7 @@ void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const
   // first choice serves fp8 plans.
   const bool autotune = autotune_;
   autotune_ = false;
-  const Plan* plan = nullptr;
+  Plan* plan = nullptr;
   try {
     plan = &plan_for(key, Operands{stream, a, b, a_scale_inv, b_scale_inv});
   } catch (...) {
@@ -294,11 +296,24 @@ void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const
   set_desc_attribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv);
   const float alpha = 1.0f, beta = 0.0f;
   void* workspace = workspace_for(stream);
-  const cublasStatus_t status =
-      cublasLtMatmul(handle_, plan->op, &alpha, b, plan->lt_a, a, plan->lt_b, &beta, c,
-                     plan->lt_c, c, plan->lt_c, &plan->algo, workspace, kWorkspaceBytes, stream);
+  auto matmul = [&] {
+    return cublasLtMatmul(handle_, plan->op, &alpha, b, plan->lt_a, a, plan->lt_b, &beta, c,
+                          plan->lt_c, c, plan->lt_c, &plan->algo, workspace, kWorkspaceBytes,
+                          stream);
+  };
+  // Note [Fp8 algorithms the heuristic offers but the GEMM refuses]: on the H200 with cuBLAS
+  // 13 the heuristic's first fp8 algorithm for some shapes (llama1b's 8192 x 2560 x 2048
+  // forward) is refused by cublasLtMatmul with CUBLAS_STATUS_NOT_SUPPORTED. The refusal is
+  // the host's, before anything is queued, so the next of the heuristic's algorithms is tried
+  // and the first that runs replaces it in the plan.
+  cublasStatus_t status = matmul();
+  while (status == CUBLAS_STATUS_NOT_SUPPORTED && !plan->other_algos.empty()) {
+    plan->algo = plan->other_algos.front();
+    plan->other_algos.erase(plan->other_algos.begin());
+    status = matmul();
+  }
   FSDP_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLASLt failed (", cublasGetStatusString(status),
-             ") on ", describe(key));
+             ") on ", describe(key), " with each of the heuristic's algorithms");
 }
 
 }  // namespace fsdp::cuda
