@@ -57,9 +57,7 @@ sample() {  # BACKEND
 if [ "$gpus" -gt 0 ] && [ "$cuda_built" = ON ]; then
   "$build/fsdp" train --backend cuda --nproc "$gpus" $GPU_ARGS --json "$build/run.json" \
     --save-dir "$save" || exit $?
-  # The sample is drawn on the CPU backend (seconds at this size): the CUDA KV-cache kernels
-  # have not yet run on a GPU (docs/generate.md), and make run must not depend on them.
-  sample cpu
+  sample cuda
   exit $?
 fi
 if [ "$gpus" -gt 0 ]; then

@@ -24,3 +24,10 @@ done
 PYTHONUNBUFFERED=1 timeout 120 python3 bench/hf_generate_parity.py --fsdp build-gpu/fsdp \
   --out /tmp/hf_generate --backends cuda --new-tokens 64 --input-ids > "$R/hf_generate_parity.log" 2>&1
 echo "hf generate parity rc=$? at $((SECONDS - T0)) s"; tail -6 "$R/hf_generate_parity.log"
+# Sampling on CUDA (temperature and top-p), as make run's sample draws it: twice, the same text.
+for i in 1 2; do
+  timeout 60 build-gpu/fsdp generate --backend cuda --init-from /tmp/hf_generate/llama3.2 \
+    --input-ids 659,84,104,101 --max-new-tokens 24 --temperature 0.8 --top-p 0.9 --seed 1 \
+    > "$R/sample_cuda_$i.log" 2>&1
+  echo "sample $i rc=$?: $(tail -1 "$R/sample_cuda_$i.log")"
+done
