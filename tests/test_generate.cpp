@@ -299,6 +299,14 @@ std::string hf_model_dir(const std::string& name) {
   return dir;
 }
 
+// `fsdp ARGS` exits 1 with one line holding `words`.
+void expect_one_line_error(const std::string& args, const std::string& words) {
+  const testing::CommandResult r = testing::run_fsdp_command(args);
+  EXPECT_EQ(r.code, 1) << args << ": " << r.output;
+  EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  EXPECT_NE(r.output.find(words), std::string::npos) << args << ": " << r.output;
+}
+
 TEST(GenerateCommand, TextFromAModelDirectoryWithAndWithoutTheCache) {
   if (!tokenizer::reads_tokenizer_json()) GTEST_SKIP() << "this build reads no tokenizer.json";
   const std::string dir = hf_model_dir("command");
@@ -322,17 +330,11 @@ TEST(GenerateCommand, BadInputIsOneLine) {
   if (!tokenizer::reads_tokenizer_json()) GTEST_SKIP() << "this build reads no tokenizer.json";
   const std::string dir = hf_model_dir("command_errors");
   const std::string base = "generate --backend cpu --init-from " + dir;
-  auto fails_with = [&](const std::string& args, const std::string& words) {
-    const testing::CommandResult r = testing::run_fsdp_command(base + " " + args);
-    EXPECT_EQ(r.code, 1) << args << ": " << r.output;
-    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
-    EXPECT_NE(r.output.find(words), std::string::npos) << args << ": " << r.output;
-  };
-  fails_with("--prompt ''", "give the --prompt (text) or the --input-ids");
-  fails_with("--prompt hi --temperature -1", "--temperature must be a number >= 0");
-  fails_with("--prompt hi --top-p 0", "--top-p must be in (0, 1]");
-  fails_with("--prompt hi --top-p 1.01", "--top-p must be in (0, 1]");
-  fails_with("--prompt hi --max-new-tokens 48", "more than the model's 48 positions");
+  expect_one_line_error(base + " --prompt ''", "give the --prompt (text) or the --input-ids");
+  expect_one_line_error(base + " --prompt hi --temperature -1", "--temperature must be a number >= 0");
+  expect_one_line_error(base + " --prompt hi --top-p 0", "--top-p must be in (0, 1]");
+  expect_one_line_error(base + " --prompt hi --top-p 1.01", "--top-p must be in (0, 1]");
+  expect_one_line_error(base + " --prompt hi --max-new-tokens 48", "more than the model's 48 positions");
   const testing::CommandResult missing = testing::run_fsdp_command(
       "generate --init-from " + dir + "/nothing-here --prompt hi");
   EXPECT_EQ(missing.code, 1);
@@ -372,19 +374,13 @@ TEST(GenerateCommand, InputIdsAreThePromptWithoutATokenizer) {
     ASSERT_EQ(same.code, 0) << same.output;
     EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir + "/same.json"))["new_ids"], t["new_ids"]);
   }
-  auto fails_with = [&](const std::string& args, const std::string& words) {
-    const testing::CommandResult r = testing::run_fsdp_command(base + " " + args);
-    EXPECT_EQ(r.code, 1) << args << ": " << r.output;
-    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
-    EXPECT_NE(r.output.find(words), std::string::npos) << args << ": " << r.output;
-  };
-  fails_with("--input-ids 1,,2", "--input-ids: '' (item 2) is not a token id in [0, 704)");
-  fails_with("--input-ids 704", "'704' (item 1) is not a token id in [0, 704)");
-  fails_with("--input-ids -1", "'-1' (item 1) is not a token id");
-  fails_with("--input-ids 3x", "'3x' (item 1) is not a token id");
-  fails_with("--input-ids 1,", "'' (item 2) is not a token id");
-  fails_with("--input-ids 99999999999999999999", "is not a token id");
-  fails_with("", "give the --prompt (text) or the --input-ids");
+  expect_one_line_error(base + " --input-ids 1,,2", "--input-ids: '' (item 2) is not a token id in [0, 704)");
+  expect_one_line_error(base + " --input-ids 704", "'704' (item 1) is not a token id in [0, 704)");
+  expect_one_line_error(base + " --input-ids -1", "'-1' (item 1) is not a token id");
+  expect_one_line_error(base + " --input-ids 3x", "'3x' (item 1) is not a token id");
+  expect_one_line_error(base + " --input-ids 1,", "'' (item 2) is not a token id");
+  expect_one_line_error(base + " --input-ids 99999999999999999999", "is not a token id");
+  expect_one_line_error(base + " ", "give the --prompt (text) or the --input-ids");
   const testing::CommandResult both = testing::run_fsdp_command(base + " --prompt hi --input-ids 1");
   EXPECT_EQ(both.code, 2) << both.output;  // a usage error, as every flag CLI11 refuses
   EXPECT_NE(both.output.find("--prompt excludes --input-ids"), std::string::npos) << both.output;

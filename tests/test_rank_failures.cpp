@@ -2,6 +2,7 @@
 // rest (src/launch/rank_processes.h); on CPU rank threads, the rank that threw is named in
 // the errors of the ranks it stopped.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -70,6 +71,27 @@ TEST(RankProcesses, CleanExitsAreNoFailure) {
   const std::vector<pid_t> pids = {spawn(Child::Clean), spawn(Child::Clean), spawn(Child::Clean)};
   EXPECT_EQ(launch::wait_for_rank_processes(pids), "");
   EXPECT_TRUE(all_reaped(pids));
+}
+
+// A rank whose peer died writes to a closed socket: the write fails with EPIPE, which the rank
+// reports naming the peer, instead of SIGPIPE ending the rank silently (a two-host run lost
+// its second rank that way when the first was killed).
+TEST(RankProcesses, AWriteToADeadPeerIsAnErrorNotSigpipe) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  ::close(fds[1]);  // the peer is gone
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    launch::StopSignals::reset_in_child();
+    const char byte = 1;
+    const ssize_t wrote = ::write(fds[0], &byte, 1);
+    ::_exit(wrote == -1 && errno == EPIPE ? 0 : 2);
+  }
+  ::close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_FALSE(WIFSIGNALED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 // Rank 1's body throws something that is not an fsdp::Error: the caller gets an fsdp::Error

@@ -51,6 +51,10 @@ void StopSignals::reset_in_child() {
       ::signal(sig, SIG_DFL);
   }
   g_stop_signal = 0;
+  // A rank that dies closes its sockets; the next write to one raises SIGPIPE, which would end
+  // this rank too, silently, before it can say which peer it lost. Ignored, the write fails
+  // with EPIPE and the rank reports it (Gloo's and the store's writes alike).
+  ::signal(SIGPIPE, SIG_IGN);
 }
 
 int StopSignals::received() { return g_stop_signal; }
