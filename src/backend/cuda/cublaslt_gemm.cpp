@@ -301,11 +301,12 @@ void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const
                           plan->lt_c, c, plan->lt_c, &plan->algo, workspace, kWorkspaceBytes,
                           stream);
   };
-  // Note [Fp8 algorithms the heuristic offers but the GEMM refuses]: on the H200 with cuBLAS
-  // 13 the heuristic's first fp8 algorithm for some shapes (llama1b's 8192 x 2560 x 2048
-  // forward) is refused by cublasLtMatmul with CUBLAS_STATUS_NOT_SUPPORTED. The refusal is
-  // the host's, before anything is queued, so the next of the heuristic's algorithms is tried
-  // and the first that runs replaces it in the plan.
+  // Note [Fp8 algorithms the heuristic offers but the GEMM refuses]: the heuristic answers for
+  // the descriptor and layouts, not for the call's pointers, so cublasLtMatmul may still refuse
+  // its algorithm (CUBLAS_STATUS_NOT_SUPPORTED, on the host, before anything is queued). The
+  // next of the heuristic's algorithms is tried then, and the first that runs replaces it in
+  // the plan. On the H200 an inverse scale that was not 16-byte aligned was refused by every
+  // one (Note [Fp8 scales 16-byte aligned] in cuda_fp8_ops.cpp), and the error says so.
   cublasStatus_t status = matmul();
   while (status == CUBLAS_STATUS_NOT_SUPPORTED && !plan->other_algos.empty()) {
     plan->algo = plan->other_algos.front();
