@@ -178,7 +178,8 @@ void llama_fp8_gemms(Device& d, int64_t tokens, int reps, bool rowwise) {
     void* dy = buffer(tokens, l.out, t);
     void* out = buffer(tokens, std::max(l.in, l.out), t);
     void* dw = buffer(l.out, l.in, t);
-    const int64_t most = std::max({tokens, l.in, l.out});
+    // Each operand's scales in 16-byte slots (Note [Fp8 scales 16-byte aligned]).
+    const int64_t most = fp8_scale_slots(std::max({tokens, l.in, l.out}));
     auto* scales = static_cast<float*>(static_cast<void*>(bytes(8 * most * 4)));
     uint8_t* qx = bytes(tokens * l.in);
     uint8_t* qw = bytes(l.out * l.in);

@@ -33,19 +33,22 @@ TEST(Fp8Ops, CastMatchesTheHostConversionAndTheGemmItsCodes) {
     void* db = upload(b);
     auto* qa = static_cast<uint8_t*>(d.alloc(a.size(), s, MemTag::Other));
     auto* qb = static_cast<uint8_t*>(d.alloc(b.size(), s, MemTag::Other));
-    auto* sc = static_cast<float*>(d.alloc(4 * (2 * m + 2 * n), s, MemTag::Other));
+    // The amaxes and inverse scales in 16-byte slots (Note [Fp8 scales 16-byte aligned]).
+    const int64_t as = fp8_scale_slots(m), bm = 2 * as, bs = bm + fp8_scale_slots(n);
+    const int64_t scale_floats = bs + fp8_scale_slots(n);
+    auto* sc = static_cast<float*>(d.alloc(4 * scale_floats, s, MemTag::Other));
     auto* c = static_cast<float*>(d.alloc(4 * m * n, s, MemTag::Other));
     using Axis = Device::Fp8Axis;
     // Rowwise: A per row (E4M3), B per row = op(B)'s column (E5M2).
     d.fp8_amax(s, da, DType::F32, m, k, Axis::Rows, sc);
-    d.fp8_cast(s, da, DType::F32, DType::F32, m, k, Axis::Rows, sc, Fp8Format::E4M3, qa, sc + m);
-    d.fp8_amax(s, db, DType::F32, n, k, Axis::Rows, sc + 2 * m);
-    d.fp8_cast(s, db, DType::F32, DType::F32, n, k, Axis::Rows, sc + 2 * m, Fp8Format::E5M2, qb,
-               sc + 2 * m + n);
-    d.fp8_gemm(s, false, true, m, n, k, {qa, Fp8Format::E4M3, sc + m},
-               {qb, Fp8Format::E5M2, sc + 2 * m + n}, true, c, DType::F32);
+    d.fp8_cast(s, da, DType::F32, DType::F32, m, k, Axis::Rows, sc, Fp8Format::E4M3, qa, sc + as);
+    d.fp8_amax(s, db, DType::F32, n, k, Axis::Rows, sc + bm);
+    d.fp8_cast(s, db, DType::F32, DType::F32, n, k, Axis::Rows, sc + bm, Fp8Format::E5M2, qb,
+               sc + bs);
+    d.fp8_gemm(s, false, true, m, n, k, {qa, Fp8Format::E4M3, sc + as},
+               {qb, Fp8Format::E5M2, sc + bs}, true, c, DType::F32);
     std::vector<uint8_t> ha(a.size()), hb(b.size());
-    std::vector<float> hs(2 * m + 2 * n), hc(m * n);
+    std::vector<float> hs(static_cast<size_t>(scale_floats)), hc(m * n);
     d.copy_to_host(s, ha.data(), qa, ha.size());
     d.copy_to_host(s, hb.data(), qb, hb.size());
     d.copy_to_host(s, hs.data(), sc, hs.size() * 4);
@@ -56,7 +59,7 @@ TEST(Fp8Ops, CastMatchesTheHostConversionAndTheGemmItsCodes) {
       for (int64_t j = 0; j < k; ++j) amax = std::max(amax, std::fabs(a[r * k + j]));
       EXPECT_EQ(hs[r], amax);
       const float scale = fp8_scale_of(amax, Fp8Format::E4M3);
-      EXPECT_EQ(hs[m + r], 1.0f / scale);
+      EXPECT_EQ(hs[as + r], 1.0f / scale);
       for (int64_t j = 0; j < k; ++j)
         EXPECT_EQ(ha[r * k + j], float_to_fp8(a[r * k + j] * scale, Fp8Format::E4M3));
     }
@@ -66,7 +69,7 @@ TEST(Fp8Ops, CastMatchesTheHostConversionAndTheGemmItsCodes) {
         for (int64_t p = 0; p < k; ++p)
           acc += static_cast<double>(fp8_to_float(ha[i * k + p], Fp8Format::E4M3)) *
                  fp8_to_float(hb[j * k + p], Fp8Format::E5M2);
-        EXPECT_EQ(hc[i * n + j], static_cast<float>(acc) * (hs[m + i] * hs[2 * m + n + j]));
+        EXPECT_EQ(hc[i * n + j], static_cast<float>(acc) * (hs[as + i] * hs[bs + j]));
       }
     for (void* p : {da, db, static_cast<void*>(qa), static_cast<void*>(qb),
                     static_cast<void*>(sc), static_cast<void*>(c)})

@@ -408,7 +408,9 @@ class Device {
   // C[m,n] = (sum_k op(A)[m,k] op(B)[k,n]) * a_scale_inv[i] * b_scale_inv[j], the products
   // of the fp8 codes' values accumulated in fp32 (the gemm contract's layouts), rounded to c_t.
   // Tensorwise: i = j = 0. rowwise: i = m's row of op(A), j = n's column of op(B) (outer
-  // vector scales). A and B may not both be E5M2 (cuBLASLt has no such kernel).
+  // vector scales). A and B may not both be E5M2 (cuBLASLt has no such kernel). Each
+  // operand's inverse scales start at a multiple of 16 bytes (Note [Fp8 scales 16-byte
+  // aligned] in fsdp/fp8.h: cuBLASLt refuses others).
   struct Fp8Operand {
     const uint8_t* data = nullptr;
     Fp8Format format = Fp8Format::E4M3;
@@ -416,6 +418,9 @@ class Device {
   };
   virtual void fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                         Fp8Operand a, Fp8Operand b, bool rowwise, void* c, DType c_t);
+  // fp8_gemm's checks, one line each, for every backend to make first.
+  static void check_fp8_gemm(int64_t m, int64_t n, int64_t k, const Fp8Operand& a,
+                             const Fp8Operand& b, const void* c);
 
   // Busy work of a known length; tests use it to force op durations.
   virtual void spin(Stream s, double microseconds) = 0;

@@ -33,6 +33,17 @@ constexpr Fp8Spec fp8_spec(Fp8Format f) {
 }
 constexpr uint8_t kFp8NaN = 0x7f;
 
+// Note [Fp8 scales 16-byte aligned]
+// Device::fp8_gemm takes each operand's inverse scales (one, or a rowwise vector) starting at a
+// multiple of 16 bytes: on the H200 cuBLASLt refused every algorithm for llama1b's forward
+// GEMM when a scale sat 4 bytes past an amax. Every backend checks it (Device::check_fp8_gemm),
+// so the CPU suite catches a misplaced scale; the callers give each tensor's scales a slot of
+// kFp8ScaleSlot floats (16 bytes), fp8_scale_slots(n) floats for n scales.
+constexpr int64_t kFp8ScaleSlot = 4;
+constexpr int64_t fp8_scale_slots(int64_t scales) {
+  return (scales + kFp8ScaleSlot - 1) / kFp8ScaleSlot * kFp8ScaleSlot;
+}
+
 // The exact value of an fp8 code.
 inline float fp8_to_float(uint8_t code, Fp8Format f) {
   const Fp8Spec s = fp8_spec(f);

@@ -179,6 +179,22 @@ void Device::fp8_gemm(Stream, bool, bool, int64_t, int64_t, int64_t, Fp8Operand,
                       void*, DType) {
   not_on_backend(*this, "fp8_gemm");
 }
+void Device::check_fp8_gemm(int64_t m, int64_t n, int64_t k, const Fp8Operand& a,
+                            const Fp8Operand& b, const void* c) {
+  const char* op = "fp8_gemm";
+  FSDP_CHECK(m >= 0 && n >= 0 && k >= 0, op, ": negative dims ", m, "x", n, "x", k);
+  FSDP_CHECK(!(a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2), op,
+             ": A and B cannot both be e5m2");
+  FSDP_CHECK(a.scale_inv && b.scale_inv, op, ": a null inverse scale");
+  FSDP_CHECK(reinterpret_cast<uintptr_t>(a.scale_inv) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(b.scale_inv) % 16 == 0,
+             op, ": inverse scales must start at a multiple of 16 bytes (Note [Fp8 scales "
+             "16-byte aligned]), got ", static_cast<const void*>(a.scale_inv), " and ",
+             static_cast<const void*>(b.scale_inv));
+  FSDP_CHECK(m * k == 0 || a.data, op, ": A is null");
+  FSDP_CHECK(k * n == 0 || b.data, op, ": B is null");
+  FSDP_CHECK(m * n == 0 || c, op, ": C is null");
+}
 void Device::moe_route(Stream, const MoeRouting&) { not_on_backend(*this, "moe_route"); }
 void Device::copy_from_host_async(Stream, void*, const void*, size_t) {
   not_on_backend(*this, "copy_from_host_async");

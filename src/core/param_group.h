@@ -153,7 +153,7 @@ class ParamGroup {
   int64_t fp8_bytes_ = 0;
   int64_t fp8_chunk_units_ = 0;
   float* fp8_amax_ = nullptr;       // fp8_count_ entries of the mesh's buffer (not owned)
-  float* fp8_scale_inv_ = nullptr;  // fp8_count_ inverse scales, written by the copy-in
+  float* fp8_scale_inv_ = nullptr;  // fp8_count_ inverse scales, 16 bytes apart, by the copy-in
 
   std::string label_;
   int ordinal_ = -1;  // index among the root's groups (sharded_groups order)

@@ -60,7 +60,8 @@ void ParamGroup::setup_fp8() {
   fp8_bytes_ = (bytes + 1) & ~int64_t{1};
   fp8_chunk_units_ = fp8_bytes_ / 2 + rest;
   fp8_scale_inv_ = static_cast<float*>(device_->alloc(
-      static_cast<size_t>(fp8_count_) * sizeof(float), mesh_->init_stream(), MemTag::Other));
+      static_cast<size_t>(fp8_count_ * kFp8ScaleSlot) * sizeof(float), mesh_->init_stream(),
+      MemTag::Other));  // a 16-byte slot each (fsdp/fp8.h's kFp8ScaleSlot)
 }
 
 void ParamGroup::set_fp8_amax(float* amax) { fp8_amax_ = amax; }
@@ -84,7 +85,7 @@ void ParamGroup::fp8_copy_in(Stream s, char* chunk) {
     if (k >= 0) {
       device_->fp8_cast(s, src, DType::F32, t, sl.rows_per_rank, sl.cols, Device::Fp8Axis::Tensor,
                         fp8_amax_ + k, Fp8Format::E4M3,
-                        reinterpret_cast<uint8_t*>(chunk + fp8_offset_[i]), fp8_scale_inv_ + k);
+                        reinterpret_cast<uint8_t*>(chunk + fp8_offset_[i]), fp8_scale_inv_ + k * kFp8ScaleSlot);
     } else {
       device_->cast(s, chunk + fp8_bytes_ + fp8_offset_[i] * static_cast<int64_t>(dtype_size(t)), t,
                     src, DType::F32, sl.rows_per_rank * sl.cols);
@@ -113,7 +114,7 @@ void ParamGroup::fp8_copy_out(Stream compute) {
     }
     params_[i]->value = Tensor{};
     params_[i]->fp8_value = dst;
-    params_[i]->fp8_scale_inv = fp8_scale_inv_ + k;
+    params_[i]->fp8_scale_inv = fp8_scale_inv_ + k * kFp8ScaleSlot;
   }
   if (!rest_params_.empty()) {
     std::vector<void*> dsts;

@@ -44,16 +44,18 @@ void gemm(RunContext& ctx, Fp8Recipe r, bool trans_a, bool trans_b, int64_t m, i
 Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Axis axis, Fp8Format f) {
   Device& d = *ctx.device;
   const int64_t scales = axis == Axis::Tensor ? 1 : axis == Axis::Rows ? x.rows : x.cols;
-  // One allocation: the codes, then (4-byte aligned) the amaxes and the inverse scales.
-  const size_t code_bytes = (static_cast<size_t>(x.numel()) + 3) & ~size_t{3};
+  // One allocation: the codes, then the amaxes and the inverse scales, each 16-byte aligned
+  // (Note [Fp8 scales 16-byte aligned] in fsdp/fp8.h).
+  const size_t code_bytes = (static_cast<size_t>(x.numel()) + 15) & ~size_t{15};
+  const int64_t slots = fp8_scale_slots(scales);
   Fp8Operand op;
   op.format = f;
   op.storage = std::make_shared<Storage>(
-      d, code_bytes + 2 * static_cast<size_t>(scales) * sizeof(float), ctx.compute,
+      d, code_bytes + 2 * static_cast<size_t>(slots) * sizeof(float), ctx.compute,
       MemTag::Activation);
   char* base = static_cast<char*>(op.storage->data());
   float* amax = reinterpret_cast<float*>(base + code_bytes);
-  float* scale_inv = amax + scales;
+  float* scale_inv = amax + slots;
   d.fp8_amax(ctx.compute, x.data, x.dtype, x.rows, x.cols, axis, amax);
   d.fp8_cast(ctx.compute, x.data, x.dtype, x.dtype, x.rows, x.cols, axis, amax, f,
              reinterpret_cast<uint8_t*>(base), scale_inv);

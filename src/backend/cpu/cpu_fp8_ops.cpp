@@ -98,14 +98,7 @@ void CpuDevice::fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_
 
 void CpuDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                          Fp8Operand a, Fp8Operand b, bool rowwise, void* c, DType c_t) {
-  const char* op = "fp8_gemm";
-  FSDP_CHECK(m >= 0 && n >= 0 && k >= 0, op, ": negative dims ", m, "x", n, "x", k);
-  FSDP_CHECK(!(a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2), op,
-             ": A and B cannot both be e5m2");
-  FSDP_CHECK(a.scale_inv && b.scale_inv, op, ": a null inverse scale");
-  FSDP_CHECK(m * k == 0 || a.data, op, ": A is null");
-  FSDP_CHECK(k * n == 0 || b.data, op, ": B is null");
-  FSDP_CHECK(m * n == 0 || c, op, ": C is null");
+  check_fp8_gemm(m, n, k, a, b, c);
   enqueue(s, OpKind::Kernel, [=] {
     if (m == 0 || n == 0) return;
     const std::array<float, 256>& ta = decode_table(a.format);

@@ -306,7 +306,7 @@ void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const
   // its algorithm (CUBLAS_STATUS_NOT_SUPPORTED, on the host, before anything is queued). The
   // next of the heuristic's algorithms is tried then, and the first that runs replaces it in
   // the plan. On the H200 an inverse scale that was not 16-byte aligned was refused by every
-  // one (Note [Fp8 scales 16-byte aligned] in cuda_fp8_ops.cpp), and the error says so.
+  // one (Note [Fp8 scales 16-byte aligned] in fsdp/fp8.h), and the error says so.
   cublasStatus_t status = matmul();
   while (status == CUBLAS_STATUS_NOT_SUPPORTED && !plan->other_algos.empty()) {
     plan->algo = plan->other_algos.front();

@@ -48,12 +48,7 @@ void CudaDevice::fp8_cast(Stream s, const void* x, DType t, DType value_t, int64
 void CudaDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                           Fp8Operand a, Fp8Operand b, bool rowwise, void* c, DType c_t) {
   const char* name = "fp8_gemm";
-  FSDP_CHECK(m >= 0 && n >= 0 && k >= 0, name, ": negative dims ", m, "x", n, "x", k);
-  FSDP_CHECK(!(a.format == Fp8Format::E5M2 && b.format == Fp8Format::E5M2), name,
-             ": A and B cannot both be e5m2");
-  FSDP_CHECK(a.scale_inv && b.scale_inv && (m * k == 0 || a.data) && (k * n == 0 || b.data) &&
-                 (m * n == 0 || c),
-             name, ": a null buffer");
+  check_fp8_gemm(m, n, k, a, b, c);
   if (m == 0 || n == 0) return;
   if (k == 0) {  // no products: zeros, as Device::gemm gives
     OpScope op(*this, s, OpKind::Kernel);
@@ -68,17 +63,6 @@ void CudaDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64
   uint8_t* b_t = nullptr;
   if (trans_a) a_t = static_cast<uint8_t*>(alloc(static_cast<size_t>(m * k), s, MemTag::Activation));
   if (!trans_b) b_t = static_cast<uint8_t*>(alloc(static_cast<size_t>(n * k), s, MemTag::Activation));
-  // Note [Fp8 scales 16-byte aligned]: cuBLASLt refuses, with every algorithm, inverse scales
-  // whose address is not a multiple of 16 (an fp8 weight's scale in its group's array, the
-  // scale after an amax): such scales are copied into an aligned temporary first.
-  const int64_t a_scales = rowwise ? m : 1, b_scales = rowwise ? n : 1;
-  const bool copy_a = reinterpret_cast<uintptr_t>(a.scale_inv) % 16 != 0;
-  const bool copy_b = reinterpret_cast<uintptr_t>(b.scale_inv) % 16 != 0;
-  const int64_t a_slot = (a_scales + 3) / 4 * 4;  // floats, a multiple of 16 bytes
-  float* scales = nullptr;
-  if (copy_a || copy_b)
-    scales = static_cast<float*>(alloc(static_cast<size_t>(a_slot + b_scales) * sizeof(float), s,
-                                       MemTag::Activation));
   float* acc = nullptr;  // Note [Rowwise fp8 without outer-vector scales]
   if (rowwise && !gemm_->rowwise_fp8_supported(a.scale_inv, b.scale_inv))
     acc = static_cast<float*>(
@@ -87,19 +71,6 @@ void CudaDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64
     OpScope op(*this, s, OpKind::Kernel);
     const uint8_t* a_rows = a.data;  // [m, k]
     const uint8_t* b_rows = b.data;  // [n, k]
-    const float* a_scale_inv = a.scale_inv;
-    const float* b_scale_inv = b.scale_inv;
-    if (copy_a) {
-      FSDP_CUDA_CHECK(cudaMemcpyAsync(scales, a.scale_inv, static_cast<size_t>(a_scales) * 4,
-                                      cudaMemcpyDeviceToDevice, op.stream()));
-      a_scale_inv = scales;
-    }
-    if (copy_b) {
-      FSDP_CUDA_CHECK(cudaMemcpyAsync(scales + a_slot, b.scale_inv,
-                                      static_cast<size_t>(b_scales) * 4, cudaMemcpyDeviceToDevice,
-                                      op.stream()));
-      b_scale_inv = scales + a_slot;
-    }
     if (a_t) kernels::transpose_u8(op.stream(), a.data, k, m, a_t), a_rows = a_t;
     if (b_t) kernels::transpose_u8(op.stream(), b.data, k, n, b_t), b_rows = b_t;
     if (acc) {
@@ -110,16 +81,15 @@ void CudaDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64
       kernels::fill(op.stream(), one, DType::F32, 1, 1.0f);
       gemm_->run_fp8(op.stream(), m, n, k, a_rows, a.format, one, b_rows, b.format, one, false,
                      acc, DType::F32);
-      kernels::fp8_scale_outer(op.stream(), acc, m, n, a_scale_inv, b_scale_inv, c, c_t);
+      kernels::fp8_scale_outer(op.stream(), acc, m, n, a.scale_inv, b.scale_inv, c, c_t);
     } else {
-      gemm_->run_fp8(op.stream(), m, n, k, a_rows, a.format, a_scale_inv, b_rows, b.format,
-                     b_scale_inv, rowwise, c, c_t);
+      gemm_->run_fp8(op.stream(), m, n, k, a_rows, a.format, a.scale_inv, b_rows, b.format,
+                     b.scale_inv, rowwise, c, c_t);
     }
   }
   if (a_t) free(a_t, s);  // stream-ordered: after the GEMM read it
   if (b_t) free(b_t, s);
   if (acc) free(acc, s);
-  if (scales) free(scales, s);
 }
 
 }  // namespace fsdp::cuda
