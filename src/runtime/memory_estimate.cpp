@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "fsdp/nn/model.h"
 #include "fsdp/optim_offload.h"
 #include "models/model_family.h"
 
@@ -38,6 +39,16 @@ RankMemoryModel::RankMemoryModel(const TrainConfig& c, int shard_ranks)
       if (experts.count(p)) n += p->numel();
     block_experts_.push_back(n);
   }
+  // Note [Float8 all-gather] in core/param_group_fp8.cpp: tensorwise fp8 weights travel and
+  // stay gathered as one byte each.
+  unit_fp8_params_.assign(units_.size(), 0);
+  if (c.fp8 == Fp8Recipe::Tensorwise && c.fp8_all_gather) {
+    nn::enable_fp8(*model, c.fp8);
+    const std::vector<Module*> blocks = model->blocks();
+    for (size_t i = 0; i < blocks.size() && i < units_.size(); ++i)
+      for (Param* p : blocks[i]->all_params())
+        if (p->fp8 == Fp8Recipe::Tensorwise) unit_fp8_params_[i] += p->numel();
+  }
   expert_world_ = std::max(world_ / std::max(ep, 1), 1);
   for (int64_t n : units_) total_ += n;
 }
@@ -58,13 +69,16 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
   // Micro-batches but the last skip the gradient sync: every unit accumulates its unsharded
   // grads in fp32 from the first micro-batch's backward to the last's (the GradAccum tag).
   const double accumulated = c.micro_batches > 1 ? static_cast<double>(total_) * 4 : 0;
-  // Each unit gathered (W x its shard, padding included); the blocks, then the root.
+  // Each unit gathered (W x its shard, padding included); the blocks, then the root. Its
+  // gathered bytes are `gathered_bytes` (p a param, 1 a float8-gathered one); its gradients
+  // and reduce-scatter inputs are numels of `gathered`.
   const int blocks = static_cast<int>(units_.size()) - 1;
-  std::vector<double> gathered(units_.size());
-  double largest_block = 0, all_gathered = 0;
+  std::vector<double> gathered(units_.size()), gathered_bytes(units_.size());
+  double largest_block = 0, all_gathered_bytes = 0;
   for (size_t i = 0; i < units_.size(); ++i) {
     gathered[i] = static_cast<double>(ceil_div(units_[i], world) * world);
-    all_gathered += gathered[i];
+    gathered_bytes[i] = gathered[i] * p - static_cast<double>(unit_fp8_params_[i]) * (p - 1);
+    all_gathered_bytes += gathered_bytes[i];
     if (static_cast<int>(i) < blocks) largest_block = std::max(largest_block, gathered[i]);
   }
   const double root = gathered.back();
@@ -85,7 +99,9 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
   const double d = static_cast<double>(m.dim);
   const double at_loss =
       tokens * (all_kept + static_cast<double>(output_dim_) * 2 * p + d * p) +
-      p * (c.reshard_after_forward ? root + (blocks > 0 ? gathered[blocks - 1] : 0) : all_gathered);
+      (c.reshard_after_forward
+           ? gathered_bytes.back() + (blocks > 0 ? gathered_bytes[blocks - 1] : 0)
+           : all_gathered_bytes);
   // - block j's backward, n = L-1-j blocks after the last's: the saved sets of the blocks
   //   before it, its whole set and its backward's work; the root and block j gathered, j-1
   //   prefetched (without reshard after forward: the root and blocks 0..j); the root's grads
@@ -105,11 +121,11 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
     const double whole =
         family.block_saved_bytes_per_token(m, j, c.param_dtype, ActivationCheckpoint::None);
     const double work = family.block_backward_bytes_per_token(m, j, c.param_dtype);
-    double held = root + gathered[j];
+    double held = gathered_bytes.back() + gathered_bytes[j];  // bytes
     if (c.reshard_after_forward) {
-      if (j > 0) held += gathered[j - 1];
+      if (j > 0) held += gathered_bytes[j - 1];
     } else {
-      for (int i = 0; i < j; ++i) held += gathered[i];
+      for (int i = 0; i < j; ++i) held += gathered_bytes[i];
     }
     // Inside the block's FFN backward (SwiGLU's gradients live): the root's grads and the FFN
     // output projection's (a quarter of a dense block's params). A block's experts are a
@@ -124,7 +140,7 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
                                         (rs_output && n > 0 ? largest_block / world * r : 0)
                                   : 0;
     const double accumulators = accumulated > 0 ? accumulated - 4 * reduced : 0;
-    const double before = tokens * (below + whole) + held * p + root_grads + ring + accumulators;
+    const double before = tokens * (below + whole) + held + root_grads + ring + accumulators;
     in_backward = std::max(in_backward, before + tokens * work + 0.25 * dense * p);
     if (experts > 0)
       in_backward = std::max(

@@ -40,6 +40,8 @@ class RankMemoryModel {
   int world_ = 1;
   std::vector<int64_t> units_;
   std::vector<int64_t> block_experts_;  // each block's expert params (its own FSDP group)
+  // Each unit's params gathered as one byte each (tensorwise fp8 with the float8 all-gather).
+  std::vector<int64_t> unit_fp8_params_;
   int64_t total_ = 0, expert_params_ = 0, output_dim_ = 0;
   int expert_world_ = 1;
 };
