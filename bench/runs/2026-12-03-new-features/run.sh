@@ -5,9 +5,12 @@
 #  1. their GPU tests: fp8 casts bit for bit against the CPU's and the cuBLASLt fp8 GEMM in every
 #     layout (CudaFp8), the offload against the device optimizer (CudaOptimizerOffload), the
 #     KV-cache ops against the CPU's (CudaKvCache);
-#  2. llama1b at 4 x 2048 tokens, --fp8 none and tensorwise (with the float8 all-gather);
+#  2. llama1b at 4 x 2048 tokens, --fp8 none, tensorwise (with the float8 all-gather) and
+#     rowwise;
 #  3. greedy decoding of 64 tokens against transformers' generate(do_sample=False), fp32, on
-#     CUDA (bench/hf_generate_parity.py, 200 trained steps).
+#     CUDA (bench/hf_generate_parity.py, 200 trained steps, the prompts as ids);
+#  4. a sampled continuation on CUDA, twice with one seed (the same ids expected).
+# The outputs committed beside this script are from its run of 2026-12-03 (docs/performance.md).
 # bench/runs/2026-12-03-fp8, -offload and -generate hold each feature's longer run.
 set -u
 source bench/gpu_call.sh
