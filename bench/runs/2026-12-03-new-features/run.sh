@@ -11,7 +11,7 @@
 #     CUDA (bench/hf_generate_parity.py, 200 trained steps, the prompts as ids);
 #  4. a sampled continuation on CUDA, twice with one seed (the same ids expected).
 # The outputs committed beside this script are from its run of 2026-12-03 (docs/performance.md).
-# bench/runs/2026-12-03-fp8, -offload and -generate hold each feature's longer run.
+# bench/runs/2026-12-03-fp8, -offload and -generate hold each feature's longer run (not run yet).
 set -u
 source bench/gpu_call.sh
 gpu_call_begin new-features fsdp_tool fsdp_gpu_tests
