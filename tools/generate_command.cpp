@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
-#include <optional>
 #include <cstdio>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -35,10 +35,11 @@ CLI::App* add_generate_command(CLI::App& app, GenerateCommandOptions& o) {
                   "the model's tokenizer: tokenizer.json, a SentencePiece .model, or a directory "
                   "holding one [default: the one in --init-from DIR]");
   auto* prompt = cmd->add_option("--prompt", o.prompt, "the text to continue");
-  auto* ids = cmd->add_option("--input-ids", o.input_ids,
-                              "the prompt as token ids, comma-separated (Hugging Face's input_ids), "
-                              "instead of --prompt: no tokenizer is read unless --tokenizer is "
-                              "given, and without one generation stops at --max-new-tokens only");
+  auto* ids =
+      cmd->add_option("--input-ids", o.input_ids,
+                      "the prompt as token ids, comma-separated (Hugging Face's input_ids), "
+                      "instead of --prompt: no tokenizer is read unless --tokenizer is "
+                      "given, and without one generation stops at --max-new-tokens only");
   prompt->excludes(ids);
   ids->excludes(prompt);
 
@@ -92,19 +93,21 @@ tokenizer::LoadedTokenizer tokenizer_of(const GenerateCommandOptions& o) {
         break;
       }
     }
-  FSDP_USER_CHECK(!path.empty(), "generate needs the model's tokenizer: --tokenizer FILE, or a "
+  FSDP_USER_CHECK(!path.empty(),
+                  "generate needs the model's tokenizer: --tokenizer FILE, or a "
                   "tokenizer.json or tokenizer.model in the --init-from directory");
   return tokenizer::load_tokenizer(path);
 }
 
-std::unique_ptr<Device> make_device(const std::string& backend, std::unique_ptr<cpu::CpuWorld>& world,
-                                    std::string& chosen) {
+std::unique_ptr<Device> make_device(const std::string& backend,
+                                    std::unique_ptr<cpu::CpuWorld>& world, std::string& chosen) {
   chosen = backend;
   if (backend == "auto")
     chosen = cuda::compiled_with_cuda() && cuda::device_count() > 0 ? "cuda" : "cpu";
   if (chosen == "cuda") {
-    FSDP_USER_CHECK(cuda::compiled_with_cuda(),
-                    "--backend cuda: this build has no CUDA backend (nvcc or NCCL missing at build time)");
+    FSDP_USER_CHECK(
+        cuda::compiled_with_cuda(),
+        "--backend cuda: this build has no CUDA backend (nvcc or NCCL missing at build time)");
     FSDP_USER_CHECK(cuda::device_count() > 0, "--backend cuda: no GPU is visible");
     return cuda::make_device(0);
   }
@@ -169,10 +172,10 @@ int run_generate(const GenerateCommandOptions& o) {
   try {
     // The cheap checks first: bad numbers are refused before a model is read.
     generate::check_sampling(g.sampling);
-    FSDP_OPTION_CHECK(g.max_new_tokens >= 1, OptionName{"max_new_tokens"},
-                      " must be >= 1, got ", g.max_new_tokens);
-    FSDP_OPTION_CHECK(!o.prompt.empty() || !o.input_ids.empty(), "give the ",
-                      OptionName{"prompt"}, " (text) or the ", OptionName{"input_ids"},
+    FSDP_OPTION_CHECK(g.max_new_tokens >= 1, OptionName{"max_new_tokens"}, " must be >= 1, got ",
+                      g.max_new_tokens);
+    FSDP_OPTION_CHECK(!o.prompt.empty() || !o.input_ids.empty(), "give the ", OptionName{"prompt"},
+                      " (text) or the ", OptionName{"input_ids"},
                       ": generation continues a prompt of at least one token");
     const nn::ModelConfig model = model_of(o);
     // With --input-ids, the tokenizer is read only when named: a build without a tokenizer.json
@@ -207,19 +210,15 @@ int run_generate(const GenerateCommandOptions& o) {
     // A model's vocabulary may be padded past its tokenizer's (Qwen2.5's 151,936 rows for
     // 151,665 tokens): ids the tokenizer lacks have no text and are left out of it, as Hugging
     // Face's decode leaves them (the --json file keeps every id).
-    const std::string text = tok ? continuation(*tok->tokenizer, encoded, out.tokens)
-                                 : ids_text(out.tokens);
+    const std::string text =
+        tok ? continuation(*tok->tokenizer, encoded, out.tokens) : ids_text(out.tokens);
     std::printf("%s%s\n", tok && !o.prompt.empty() ? o.prompt.c_str() : "", text.c_str());
     std::fflush(stdout);
     if (!o.json_path.empty()) {
-      nlohmann::json j = {{"backend", backend},
-                          {"dtype", o.dtype},
-                          {"prompt_ids", prompt},
-                          {"new_ids", out.tokens},
-                          {"text", text},
-                          {"stopped_at_eos", out.stopped_at_eos},
-                          {"kv_cache", g.kv_cache},
-                          {"seconds", seconds}};
+      nlohmann::json j = {{"backend", backend},     {"dtype", o.dtype},
+                          {"prompt_ids", prompt},   {"new_ids", out.tokens},
+                          {"text", text},           {"stopped_at_eos", out.stopped_at_eos},
+                          {"kv_cache", g.kv_cache}, {"seconds", seconds}};
       // A prefix of a character's tokens need not be whole UTF-8: such bytes become U+FFFD
       // in the file (the ids are exact).
       io::write_file_atomic(o.json_path,

@@ -139,13 +139,13 @@ int LtGemm::fastest(const Plan& plan, const Key& key, const Operands& operands,
 std::string LtGemm::describe(const Key& key) {
   std::string fp8;
   if (key.fp8)
-    fp8 = std::string(" a=") + (key.fp8 & 2 ? "e5m2" : "e4m3") + " b=" + (key.fp8 & 4 ? "e5m2" : "e4m3") +
-          (key.fp8 & 8 ? " (rowwise scales)" : "");
+    fp8 = std::string(" a=") + (key.fp8 & 2 ? "e5m2" : "e4m3") +
+          " b=" + (key.fp8 & 4 ? "e5m2" : "e4m3") + (key.fp8 & 8 ? " (rowwise scales)" : "");
   return "gemm m=" + std::to_string(key.m) + " n=" + std::to_string(key.n) +
          " k=" + std::to_string(key.k) + " trans_a=" + std::to_string(key.trans_a) +
          " trans_b=" + std::to_string(key.trans_b) +
-         (key.fp8 ? fp8 : std::string(" ab=") + dtype_name(key.ab_t)) + " c=" +
-         dtype_name(key.c_t) + " alignments " + std::to_string(key.align_a) + "/" +
+         (key.fp8 ? fp8 : std::string(" ab=") + dtype_name(key.ab_t)) +
+         " c=" + dtype_name(key.c_t) + " alignments " + std::to_string(key.align_a) + "/" +
          std::to_string(key.align_b) + "/" + std::to_string(key.align_c);
 }
 
@@ -220,14 +220,11 @@ LtGemm::Plan LtGemm::make_plan(const Key& key, const Operands& operands) {
   try {
     make_descriptors(key, operands, plan);
     cublasLtMatmulHeuristicResult_t results[kAutotuneCandidates]{};
-    const bool fp8 = key.fp8 & 1;
-    const int found = candidates(key, plan, results, autotune_ || fp8 ? kAutotuneCandidates : 1);
+    const int found = candidates(key, plan, results, autotune_ ? kAutotuneCandidates : 1);
     FSDP_CHECK(found > 0, "cuBLASLt has no algorithm for ", describe(key));
     // The ReLU epilogue writes C without reading it, like beta = 0: the same timing applies.
     const int chosen = autotune_ && found > 1 ? fastest(plan, key, operands, results, found) : 0;
     plan.algo = results[chosen].algo;
-    if (fp8)
-      for (int i = 1; i < found; ++i) plan.other_algos.push_back(results[i].algo);
   } catch (...) {
     destroy_plan(plan);
     throw;
@@ -252,7 +249,7 @@ bool LtGemm::rowwise_fp8_supported(const float* a_scale_inv, const float* b_scal
   return *rowwise_fp8_supported_;
 }
 
-LtGemm::Plan& LtGemm::plan_for(const Key& key, const Operands& operands) {
+const LtGemm::Plan& LtGemm::plan_for(const Key& key, const Operands& operands) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second;
   return plans_.emplace(key, make_plan(key, operands)).first->second;
@@ -261,8 +258,9 @@ LtGemm::Plan& LtGemm::plan_for(const Key& key, const Operands& operands) {
 void LtGemm::run(cudaStream_t stream, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                  float alpha, const void* a, const void* b, DType ab_t, float beta, void* c,
                  DType c_t, bool relu) {
-  const Key key{m,       n,      k,   trans_a,         trans_b,         ab_t,
-                c_t,     alignment_of(a), alignment_of(b), alignment_of(c), relu};
+  const Key key{
+      m,   n, k, trans_a, trans_b, ab_t, c_t, alignment_of(a), alignment_of(b), alignment_of(c),
+      relu};
   const Plan& plan = plan_for(key, Operands{stream, a, b});
   void* workspace = workspace_for(stream);
   FSDP_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.op, &alpha, b, plan.lt_a, a, plan.lt_b, &beta, c,
@@ -274,15 +272,26 @@ void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const
                      Fp8Format a_format, const float* a_scale_inv, const void* b,
                      Fp8Format b_format, const float* b_scale_inv, bool rowwise, void* c,
                      DType c_t) {
-  const uint8_t fp8 = static_cast<uint8_t>(1 | (a_format == Fp8Format::E5M2 ? 2 : 0) |
-                                           (b_format == Fp8Format::E5M2 ? 4 : 0) | (rowwise ? 8 : 0));
-  const Key key{m,  n,   k,   false, true, DType::BF16, c_t, alignment_of(a), alignment_of(b),
-                alignment_of(c), false, fp8};
+  const uint8_t fp8 =
+      static_cast<uint8_t>(1 | (a_format == Fp8Format::E5M2 ? 2 : 0) |
+                           (b_format == Fp8Format::E5M2 ? 4 : 0) | (rowwise ? 8 : 0));
+  const Key key{m,
+                n,
+                k,
+                false,
+                true,
+                DType::BF16,
+                c_t,
+                alignment_of(a),
+                alignment_of(b),
+                alignment_of(c),
+                false,
+                fp8};
   // Autotuning would run the candidates before the scale pointers are set: the heuristic's
   // first choice serves fp8 plans.
   const bool autotune = autotune_;
   autotune_ = false;
-  Plan* plan = nullptr;
+  const Plan* plan = nullptr;
   try {
     plan = &plan_for(key, Operands{stream, a, b, a_scale_inv, b_scale_inv});
   } catch (...) {
@@ -296,25 +305,13 @@ void LtGemm::run_fp8(cudaStream_t stream, int64_t m, int64_t n, int64_t k, const
   set_desc_attribute(plan->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, a_scale_inv);
   const float alpha = 1.0f, beta = 0.0f;
   void* workspace = workspace_for(stream);
-  auto matmul = [&] {
-    return cublasLtMatmul(handle_, plan->op, &alpha, b, plan->lt_a, a, plan->lt_b, &beta, c,
-                          plan->lt_c, c, plan->lt_c, &plan->algo, workspace, kWorkspaceBytes,
-                          stream);
-  };
-  // Note [Fp8 algorithms the heuristic offers but the GEMM refuses]: the heuristic answers for
-  // the descriptor and layouts, not for the call's pointers, so cublasLtMatmul may still refuse
-  // its algorithm (CUBLAS_STATUS_NOT_SUPPORTED, on the host, before anything is queued). The
-  // next of the heuristic's algorithms is tried then, and the first that runs replaces it in
-  // the plan. On the H200 an inverse scale that was not 16-byte aligned was refused by every
-  // one (Note [Fp8 scales 16-byte aligned] in fsdp/fp8.h), and the error says so.
-  cublasStatus_t status = matmul();
-  while (status == CUBLAS_STATUS_NOT_SUPPORTED && !plan->other_algos.empty()) {
-    plan->algo = plan->other_algos.front();
-    plan->other_algos.erase(plan->other_algos.begin());
-    status = matmul();
-  }
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_, plan->op, &alpha, b, plan->lt_a, a, plan->lt_b, &beta, c, plan->lt_c,
+                     c, plan->lt_c, &plan->algo, workspace, kWorkspaceBytes, stream);
+  // On the H200 an inverse scale that was not 16-byte aligned was refused here, on the host,
+  // with every algorithm the heuristic offered (Note [Fp8 scales 16-byte aligned], fsdp/fp8.h).
   FSDP_CHECK(status == CUBLAS_STATUS_SUCCESS, "cuBLASLt failed (", cublasGetStatusString(status),
-             ") on ", describe(key), " with each of the heuristic's algorithms");
+             ") on ", describe(key));
 }
 
 }  // namespace fsdp::cuda

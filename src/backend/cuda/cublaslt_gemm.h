@@ -28,7 +28,6 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
-#include <vector>
 
 #include "fsdp/dtype.h"
 #include "fsdp/fp8.h"
@@ -84,9 +83,6 @@ class LtGemm {
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t lt_a = nullptr, lt_b = nullptr, lt_c = nullptr;
     cublasLtMatmulAlgo_t algo{};
-    // fp8: the heuristic's other algorithms, in its order, for when cublasLtMatmul refuses
-    // `algo` (Note [Fp8 algorithms the heuristic offers but the GEMM refuses]).
-    std::vector<cublasLtMatmulAlgo_t> other_algos;
   };
   // The operands of the call that needs the plan: what autotuning runs on.
   struct Operands {
@@ -97,7 +93,7 @@ class LtGemm {
     const float* a_scale_inv = nullptr;
     const float* b_scale_inv = nullptr;
   };
-  Plan& plan_for(const Key& key, const Operands& operands);
+  const Plan& plan_for(const Key& key, const Operands& operands);
   Plan make_plan(const Key& key, const Operands& operands);
   void make_descriptors(const Key& key, const Operands& operands, Plan& plan);
   // The heuristic's algorithms for the plan (up to max_results); 0 when cuBLASLt has none.
