@@ -453,6 +453,29 @@ TEST(CpuBackendComm, AbortWakesARankBlockedInACollective) {
   // Destruction joins every worker without hanging.
 }
 
+// A destructor frees host memory that queued work writes (a copy_to_host after a collective).
+// The world's abort cancels synchronize()'s wait at once, but the collective's task sees it only
+// at its next poll, and the copy after it still runs or is skipped later: the destructor's wait
+// must outlast both, or the copy lands in freed heap memory.
+TEST(CpuBackendComm, ADestructorsWaitOutlastsTheAbortOfTheWorkItWaitsFor) {
+  CpuWorld world(2, {});
+  auto dev0 = world.make_device(0);
+  auto comm0 = world.make_world_comm(0, *dev0);
+  Stream s = dev0->create_stream("s", StreamPriority::Normal);
+  void* buf = upload(*dev0, s, Floats(4, 1.0f), DType::F32);
+  dev0->synchronize();
+  comm0->all_reduce(buf, buf, 4, DType::F32, ReduceOp::Sum, s);  // rank 1 never joins
+  std::vector<float> host(4, 0.0f);
+  dev0->copy_to_host(s, host.data(), buf, 4 * sizeof(float));
+  Event copied = dev0->create_event();
+  dev0->record_event(copied, s);
+  world.abort("test abort");
+  synchronize_in_destructor(*dev0);
+  EXPECT_TRUE(dev0->query_event(copied)) << "work was still queued when the wait returned";
+  dev0->destroy_event(copied);
+  dev0->free(buf, s);
+}
+
 TEST(CpuBackendComm, ChaosModeGivesTheSameResults) {
   auto run = [](CpuOptions options) {
     const int w = 3;

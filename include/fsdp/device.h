@@ -156,6 +156,11 @@ class Device {
   virtual void synchronize_event(Event e) = 0;
   virtual void synchronize_stream(Stream s) = 0;
   virtual void synchronize() = 0;  // every stream; rethrows an error raised by enqueued work
+  // Waits until every stream has run, or skipped after an error, all the work queued on it.
+  // For destructors (Note [Draining before freeing host memory]): an abort ends synchronize()'s
+  // wait, not the queued work, which may still write host memory the destructor frees next.
+  // Errors are left to synchronize() to report.
+  virtual void wait_until_drained() noexcept;
 
   // ---- memory (Note [Stream-ordered memory])
   virtual void* alloc(size_t bytes, Stream s, MemTag tag) = 0;
@@ -468,12 +473,8 @@ class Device {
 };
 
 // For destructors: while an error unwinds the stack (a failed rank, an aborted world),
-// synchronize() rethrows it; a destructor must not turn that into std::terminate.
-inline void synchronize_in_destructor(Device& device) noexcept {
-  try {
-    device.synchronize();
-  } catch (...) {
-  }
-}
+// synchronize() rethrows it, and a destructor must not turn that into std::terminate; nor may
+// it free what queued work still touches, so it waits for the work itself.
+inline void synchronize_in_destructor(Device& device) noexcept { device.wait_until_drained(); }
 
 }  // namespace fsdp

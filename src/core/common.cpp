@@ -196,6 +196,13 @@ void Device::check_fp8_gemm(int64_t m, int64_t n, int64_t k, const Fp8Operand& a
   FSDP_CHECK(m * n == 0 || c, op, ": C is null");
 }
 void Device::moe_route(Stream, const MoeRouting&) { not_on_backend(*this, "moe_route"); }
+void Device::wait_until_drained() noexcept {
+  // A backend whose synchronize() waits for the work itself, whatever aborts meanwhile.
+  try {
+    synchronize();
+  } catch (...) {
+  }
+}
 void Device::copy_from_host_async(Stream, void*, const void*, size_t) {
   not_on_backend(*this, "copy_from_host_async");
 }

@@ -118,10 +118,11 @@ void StreamWorker::enqueue(Task task) {
   }
 }
 
-void StreamWorker::wait_idle() {
+void StreamWorker::wait_idle(bool cancellable) {
   std::unique_lock<std::mutex> lock(mutex_);
   const int64_t target = enqueued_;
-  idle_cv_.wait(lock, host_.cancellation, [&] { return finished_ >= target; });
+  idle_cv_.wait(lock, cancellable ? host_.cancellation : nullptr,
+                [&] { return finished_ >= target; });
 }
 
 void StreamWorker::loop() {

@@ -95,7 +95,9 @@ class StreamWorker {
   const std::string& name() const { return name_; }
   void enqueue(Task task);
   // Blocks until every task enqueued before the call has run.
-  void wait_idle();
+  // Returns when every task enqueued so far has finished. Cancellable (abort, shutdown)
+  // unless `cancellable` is false: the wait of Note [Draining before freeing host memory].
+  void wait_idle(bool cancellable = true);
   // The label of the last op (not bookkeeping or wait) enqueued here; host side.
   const char* last_label() const { return last_label_.load(std::memory_order_relaxed); }
 

@@ -95,6 +95,26 @@ void StreamDevice::synchronize() {
   error_.rethrow_if_set();
 }
 
+// Note [Draining before freeing host memory]
+// Destructors of objects whose host buffers queued work writes (StepReader's readback, the
+// offloaded optimizer's slots, the collective check's fingerprints) wait for that work through
+// synchronize_in_destructor before they free. They run while an error unwinds the stack,
+// typically after the world was aborted, and an abort cancels synchronize()'s wait at once
+// while a task blocked in a collective notices it only at its next poll, and the tasks behind
+// it run or are skipped after that. Freeing then let a copy_to_host land in freed heap memory
+// (glibc's "unaligned fastbin chunk" abort, seldom). So the destructor's wait is not
+// cancellable: it ends when the queues are empty, which they become, since every blocking task
+// still polls the abort (and the collective timeout) itself.
+void StreamDevice::wait_until_drained() noexcept {
+  const int n = num_streams_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    try {
+      streams_[i]->wait_idle(/*cancellable=*/false);
+    } catch (...) {  // the virtual clock's bookkeeping only; the work reports its own errors
+    }
+  }
+}
+
 // ---- events
 
 StreamDevice::EventSlot& StreamDevice::slot(Event e) {

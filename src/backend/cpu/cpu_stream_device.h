@@ -39,6 +39,7 @@ class StreamDevice : public Device {
   void synchronize_event(Event e) override;
   void synchronize_stream(Stream s) override;
   void synchronize() override;
+  void wait_until_drained() noexcept override;
 
   void set_label(const char* label) override;
   void enable_timeline(bool on) override;
