@@ -146,9 +146,9 @@ void llama_gemms(Device& d, int64_t tokens, int reps) {
 }
 
 // `gemm_floor llama-fp8 [tokens=8192] [reps=20] [tensorwise|rowwise]` (docs/fp8.md): the
-// blocks' GEMMs as --fp8 runs them (Device::fp8_gemm, with the transposes it makes for the two
-// backward GEMMs), each alone and with the amax and cast of its two operands that
-// nn::fp8_linear makes before it; the LM head stays bf16. The step line is the fp8 GEMM floor
+// blocks' GEMMs as --fp8 runs them (Device::fp8_gemm, with the weight's transpose it makes for
+// dX), each alone and with the amaxes and casts that nn::fp8_linear makes before it; the LM
+// head stays bf16. The step line is the fp8 GEMM floor
 // of a step, with and without the casts.
 void llama_fp8_gemms(Device& d, int64_t tokens, int reps, bool rowwise) {
   using Axis = Device::Fp8Axis;
@@ -180,44 +180,56 @@ void llama_fp8_gemms(Device& d, int64_t tokens, int reps, bool rowwise) {
     void* dw = buffer(l.out, l.in, t);
     // Each operand's scales in 16-byte slots (Note [Fp8 scales 16-byte aligned]).
     const int64_t most = fp8_scale_slots(std::max({tokens, l.in, l.out}));
-    auto* scales = static_cast<float*>(static_cast<void*>(bytes(8 * most * 4)));
+    auto* scales = static_cast<float*>(static_cast<void*>(bytes(12 * most * 4)));
     uint8_t* qx = bytes(tokens * l.in);
+    uint8_t* qx_t = bytes(tokens * l.in);
     uint8_t* qw = bytes(l.out * l.in);
     uint8_t* qdy = bytes(tokens * l.out);
-    // amax then cast, as nn::fp8_quantize does; `slot` keeps each operand's scales apart.
-    auto cast = [&](const void* src, int64_t rows, int64_t cols, Axis axis, Fp8Format f,
-                    uint8_t* q, int slot) {
-      float* amax = scales + 2 * slot * most;
-      d.fp8_amax(s, src, t, rows, cols, axis, amax);
-      d.fp8_cast(s, src, t, t, rows, cols, axis, amax, f, q, amax + most);
-    };
+    uint8_t* qdy_t = bytes(tokens * l.out);
+    // As nn::fp8_quantize does: the amax (unless an earlier one serves), then the cast into the
+    // plain and/or transposed codes; `slot` keeps each operand's scales apart.
+    auto amax = [&](int slot) { return scales + 2 * slot * most; };
     auto inv = [&](int slot) { return scales + 2 * slot * most + most; };
+    auto cast = [&](const void* src, int64_t rows, int64_t cols, Axis axis, Fp8Format f,
+                    uint8_t* q, uint8_t* q_t, int slot, bool reuse_amax = false) {
+      if (!reuse_amax) d.fp8_amax(s, src, t, rows, cols, axis, amax(slot));
+      d.fp8_cast(s, src, t, t, rows, cols, axis, amax(slot), f, q, q_t,
+                 reuse_amax ? nullptr : inv(slot));
+    };
     const Axis rows = rowwise ? Axis::Rows : Axis::Tensor, cols = rowwise ? Axis::Cols : Axis::Tensor;
-    cast(x, tokens, l.in, rows, Fp8Format::E4M3, qx, 0);
-    cast(w, l.out, l.in, rows, Fp8Format::E4M3, qw, 1);
-    cast(dy, tokens, l.out, rows, Fp8Format::E5M2, qdy, 2);
+    cast(x, tokens, l.in, rows, Fp8Format::E4M3, qx, nullptr, 0);
+    cast(w, l.out, l.in, rows, Fp8Format::E4M3, qw, nullptr, 1);
+    cast(dy, tokens, l.out, rows, Fp8Format::E5M2, qdy, qdy_t, 2);
+    cast(dy, tokens, l.out, cols, Fp8Format::E5M2, nullptr, qdy_t, 4);
+    cast(x, tokens, l.in, cols, Fp8Format::E4M3, nullptr, qx_t, 5);
     d.synchronize();
     const double flops = 2.0 * tokens * l.in * l.out;
     struct Op {
       const char* what;
       std::function<void()> gemm, casts;
     };
+    // Note [Fp8 operands reused by the weight grad]: tensorwise, dY is cast once into both
+    // layouts before dX and X^T is cast with the forward's amax; rowwise takes new amaxes along
+    // the other axes. The weight is cast as FSDP's float8 all-gather would (tensorwise) or per
+    // GEMM (rowwise).
+    const int dy_slot = rowwise ? 4 : 2, x_slot = rowwise ? 5 : 0;
     const Op ops[] = {
         {"fwd",
          [&] { d.fp8_gemm(s, false, true, tokens, l.out, l.in, {qx, Fp8Format::E4M3, inv(0)},
                           {qw, Fp8Format::E4M3, inv(1)}, rowwise, out, t); },
-         [&] { cast(x, tokens, l.in, rows, Fp8Format::E4M3, qx, 0);
-               cast(w, l.out, l.in, rows, Fp8Format::E4M3, qw, 1); }},
+         [&] { cast(x, tokens, l.in, rows, Fp8Format::E4M3, qx, nullptr, 0);
+               cast(w, l.out, l.in, rows, Fp8Format::E4M3, qw, nullptr, 1); }},
         {"dX",
          [&] { d.fp8_gemm(s, false, false, tokens, l.in, l.out, {qdy, Fp8Format::E5M2, inv(2)},
-                          {qw, Fp8Format::E4M3, inv(3)}, rowwise, out, t); },
-         [&] { cast(dy, tokens, l.out, rows, Fp8Format::E5M2, qdy, 2);
-               cast(w, l.out, l.in, cols, Fp8Format::E4M3, qw, 3); }},
+                          {qw, Fp8Format::E4M3, inv(rowwise ? 3 : 1)}, rowwise, out, t); },
+         [&] { cast(dy, tokens, l.out, rows, Fp8Format::E5M2, qdy, rowwise ? nullptr : qdy_t, 2);
+               if (rowwise) cast(w, l.out, l.in, cols, Fp8Format::E4M3, qw, nullptr, 3); }},
         {"dW",
-         [&] { d.fp8_gemm(s, true, false, l.out, l.in, tokens, {qdy, Fp8Format::E5M2, inv(2)},
-                          {qx, Fp8Format::E4M3, inv(0)}, rowwise, dw, t); },
-         [&] { cast(dy, tokens, l.out, cols, Fp8Format::E5M2, qdy, 2);
-               cast(x, tokens, l.in, cols, Fp8Format::E4M3, qx, 0); }}};
+         [&] { d.fp8_gemm(s, false, true, l.out, l.in, tokens,
+                          {qdy_t, Fp8Format::E5M2, inv(dy_slot)},
+                          {qx_t, Fp8Format::E4M3, inv(x_slot)}, rowwise, dw, t); },
+         [&] { if (rowwise) cast(dy, tokens, l.out, cols, Fp8Format::E5M2, nullptr, qdy_t, 4);
+               cast(x, tokens, l.in, cols, Fp8Format::E4M3, nullptr, qx_t, x_slot, !rowwise); }}};
     for (const Op& op : ops) {
       // Each timing starts from the operands its own casts leave (scales per its layout).
       op.casts();

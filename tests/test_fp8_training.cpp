@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <mutex>
 
 #include "command_util.h"
@@ -41,19 +42,29 @@ TEST(Fp8Ops, CastMatchesTheHostConversionAndTheGemmItsCodes) {
     using Axis = Device::Fp8Axis;
     // Rowwise: A per row (E4M3), B per row = op(B)'s column (E5M2).
     d.fp8_amax(s, da, DType::F32, m, k, Axis::Rows, sc);
-    d.fp8_cast(s, da, DType::F32, DType::F32, m, k, Axis::Rows, sc, Fp8Format::E4M3, qa, sc + as);
+    d.fp8_cast(s, da, DType::F32, DType::F32, m, k, Axis::Rows, sc, Fp8Format::E4M3, qa,
+               nullptr, sc + as);
+    // The transposed codes alone, from the same amaxes: A^T [k, m], the same bytes.
+    auto* qa_t = static_cast<uint8_t*>(d.alloc(a.size(), s, MemTag::Other));
+    d.fp8_cast(s, da, DType::F32, DType::F32, m, k, Axis::Rows, sc, Fp8Format::E4M3, nullptr,
+               qa_t, nullptr);
     d.fp8_amax(s, db, DType::F32, n, k, Axis::Rows, sc + bm);
     d.fp8_cast(s, db, DType::F32, DType::F32, n, k, Axis::Rows, sc + bm, Fp8Format::E5M2, qb,
-               sc + bs);
+               nullptr, sc + bs);
     d.fp8_gemm(s, false, true, m, n, k, {qa, Fp8Format::E4M3, sc + as},
                {qb, Fp8Format::E5M2, sc + bs}, true, c, DType::F32);
     std::vector<uint8_t> ha(a.size()), hb(b.size());
     std::vector<float> hs(static_cast<size_t>(scale_floats)), hc(m * n);
     d.copy_to_host(s, ha.data(), qa, ha.size());
+    std::vector<uint8_t> ha_t(a.size());
+    d.copy_to_host(s, ha_t.data(), qa_t, ha_t.size());
     d.copy_to_host(s, hb.data(), qb, hb.size());
     d.copy_to_host(s, hs.data(), sc, hs.size() * 4);
     d.copy_to_host(s, hc.data(), c, hc.size() * 4);
     d.synchronize();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t j = 0; j < k; ++j)
+        EXPECT_EQ(ha_t[j * m + r], ha[r * k + j]) << "A^T's code at [" << j << ", " << r << "]";
     for (int64_t r = 0; r < m; ++r) {
       float amax = 0;
       for (int64_t j = 0; j < k; ++j) amax = std::max(amax, std::fabs(a[r * k + j]));
@@ -108,6 +119,34 @@ TEST(Fp8Training, ShardedMatchesUnshardedBitwise) {
       expect_bitwise(sharded[0], unsharded[0], what);
       for (int r = 1; r < world; ++r) EXPECT_EQ(sharded[r].params, sharded[0].params) << what;
     }
+}
+
+// Note [Fp8 operands reused by the weight grad]: per step and Linear, the kernels under each
+// GEMM's label. Tensorwise, dX casts dY once into both layouts (amax, cast, GEMM) and dW casts
+// only X^T, with the forward's amax (cast, GEMM); rowwise, dW takes both amaxes afresh (amax
+// and cast of dY and of X, GEMM).
+TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise}) {
+    runtime::TrainConfig c = fp8_config(recipe, 3);
+    c.warmup = 1;  // the timeline holds steps 2 and 3
+    c.timeline = true;
+    const auto r = run_fsdp(1, c);
+    std::map<std::string, int> kernels;
+    for (const TimelineOp& op : r[0].timeline.ops)
+      if (op.kind == OpKind::Kernel) ++kernels[op.label];
+    int linears = 0;
+    for (const auto& [label, count] : kernels) {
+      const size_t at = label.rfind(" fp8 gemm dW");
+      if (at == std::string::npos) continue;
+      ++linears;
+      const std::string dx = label.substr(0, at) + " fp8 gemm dX";
+      const std::string what = std::string(fp8_recipe_name(recipe)) + " " + label;
+      EXPECT_EQ(count, 2 * (recipe == Fp8Recipe::Tensorwise ? 2 : 5)) << what;
+      // Rowwise also casts the weight for dX, along its other axis (amax, cast).
+      EXPECT_EQ(kernels[dx], 2 * (recipe == Fp8Recipe::Tensorwise ? 3 : 5)) << what;
+    }
+    EXPECT_GE(linears, 4) << fp8_recipe_name(recipe);
+  }
 }
 
 // The float8 all-gather changes the bytes, not the values: on 1 to 4 ranks the run is

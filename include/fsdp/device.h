@@ -406,10 +406,12 @@ class Device {
   // q = float_to_fp8(v * scale, f) with v = x rounded to value_t (the values x has in that
   // dtype: bf16 for a weight cast from its fp32 master shard) and, per amax entry,
   // scale = fp8_scale_of(amax rounded to value_t) (Note [Fp8 scale] in fsdp/fp8.h);
-  // scale_inv[i] = 1 / scale (null: not written).
+  // scale_inv[i] = 1 / scale (null: not written). q_t, when not null, receives the same codes
+  // transposed ([cols, rows]), in the same pass: the layout in which a GEMM that reads x
+  // transposed takes it (the weight gradient's dY^T and X). q may be null when q_t is not.
   virtual void fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_t rows,
                         int64_t cols, Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
-                        float* scale_inv);
+                        uint8_t* q_t, float* scale_inv);
   // C[m,n] = (sum_k op(A)[m,k] op(B)[k,n]) * a_scale_inv[i] * b_scale_inv[j], the products
   // of the fp8 codes' values accumulated in fp32 (the gemm contract's layouts), rounded to c_t.
   // Tensorwise: i = j = 0. rowwise: i = m's row of op(A), j = n's column of op(B) (outer

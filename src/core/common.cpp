@@ -172,7 +172,7 @@ void Device::fp8_amax(Stream, const void*, DType, int64_t, int64_t, Fp8Axis, flo
   not_on_backend(*this, "fp8_amax");
 }
 void Device::fp8_cast(Stream, const void*, DType, DType, int64_t, int64_t, Fp8Axis, const float*,
-                      Fp8Format, uint8_t*, float*) {
+                      Fp8Format, uint8_t*, uint8_t*, float*) {
   not_on_backend(*this, "fp8_cast");
 }
 void Device::fp8_gemm(Stream, bool, bool, int64_t, int64_t, int64_t, Fp8Operand, Fp8Operand, bool,

@@ -85,7 +85,7 @@ void ParamGroup::fp8_copy_in(Stream s, char* chunk) {
     if (k >= 0) {
       device_->fp8_cast(s, src, DType::F32, t, sl.rows_per_rank, sl.cols, Device::Fp8Axis::Tensor,
                         fp8_amax_ + k, Fp8Format::E4M3,
-                        reinterpret_cast<uint8_t*>(chunk + fp8_offset_[i]),
+                        reinterpret_cast<uint8_t*>(chunk + fp8_offset_[i]), nullptr,
                         fp8_scale_inv_ + k * kFp8ScaleSlot);
     } else {
       device_->cast(s, chunk + fp8_bytes_ + fp8_offset_[i] * static_cast<int64_t>(dtype_size(t)), t,

@@ -41,49 +41,84 @@ void gemm(RunContext& ctx, Fp8Recipe r, bool trans_a, bool trans_b, int64_t m, i
 
 }  // namespace
 
-Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Axis axis, Fp8Format f) {
+Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Axis axis, Fp8Format f, Fp8Codes codes,
+                        const Fp8Operand* amax_of) {
   Device& d = *ctx.device;
   const int64_t scales = axis == Axis::Tensor ? 1 : axis == Axis::Rows ? x.rows : x.cols;
-  // One allocation: the codes, then the amaxes and the inverse scales, each 16-byte aligned
-  // (Note [Fp8 scales 16-byte aligned] in fsdp/fp8.h).
-  const size_t code_bytes = (static_cast<size_t>(x.numel()) + 15) & ~size_t{15};
+  // The amaxes, then the inverse scales, each 16-byte aligned (Note [Fp8 scales 16-byte
+  // aligned] in fsdp/fp8.h).
   const int64_t slots = fp8_scale_slots(scales);
   Fp8Operand op;
   op.format = f;
-  op.storage = std::make_shared<Storage>(
-      d, code_bytes + 2 * static_cast<size_t>(slots) * sizeof(float), ctx.compute,
-      MemTag::Activation);
-  char* base = static_cast<char*>(op.storage->data());
-  float* amax = reinterpret_cast<float*>(base + code_bytes);
-  float* scale_inv = amax + slots;
-  d.fp8_amax(ctx.compute, x.data, x.dtype, x.rows, x.cols, axis, amax);
-  d.fp8_cast(ctx.compute, x.data, x.dtype, x.dtype, x.rows, x.cols, axis, amax, f,
-             reinterpret_cast<uint8_t*>(base), scale_inv);
-  op.data = reinterpret_cast<const uint8_t*>(base);
-  op.scale_inv = scale_inv;
+  const size_t n = static_cast<size_t>(x.numel());
+  auto code_storage = [&] { return std::make_shared<Storage>(d, n, ctx.compute, MemTag::Activation); };
+  if (codes != Fp8Codes::Transposed) op.codes = code_storage();
+  if (codes != Fp8Codes::Plain) op.codes_t = code_storage();
+  float* scale_inv = nullptr;  // not rewritten when the amax is another operand's
+  if (amax_of) {
+    FSDP_CHECK(amax_of->amax, "fp8_quantize: the operand to take the amax of has none");
+    op.scales = amax_of->scales;
+    op.amax = amax_of->amax;
+    op.scale_inv = amax_of->scale_inv;
+  } else {
+    op.scales = std::make_shared<Storage>(d, 2 * static_cast<size_t>(slots) * sizeof(float),
+                                          ctx.compute, MemTag::Activation);
+    auto* amax = static_cast<float*>(op.scales->data());
+    scale_inv = amax + slots;
+    d.fp8_amax(ctx.compute, x.data, x.dtype, x.rows, x.cols, axis, amax);
+    op.amax = amax;
+    op.scale_inv = scale_inv;
+  }
+  auto* q = op.codes ? static_cast<uint8_t*>(op.codes->data()) : nullptr;
+  auto* q_t = op.codes_t ? static_cast<uint8_t*>(op.codes_t->data()) : nullptr;
+  d.fp8_cast(ctx.compute, x.data, x.dtype, x.dtype, x.rows, x.cols, axis, op.amax, f, q, q_t,
+             scale_inv);
+  op.data = q;
+  op.data_t = q_t;
   return op;
 }
 
-void fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x, Tensor& y) {
+std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x,
+                                               Tensor& y) {
   const Fp8Recipe r = w.fp8;
-  const Fp8Operand qx = fp8_quantize(ctx, x, a_axis(r, false), Fp8Format::E4M3);
+  auto qx = std::make_shared<Fp8Operand>(
+      fp8_quantize(ctx, x, a_axis(r, false), Fp8Format::E4M3));
   const Fp8Operand qw = weight_operand(ctx, w, b_axis(r, true));
-  gemm(ctx, r, false, true, x.rows, w.rows(), w.cols(), qx, qw, y);
+  gemm(ctx, r, false, true, x.rows, w.rows(), w.cols(), *qx, qw, y);
+  // Note [Fp8 operands reused by the weight grad]: X's tensorwise amax, not its codes.
+  if (r != Fp8Recipe::Tensorwise) return nullptr;
+  qx->drop_plain_codes();
+  return qx;
 }
 
-void fp8_linear_input_grad(RunContext& ctx, const Param& w, const Tensor& dy, Tensor& dx) {
+std::shared_ptr<Fp8Operand> fp8_linear_input_grad(RunContext& ctx, const Param& w,
+                                                  const Tensor& dy, Tensor& dx) {
   const Fp8Recipe r = w.fp8;
-  const Fp8Operand qdy = fp8_quantize(ctx, dy, a_axis(r, false), Fp8Format::E5M2);
+  const bool tensorwise = r == Fp8Recipe::Tensorwise;
+  auto qdy = std::make_shared<Fp8Operand>(fp8_quantize(
+      ctx, dy, a_axis(r, false), Fp8Format::E5M2, tensorwise ? Fp8Codes::Both : Fp8Codes::Plain));
   const Fp8Operand qw = weight_operand(ctx, w, b_axis(r, false));
-  gemm(ctx, r, false, false, dy.rows, w.cols(), w.rows(), qdy, qw, dx);
+  gemm(ctx, r, false, false, dy.rows, w.cols(), w.rows(), *qdy, qw, dx);
+  if (!tensorwise) return nullptr;
+  qdy->drop_plain_codes();  // the weight grad reads dY^T
+  return qdy;
 }
 
 void fp8_linear_weight_grad(RunContext& ctx, const Param& w, const Tensor& x, const Tensor& dy,
-                            Tensor& dw) {
+                            Tensor& dw, const Fp8Operand* x_scales, const Fp8Operand* dy_codes) {
   const Fp8Recipe r = w.fp8;
-  const Fp8Operand qdy = fp8_quantize(ctx, dy, a_axis(r, true), Fp8Format::E5M2);
-  const Fp8Operand qx = fp8_quantize(ctx, x, b_axis(r, false), Fp8Format::E4M3);
-  gemm(ctx, r, true, false, w.rows(), w.cols(), x.rows, qdy, qx, dw);
+  // dW = dY^T X: A = dY^T [out, tokens] and B with op(B) = X, i.e. X^T [in, tokens] in the
+  // [n, k] layout: both are the transposed codes, so the GEMM transposes nothing.
+  Fp8Operand qdy;
+  if (dy_codes && dy_codes->data_t)
+    qdy = *dy_codes;
+  else
+    qdy = fp8_quantize(ctx, dy, a_axis(r, true), Fp8Format::E5M2, Fp8Codes::Transposed);
+  const bool reuse = x_scales && x_scales->amax && r == Fp8Recipe::Tensorwise;
+  const Fp8Operand qx = fp8_quantize(ctx, x, b_axis(r, false), Fp8Format::E4M3,
+                                     Fp8Codes::Transposed, reuse ? x_scales : nullptr);
+  ctx.device->fp8_gemm(ctx.compute, false, true, w.rows(), w.cols(), x.rows, qdy.device_t(),
+                       qx.device_t(), r == Fp8Recipe::Rowwise, dw.data, dw.dtype);
 }
 
 int enable_fp8(Model& model, Fp8Recipe recipe) {

@@ -9,25 +9,52 @@
 
 namespace fsdp::nn {
 
-// One GEMM operand in fp8: its codes and inverse scales (one, or one per row or column).
+// One GEMM operand in fp8: its codes as they are ([rows, cols]) and/or transposed
+// ([cols, rows], the layout in which cuBLASLt reads an operand the GEMM transposes), its amaxes
+// and inverse scales (one, or one per row or column). Each part has its own storage, so the
+// plain codes can go once their GEMM ran while the transposed ones wait for the weight grad.
 struct Fp8Operand {
-  std::shared_ptr<Storage> storage;  // owns both (null for a view of FSDP's gathered weight)
+  std::shared_ptr<Storage> codes, codes_t, scales;  // null for a view of FSDP's gathered weight
   const uint8_t* data = nullptr;
+  const uint8_t* data_t = nullptr;
+  const float* amax = nullptr;
   const float* scale_inv = nullptr;
   Fp8Format format = Fp8Format::E4M3;
   Device::Fp8Operand device() const { return {data, format, scale_inv}; }
+  Device::Fp8Operand device_t() const { return {data_t, format, scale_inv}; }
+  void drop_plain_codes() {
+    codes.reset();
+    data = nullptr;
+  }
 };
 
+enum class Fp8Codes { Plain, Transposed, Both };  // which of the two layouts to write
+
 // x [rows, cols] in ctx.act_dtype cast to `f`, scaled per tensor or along `axis`: its amax,
-// then the cast, on the compute stream.
-Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Device::Fp8Axis axis, Fp8Format f);
+// then the cast, on the compute stream. With `amax_of` (an earlier quantization of the same
+// values along the same axis) its amax serves and the amax pass is skipped.
+Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Device::Fp8Axis axis, Fp8Format f,
+                        Fp8Codes codes = Fp8Codes::Plain, const Fp8Operand* amax_of = nullptr);
 
 // y = x W^T, dx = dy W, dw = dy^T x, all three in fp8 (E4M3 for x and W, E5M2 for dy). The
 // weight comes from FSDP's float8 all-gather when it brought one (tensorwise), else it is
 // cast from w.value.
-void fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x, Tensor& y);
-void fp8_linear_input_grad(RunContext& ctx, const Param& w, const Tensor& dy, Tensor& dx);
+//
+// Note [Fp8 operands reused by the weight grad]: the weight grad reads dY^T and X^T, which
+// cuBLASLt takes only as transposed codes. Tensorwise, dY's scale is the same for dX and dW,
+// so the input grad casts dY once into both layouts and hands them on; X's amax is the
+// forward's, kept (a few bytes, not the codes), so the weight grad casts X^T in one pass.
+// Rowwise scales run along other axes there, so the weight grad takes its own amaxes, still
+// writing the transposed codes directly. Either way no separate transpose pass is left.
+//
+// fp8_linear_forward returns x's scales for the weight grad (empty when it cannot reuse them);
+// fp8_linear_input_grad returns dy's codes likewise; fp8_linear_weight_grad takes either, or
+// null.
+std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x,
+                                               Tensor& y);
+std::shared_ptr<Fp8Operand> fp8_linear_input_grad(RunContext& ctx, const Param& w,
+                                                  const Tensor& dy, Tensor& dx);
 void fp8_linear_weight_grad(RunContext& ctx, const Param& w, const Tensor& x, const Tensor& dy,
-                            Tensor& dw);
+                            Tensor& dw, const Fp8Operand* x_scales, const Fp8Operand* dy_codes);
 
 }  // namespace fsdp::nn

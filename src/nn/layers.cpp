@@ -83,7 +83,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
   }
   if (weight().fp8 != Fp8Recipe::None) {
     d.set_label(op_label("fwd", "fp8 gemm"));
-    fp8_linear_forward(ctx, weight(), x, y);
+    fp8_x_scales_ = fp8_linear_forward(ctx, weight(), x, y);
   } else {
     d.set_label(op_label("fwd", "gemm"));
     d.gemm(ctx.compute, false, true, x.rows, out_, in_, 1.0f, x.data, weight().value.data,
@@ -98,12 +98,13 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
-void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy) {
+void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy,
+                          const Fp8Operand* fp8_x, const Fp8Operand* fp8_dy) {
   Device& d = *ctx.device;
   Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, out_, in_, MemTag::Grad);
   if (weight().fp8 != Fp8Recipe::None) {
     d.set_label(op_label("bwd", "fp8 gemm dW"));
-    fp8_linear_weight_grad(ctx, weight(), x, dy, dw);
+    fp8_linear_weight_grad(ctx, weight(), x, dy, dw, fp8_x, fp8_dy);
   } else {
     d.set_label(op_label("bwd", "gemm dW"));
     d.gemm(ctx.compute, true, false, out_, in_, x.rows, 1.0f, dy.data, x.data, ctx.act_dtype,
@@ -132,11 +133,12 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out, bool input_g
     saved_y_ = Tensor{};
   }
   Tensor dx;
+  std::shared_ptr<Fp8Operand> fp8_dy;
   if (input_grad) {  // the first block's dX would be a whole GEMM for nothing
     dx = new_act(ctx, dy.rows, in_);
     if (weight().fp8 != Fp8Recipe::None) {
       d.set_label(op_label("bwd", "fp8 gemm dX"));
-      fp8_linear_input_grad(ctx, weight(), dy, dx);
+      fp8_dy = fp8_linear_input_grad(ctx, weight(), dy, dx);
     } else {
       d.set_label(op_label("bwd", "gemm dX"));
       d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,
@@ -146,10 +148,13 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out, bool input_g
   if (defer_weight_grad) {
     deferred_x_ = std::move(saved_x_);
     deferred_dy_ = dy;
+    deferred_fp8_x_ = std::move(fp8_x_scales_);
+    deferred_fp8_dy_ = std::move(fp8_dy);
   } else {
-    weight_grads(ctx, saved_x_, dy);
+    weight_grads(ctx, saved_x_, dy, fp8_x_scales_.get(), fp8_dy.get());
   }
   saved_x_ = Tensor{};
+  fp8_x_scales_.reset();
   return dx;
 }
 
@@ -157,19 +162,23 @@ void Linear::restore_saved_input(Tensor x) {
   FSDP_CHECK(x.cols == in_, "Linear ", fqn(), ": a remade input of ", x.cols, " features, not ",
              in_);
   saved_x_ = std::move(x);
+  fp8_x_scales_.reset();  // remade values: the weight grad takes their amax afresh
 }
 
 void Linear::drop_own_saved(ActivationCheckpoint what) {
   if (what != ActivationCheckpoint::Full) return;
   saved_x_ = Tensor{};
   saved_y_ = Tensor{};
+  fp8_x_scales_.reset();
 }
 
 void Linear::flush_deferred_grads(RunContext& ctx) {
   if (!deferred_dy_.defined()) return;
-  weight_grads(ctx, deferred_x_, deferred_dy_);
+  weight_grads(ctx, deferred_x_, deferred_dy_, deferred_fp8_x_.get(), deferred_fp8_dy_.get());
   deferred_x_ = Tensor{};
   deferred_dy_ = Tensor{};
+  deferred_fp8_x_.reset();
+  deferred_fp8_dy_.reset();
 }
 
 // ---- Act

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "transformer_ops_util.h"
@@ -47,8 +48,11 @@ std::vector<float> bytes_as_floats(Buffers& b, const uint8_t* q, int64_t n) {
   return std::vector<float>(bytes.begin(), bytes.end());
 }
 
+// 37 x 203 takes the generic kernel; 80 x 72 and 128 x 192 the tiles of Note [Fp8 cast tiles]
+// (partial and whole), each with and without the transposed codes.
 TEST_F(CudaFp8, CastsAgreeBitForBitWithTheCpu) {
-  const int64_t rows = 37, cols = 203;
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{37, 203}, {80, 72}, {128, 192}})
+  for (bool transposed : {false, true})
   for (Axis axis : {Axis::Tensor, Axis::Rows, Axis::Cols})
     for (DType t : {DType::F32, DType::BF16})
       for (DType value_t : {DType::F32, DType::BF16})
@@ -59,17 +63,24 @@ TEST_F(CudaFp8, CastsAgreeBitForBitWithTheCpu) {
           const int64_t scales = axis == Axis::Tensor ? 1 : axis == Axis::Rows ? rows : cols;
           const std::string what = std::string("fp8_cast ") + fp8_format_name(f) + " " +
                                    dtype_name(t) + " via " + dtype_name(value_t) + " axis " +
-                                   std::to_string(static_cast<int>(axis));
+                                   std::to_string(static_cast<int>(axis)) + " " +
+                                   std::to_string(rows) + "x" + std::to_string(cols) +
+                                   (transposed ? " with q_t" : "");
           compare_with_cpu(what, [&](Buffers& b) {
             void* dx = b.upload(t, x);
             auto* amax = static_cast<float*>(b.poisoned(DType::F32, scales));
             auto* scale_inv = static_cast<float*>(b.poisoned(DType::F32, scales));
             auto* q = static_cast<uint8_t*>(b.alloc(static_cast<size_t>(rows * cols)));
+            auto* q_t = transposed ? static_cast<uint8_t*>(b.alloc(static_cast<size_t>(rows * cols)))
+                                   : nullptr;
             b.device().fp8_amax(b.stream(), dx, t, rows, cols, axis, amax);
-            b.device().fp8_cast(b.stream(), dx, t, value_t, rows, cols, axis, amax, f, q, scale_inv);
-            return std::vector<Output>{{"amax", b.read(amax, DType::F32, scales), kExact},
-                                       {"scale_inv", b.read(scale_inv, DType::F32, scales), kExact},
-                                       {"codes", bytes_as_floats(b, q, rows * cols), kExact}};
+            b.device().fp8_cast(b.stream(), dx, t, value_t, rows, cols, axis, amax, f, q, q_t,
+                                scale_inv);
+            std::vector<Output> out{{"amax", b.read(amax, DType::F32, scales), kExact},
+                                    {"scale_inv", b.read(scale_inv, DType::F32, scales), kExact},
+                                    {"codes", bytes_as_floats(b, q, rows * cols), kExact}};
+            if (q_t) out.push_back({"transposed codes", bytes_as_floats(b, q_t, rows * cols), kExact});
+            return out;
           });
         }
 }
@@ -110,10 +121,10 @@ TEST_F(CudaFp8, GemmMatchesTheCpuInEveryLayout) {
               auto* sb = static_cast<float*>(b.poisoned(DType::F32, 2 * n));
               d.fp8_amax(b.stream(), da, DType::BF16, a_rows, a_cols, a_axis, sa);
               d.fp8_cast(b.stream(), da, DType::BF16, DType::BF16, a_rows, a_cols, a_axis, sa,
-                         fa, qa, sa + m);
+                         fa, qa, nullptr, sa + m);
               d.fp8_amax(b.stream(), db, DType::BF16, b_rows, b_cols, b_axis, sb);
               d.fp8_cast(b.stream(), db, DType::BF16, DType::BF16, b_rows, b_cols, b_axis, sb,
-                         fb, qb, sb + n);
+                         fb, qb, nullptr, sb + n);
               void* c = b.poisoned(c_t, m * n);
               d.fp8_gemm(b.stream(), trans_a, trans_b, m, n, k, {qa, fa, sa + m},
                          {qb, fb, sb + n}, rowwise, c, c_t);
@@ -141,10 +152,10 @@ TEST_F(CudaFp8, GemmAtLlama1bsForwardShape) {
                             scales + 3 * kFp8ScaleSlot};
     d.fp8_amax(b.stream(), da, DType::BF16, m, k, Axis::Tensor, slot[0]);
     d.fp8_cast(b.stream(), da, DType::BF16, DType::BF16, m, k, Axis::Tensor, slot[0],
-               Fp8Format::E4M3, qa, slot[1]);
+               Fp8Format::E4M3, qa, nullptr, slot[1]);
     d.fp8_amax(b.stream(), dw, DType::BF16, n, k, Axis::Tensor, slot[2]);
     d.fp8_cast(b.stream(), dw, DType::BF16, DType::BF16, n, k, Axis::Tensor, slot[2],
-               Fp8Format::E4M3, qw, slot[3]);
+               Fp8Format::E4M3, qw, nullptr, slot[3]);
     void* c = b.poisoned(DType::BF16, m * n);
     d.fp8_gemm(b.stream(), false, true, m, n, k, {qa, Fp8Format::E4M3, slot[1]},
                {qw, Fp8Format::E4M3, slot[3]}, false, c, DType::BF16);

@@ -10,6 +10,8 @@
 
 namespace fsdp::nn {
 
+struct Fp8Operand;  // src/nn/fp8_linear.h
+
 // The RMSNorm epsilon of the resmlp and moe blocks' pre-norms (as the transformer's).
 constexpr float kNormEps = 1e-5f;
 
@@ -41,7 +43,10 @@ class Linear : public Module {
   // checkpointing]) drops it when its producer is cheap to run again, and hands the remade
   // input back before this backward.
   bool has_saved_input() const { return saved_x_.defined(); }
-  void drop_saved_input() { saved_x_ = Tensor{}; }
+  void drop_saved_input() {
+    saved_x_ = Tensor{};
+    fp8_x_scales_.reset();
+  }
   void restore_saved_input(Tensor x);
 
  protected:
@@ -50,11 +55,14 @@ class Linear : public Module {
   void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
-  void weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy);
+  void weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy,
+                    const Fp8Operand* fp8_x = nullptr, const Fp8Operand* fp8_dy = nullptr);
   int64_t in_, out_;
   Tensor saved_x_;
   Tensor saved_y_;  // fused_relu: the output, whose sign is the ReLU's mask
   Tensor deferred_x_, deferred_dy_;
+  // fp8: what the weight grad reuses (Note [Fp8 operands reused by the weight grad]).
+  std::shared_ptr<Fp8Operand> fp8_x_scales_, deferred_fp8_x_, deferred_fp8_dy_;
 };
 
 class Act : public Module {

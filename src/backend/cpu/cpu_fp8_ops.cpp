@@ -75,10 +75,11 @@ void CpuDevice::fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_t
 
 void CpuDevice::fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_t rows,
                          int64_t cols, Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
-                         float* scale_inv) {
+                         uint8_t* q_t, float* scale_inv) {
   const char* op = "fp8_cast";
   check_fp8_shape(op, x, t, rows, cols);
-  FSDP_CHECK(amax != nullptr && (rows * cols == 0 || q != nullptr), op, ": a null buffer");
+  FSDP_CHECK(amax != nullptr && (rows * cols == 0 || q != nullptr || q_t != nullptr), op,
+             ": a null buffer");
   enqueue(s, OpKind::Kernel, [=] {
     const int64_t n = amax_count(axis, rows, cols);
     std::vector<float> scale(static_cast<size_t>(n));
@@ -90,7 +91,10 @@ void CpuDevice::fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) {
           const float v = round_to(io.load(x, r * cols + c), value_t);
-          q[r * cols + c] = float_to_fp8(v * scale[static_cast<size_t>(amax_index(axis, r, c))], f);
+          const uint8_t code =
+              float_to_fp8(v * scale[static_cast<size_t>(amax_index(axis, r, c))], f);
+          if (q) q[r * cols + c] = code;
+          if (q_t) q_t[c * rows + r] = code;
         }
     });
   });

@@ -38,11 +38,12 @@ void CudaDevice::fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_
 
 void CudaDevice::fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_t rows,
                           int64_t cols, Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
-                          float* scale_inv) {
+                          uint8_t* q_t, float* scale_inv) {
   check_fp8_input("fp8_cast", x, t, rows, cols);
-  FSDP_CHECK(amax != nullptr && (rows * cols == 0 || q != nullptr), "fp8_cast: a null buffer");
+  FSDP_CHECK(amax != nullptr && (rows * cols == 0 || q != nullptr || q_t != nullptr),
+             "fp8_cast: a null buffer");
   OpScope op(*this, s, OpKind::Kernel);
-  kernels::fp8_cast(op.stream(), x, t, value_t, rows, cols, axis, amax, f, q, scale_inv);
+  kernels::fp8_cast(op.stream(), x, t, value_t, rows, cols, axis, amax, f, q, q_t, scale_inv);
 }
 
 void CudaDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

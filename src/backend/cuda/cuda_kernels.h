@@ -167,7 +167,7 @@ void fp8_amax(cudaStream_t stream, const void* x, DType t, int64_t rows, int64_t
               Device::Fp8Axis axis, float* amax);
 void fp8_cast(cudaStream_t stream, const void* x, DType t, DType value_t, int64_t rows,
               int64_t cols, Device::Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
-              float* scale_inv);
+              uint8_t* q_t, float* scale_inv);
 void transpose_u8(cudaStream_t stream, const uint8_t* src, int64_t rows, int64_t cols,
                   uint8_t* dst);
 // c[i, j] = acc[i, j] * row_scale[i] * col_scale[j], as c_t: rowwise scales applied after an
