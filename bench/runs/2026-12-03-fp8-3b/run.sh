@@ -5,7 +5,9 @@
 set -u
 source bench/gpu_call.sh
 gpu_call_begin fp8-3b fsdp_tool
-SHAPE="--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn-dim 8192 --seq-len 8192 --tokens 16384 \
---steps 10 --warmup 3"
-run_llama b3_bf16 $SHAPE --fp8 none
-run_llama b3_fp8_tensorwise $SHAPE --fp8 tensorwise
+# run_llama's llama1b flags with the 3.0B's shape in their place (each flag once).
+LLAMA1B="--model transformer --layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn-dim 8192 \
+--seq-len 8192 --vocab 32000 --param-dtype bf16 --data data/pydocs-4k --eval-every 0 --lr 3e-4 \
+--min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 5 --optimizer-in-backward 0"
+run_llama b3_bf16 --tokens 16384 --fp8 none
+run_llama b3_fp8_tensorwise --tokens 16384 --fp8 tensorwise
