@@ -421,6 +421,21 @@ TEST(SimBackend, BadCalibrationFilesFailInOneLineNamingTheKey) {
   bad = good;
   bad.replace(bad.find("\"nt\""), 4, "\"xy\"");
   EXPECT_NE(error_of(bad).find("'gemm.table[0].layout' must be one of"), std::string::npos);
+  EXPECT_EQ(c.fp8.tensorwise, 0);  // no fp8 rate: --fp8 is refused (Note [Simulated fp8])
+  bad = good;
+  bad.replace(bad.find("\"table\""), 7, R"("fp8": {"tensorwise": 0}, "table")");
+  EXPECT_NE(error_of(bad).find("'gemm.fp8.tensorwise' must be > 0"), std::string::npos)
+      << error_of(bad);
+  bad = good;
+  bad.replace(bad.find("\"table\""), 7, R"("fp8": {"rowwise_outer_vector": 1}, "table")");
+  EXPECT_NE(error_of(bad).find("'gemm.fp8.rowwise_outer_vector' must be true or false"),
+            std::string::npos) << error_of(bad);
+  bad = good;
+  bad.replace(bad.find("\"table\""), 7,
+              R"("fp8": {"rowwise": 0.7, "rowwise_outer_vector": false}, "table")");
+  const Calibration f = parse_calibration(bad, "c.json");
+  EXPECT_EQ(f.fp8.rowwise, 0.7);
+  EXPECT_FALSE(f.fp8.rowwise_outer_vector);
   EXPECT_THROW(read_calibration("/nonexistent/calibration.json"), UserError);
   EXPECT_THROW(read_calibration("/"), UserError);
 }

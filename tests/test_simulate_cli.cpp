@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -74,6 +75,74 @@ TEST(SimulateCli, BadInputFailsInOneLine) {
   EXPECT_EQ(r.code, 1);
   EXPECT_EQ(r.output, "fsdp: error: calibration file '" + bad + "': 'version' must be 1\n");
   std::filesystem::remove(bad);
+}
+
+// --fp8 and --fp8-all-gather are train's flags (Note [Simulated fp8]): the run says what it
+// models, and the JSON which recipe and all-gather it simulated.
+TEST(SimulateCli, Fp8RunsAndSaysWhatItModels) {
+  const std::string json = temp_path("fp8.json");
+  const std::string args = "simulate --model transformer --param-dtype bf16 --gpus 2 "
+                           "--calibration " + kCalibration + " --json " + json + " --fp8 ";
+  CommandResult r = run_fsdp_command(args + "tensorwise");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("fp8 tensorwise: the blocks' GEMMs at 0.729 x their bf16 time (the "
+                          "calibration's gemm.fp8), casts and transposes as memory-bound passes; "
+                          "float8 all-gather\n"),
+            std::string::npos) << r.output;
+  nlohmann::json s = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(s["fp8"], "tensorwise");
+  EXPECT_EQ(s["fp8_all_gather"], true);
+  r = run_fsdp_command(args + "tensorwise --fp8-all-gather 0");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("; bf16 all-gather\n"), std::string::npos) << r.output;
+  s = nlohmann::json::parse(std::ifstream(json));
+  EXPECT_EQ(s["fp8_all_gather"], false);
+  r = run_fsdp_command(args + "rowwise");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("fp8 rowwise: the blocks' GEMMs at 0.736 x"), std::string::npos)
+      << r.output;
+  std::filesystem::remove(json);
+}
+
+// What train refuses with --fp8, simulate refuses in the same line (the same checks); and,
+// as train --backend cuda does, sizes that cuBLASLt's fp8 GEMMs cannot take, and a
+// calibration without an fp8 rate.
+TEST(SimulateCli, Fp8RefusalsAreTrainsInOneLine) {
+  const std::string cal = " --calibration " + kCalibration;
+  const std::string same_as_train[] = {
+      "--model transformer --param-dtype fp32 --fp8 tensorwise",
+      "--model mlp --param-dtype bf16 --fp8 tensorwise",
+      "--model transformer --param-dtype bf16 --fp8 tensorwise --optimizer-in-forward 1",
+      "--model transformer --param-dtype bf16 --fp8 tensorwise --reshard-after-forward 2",
+      "--model transformer --param-dtype bf16 --fp8 bogus",
+  };
+  for (const std::string& a : same_as_train) {
+    const CommandResult train = run_fsdp_command("train --backend cpu --world-size 2 " + a);
+    const CommandResult sim = run_fsdp_command("simulate --gpus 2 " + a + cal);
+    EXPECT_NE(sim.code, 0) << a;
+    EXPECT_EQ(sim.code, train.code) << a;
+    EXPECT_EQ(sim.output, train.output) << a;
+    EXPECT_EQ(std::count(sim.output.begin(), sim.output.end(), '\n'), 1) << sim.output;
+    EXPECT_EQ(sim.output.rfind("fsdp: error: --fp8", 0), 0u) << sim.output;
+  }
+  EXPECT_EQ(run_fsdp_command("simulate --gpus 2 --model transformer --param-dtype fp32 --fp8 "
+                             "tensorwise" + cal).output,
+            "fsdp: error: --fp8 needs --param-dtype bf16 (its GEMMs take and give bf16), got "
+            "fp32\n");
+  EXPECT_EQ(run_fsdp_command("simulate --model transformer --param-dtype bf16 --fp8 rowwise "
+                             "--tokens 24 --seq-len 8" + cal).output,
+            "fsdp: error: --fp8 on CUDA needs the tokens per micro-batch (24) to be a multiple "
+            "of 16 (cuBLASLt's fp8 GEMMs)\n");
+  const std::string bare = temp_path("no_fp8.json");
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(kCalibration));
+  j["gemm"].erase("fp8");
+  std::ofstream(bare) << j.dump();
+  const CommandResult r = run_fsdp_command(
+      "simulate --model transformer --param-dtype bf16 --fp8 tensorwise --calibration " + bare);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.output, "fsdp: error: --fp8 tensorwise cannot be simulated with calibration '" +
+                          bare + "': it has no fp8 GEMM rate (gemm.fp8.tensorwise)\n");
+  std::filesystem::remove(bare);
 }
 
 }  // namespace

@@ -241,6 +241,11 @@ int run_simulate(SimulateOptions& o) {
       static_cast<int64_t>(so.calibration.device_memory_gib * 1024.0 * 1024.0 * 1024.0),
       &plan_line);
   check_writable("--cost-log", o.cost_log_path);
+  try {
+    runtime::check_simulated_config(so.calibration, config);
+  } catch (const OptionError& e) {  // Note [Options checked once]
+    throw UserError(e.spelled(flag_of));
+  }
 
   if (o.nvlink_gbps > 0) so.calibration.nvlink.scale_to(o.nvlink_gbps);
   if (o.net_gbps > 0) so.calibration.network.scale_to(o.net_gbps);
@@ -265,6 +270,14 @@ int run_simulate(SimulateOptions& o) {
               "schedule (docs/simulate.md)\n", o.gpus - 1, o.gpus);
   std::printf("losses and grad norms: not computed (the simulation does no arithmetic)\n");
   if (!plan_line.empty()) std::printf("%s\n", plan_line.c_str());
+  if (config.fp8 != Fp8Recipe::None) {  // Note [Simulated fp8]
+    const bool rowwise = config.fp8 == Fp8Recipe::Rowwise;
+    std::printf("fp8 %s: the blocks' GEMMs at %.3f x their bf16 time (the calibration's "
+                "gemm.fp8), casts and transposes as memory-bound passes; %s all-gather\n",
+                fp8_recipe_name(config.fp8),
+                rowwise ? so.calibration.fp8.rowwise : so.calibration.fp8.tensorwise,
+                !rowwise && config.fp8_all_gather ? "float8" : "bf16");
+  }
   std::fflush(stdout);
   runtime::RankResult result;
   sim::CostLog costs;
@@ -275,6 +288,9 @@ int run_simulate(SimulateOptions& o) {
                             {"gpus_per_node", o.gpus_per_node},
                             {"calibration", o.calibration_path},
                             {"device", so.calibration.device},
+                            {"fp8", fp8_recipe_name(config.fp8)},
+                            {"fp8_all_gather",
+                             config.fp8 == Fp8Recipe::Tensorwise && config.fp8_all_gather},
                             {"simulated_rank", o.gpus - 1},
                             {"step", to_json(base)},
                             {"memory_plan", config.memory_plan},
@@ -294,6 +310,9 @@ int run_simulate(SimulateOptions& o) {
       try {
         runtime::check_train_config(s.config, o.gpus);
         done.push_back(simulate_step(so, s.config));
+      } catch (const OptionError& e) {  // in the flags' names (Note [Options checked once])
+        std::printf("%-90s not valid: %s\n", s.name.c_str(), e.spelled(flag_of).c_str());
+        continue;
       } catch (const UserError& e) {
         std::printf("%-90s not valid: %s\n", s.name.c_str(), e.what());
         continue;

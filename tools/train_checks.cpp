@@ -385,6 +385,7 @@ runtime::TrainConfig simulate_config_of(const TrainOptions& o, int gpus, int64_t
     apply_hf_model(o, run);
     resolve_defaults(o, run.config);
     runtime::check_train_config(run.config, gpus);
+    check_fp8_sizes_for_cuda(run.config);  // the simulated GPUs run CUDA's fp8 GEMMs
     run.backend = "sim";
     run.world = gpus;
     apply_memory_budget(o, run, capacity);

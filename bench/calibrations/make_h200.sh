@@ -74,7 +74,7 @@ cal["notes"] = [
     "kernel_sharing and memory_kernel_sharing: fitted on the in-step op times of traced steps (the sources list them).",
     "From h200_seed.json, which nothing measured replaces (its notes say where each comes "
     f"from): host launch costs, kernel_min_us, memory.gbps, memory.host_copy_gbps, memory.by_op "
-    f"{', '.join(from_seed)}, attention's default TFLOP/s, links.nvlink.latency_us and "
+    f"{', '.join(from_seed)}, attention's default TFLOP/s, gemm.fp8, links.nvlink.latency_us and "
     "links.network.",
 ]
 with open(out, "w") as f:

@@ -8,6 +8,10 @@
 
 namespace fsdp::runtime {
 
+// What the simulation cannot run with this calibration, as an OptionError (fp8 recipes it
+// has no rate for); run_simulated_training checks it first.
+void check_simulated_config(const sim::Calibration& calibration, const TrainConfig& config);
+
 // Trains the simulated rank of `world` (Note [Symmetric ranks]) on the calling thread, which
 // must drive no other device, and returns its result.
 RankResult run_simulated_training(sim::SimWorld& world, const TrainConfig& config,

@@ -231,6 +231,20 @@ Calibration parse_calibration(const std::string& text, const std::string& source
       c.grouped_gemm_factor[static_cast<size_t>(layout_of(r, json(name), "gemm.grouped_factor." + name))] =
           r.number(v, "gemm.grouped_factor." + name, 0.1, 10);
   }
+  if (const json& f = Reader::member(gemm, "fp8"); !f.is_null()) {
+    r.object(f, "gemm.fp8");
+    for (const auto& [name, v] : f.items()) {
+      const std::string key = "gemm.fp8." + name;
+      if (name == "tensorwise" || name == "rowwise")
+        (name == "tensorwise" ? c.fp8.tensorwise : c.fp8.rowwise) = r.number(v, key, 0, 10, true);
+      else if (name == "rowwise_outer_vector" && v.is_boolean())
+        c.fp8.rowwise_outer_vector = v.get<bool>();
+      else
+        r.fail(key, name == "rowwise_outer_vector"
+                        ? "must be true or false"
+                        : "is not a key of gemm.fp8 (tensorwise, rowwise, rowwise_outer_vector)");
+    }
+  }
   if (const json& rows = Reader::member(gemm, "table"); !rows.is_null()) {
     r.array(rows, "gemm.table");
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -283,6 +297,7 @@ Calibration ideal_calibration(double memory_gbps, double tflops, double link_gbp
   c.memory_gbps = memory_gbps;
   c.host_copy_gbps = memory_gbps;
   for (DType t : {DType::BF16, DType::F32}) c.gemm_default_tflops[t] = tflops;
+  c.fp8.tensorwise = c.fp8.rowwise = 0.5;  // fp8's dense peak is twice bf16's
   c.attention_forward_tflops = c.attention_backward_tflops = tflops;
   c.nvlink.busbw = {{1.0, link_gbps}};
   c.network.busbw = {{1.0, link_gbps}};
@@ -296,7 +311,8 @@ Calibration ideal_calibration(double memory_gbps, double tflops, double link_gbp
 // at the copy bandwidth (a skinny GEMM is memory-bound); then the layout's in-step factor. A
 // grouped GEMM is one kernel: its groups' times add up (less the kernel minimum each would pay
 // alone), scaled by the layout's grouped factor (cuBLAS's grouped GEMM is measured slower than
-// the same GEMMs one by one).
+// the same GEMMs one by one). An fp8 GEMM is the bf16 GEMM of its call at the calibrated
+// ratio (Note [Simulated fp8]).
 // Attention is the same over (batch * heads, seq, head_dim) with the causal flops. A
 // memory-bound kernel takes its bytes at its op class's measured bandwidth (the copy
 // bandwidth when the class has none). The classes are the Device methods' names
@@ -321,6 +337,14 @@ double gemm_us(const Calibration& c, DType ab_t, int64_t m, int64_t n, int64_t k
                         static_cast<double>(m) * n) * esize;
   const double us = std::max(flops / eff, bytes / (c.memory_gbps * 1e3));
   return std::max(c.kernel_min_us, us) * c.gemm_in_step_factor[static_cast<size_t>(layout & 3)];
+}
+
+double fp8_gemm_us(const Calibration& c, bool rowwise, int64_t m, int64_t n, int64_t k,
+                   int layout) {
+  const double ratio = rowwise ? c.fp8.rowwise : c.fp8.tensorwise;
+  FSDP_CHECK(ratio > 0, "the calibration has no fp8 ", rowwise ? "rowwise" : "tensorwise",
+             " GEMM rate (gemm.fp8)");
+  return std::max(c.kernel_min_us, ratio * gemm_us(c, DType::BF16, m, n, k, layout));
 }
 
 double grouped_gemm_us(const Calibration& c, DType ab_t, const GemmShape* groups, int count,

@@ -24,6 +24,11 @@
 //    in_step_factor scales a layout's GEMMs for what they lose to the kernels beside them in a
 //    real step, grouped_factor a grouped GEMM (one call for many, as the MoE experts issue
 //    them) for what it loses to the same GEMMs one by one (both 1 when absent);
+//    "fp8" (optional): {"tensorwise", "rowwise": the time of Device::fp8_gemm's GEMM kernel
+//    over the bf16 GEMM's of the same shape and layout, per recipe; "rowwise_outer_vector":
+//    whether cuBLASLt takes rowwise scales itself (true when absent), else each rowwise GEMM
+//    also runs the fp32 pass of Note [Rowwise fp8 without outer-vector scales]}; without it
+//    --fp8 is not simulated (Note [Simulated fp8] in sim_fp8_ops.cpp);
 //  - "attention": {"forward": [...], "backward": [...]}, rows {"batch", "seq", "heads",
 //    "kv_heads", "head_dim", "us"}, and "default_tflops_forward" / "_backward";
 //  - "links": {"nvlink": L, "network": L}, L = {"base_us": once per collective (launch and
@@ -65,6 +70,12 @@ struct LinkCurve {
   double peak_gbps() const;
 };
 
+// Note [Simulated fp8]: what an fp8 GEMM costs against the bf16 GEMM of the same call.
+struct Fp8GemmRates {
+  double tensorwise = 0, rowwise = 0;  // time ratios; 0: not calibrated
+  bool rowwise_outer_vector = true;
+};
+
 struct Calibration {
   std::string device = "unknown";
   std::string source;  // the file it was read from ("" for a built-in one)
@@ -81,6 +92,7 @@ struct Calibration {
   std::array<double, 4> gemm_in_step_factor{1, 1, 1, 1};  // by layout
   std::array<double, 4> grouped_gemm_factor{1, 1, 1, 1};  // by layout
   std::vector<GemmSample> gemms;
+  Fp8GemmRates fp8;
   std::vector<AttentionSample> attention_forward, attention_backward;
   double attention_forward_tflops = 300, attention_backward_tflops = 250;
   LinkCurve nvlink, network;
@@ -103,6 +115,10 @@ struct GemmShape {
 };
 double grouped_gemm_us(const Calibration& c, DType ab_t, const GemmShape* groups, int count,
                        int layout);
+// The GEMM kernel of Device::fp8_gemm (Note [Simulated fp8]): the bf16 GEMM of the same
+// shape and layout at the calibration's fp8 ratio for the recipe (which must be calibrated).
+double fp8_gemm_us(const Calibration& c, bool rowwise, int64_t m, int64_t n, int64_t k,
+                   int layout);
 // Causal attention, grouped-query; forward or backward.
 double attention_us(const Calibration& c, bool backward, int64_t batch, int64_t seq,
                     int64_t heads, int64_t kv_heads, int64_t head_dim);

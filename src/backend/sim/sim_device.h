@@ -157,6 +157,14 @@ class SimDevice final : public cpu::StreamDevice {
                       void* out) override;
   void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
                        int64_t ffn, void* dh) override;
+  // ---- fp8 (sim_fp8_ops.cpp, Note [Simulated fp8])
+  void fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_t cols, Fp8Axis axis,
+                float* amax) override;
+  void fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_t rows, int64_t cols,
+                Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
+                float* scale_inv) override;
+  void fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                Fp8Operand a, Fp8Operand b, bool rowwise, void* c, DType c_t) override;
   void spin(Stream s, double microseconds) override;
 
  private:
