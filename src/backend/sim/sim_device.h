@@ -161,7 +161,7 @@ class SimDevice final : public cpu::StreamDevice {
   void fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_t cols, Fp8Axis axis,
                 float* amax) override;
   void fp8_cast(Stream s, const void* x, DType t, DType value_t, int64_t rows, int64_t cols,
-                Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q,
+                Fp8Axis axis, const float* amax, Fp8Format f, uint8_t* q, uint8_t* q_t,
                 float* scale_inv) override;
   void fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                 Fp8Operand a, Fp8Operand b, bool rowwise, void* c, DType c_t) override;

@@ -51,12 +51,16 @@ void SimDevice::fp8_amax(Stream s, const void*, DType t, int64_t rows, int64_t c
 }
 
 void SimDevice::fp8_cast(Stream s, const void*, DType t, DType, int64_t rows, int64_t cols,
-                         Fp8Axis axis, const float* amax, Fp8Format, uint8_t* q, float* scale_inv) {
+                         Fp8Axis axis, const float* amax, Fp8Format, uint8_t* q, uint8_t* q_t,
+                         float* scale_inv) {
   check_input("fp8_cast", t, rows, cols);
-  FSDP_CHECK(amax != nullptr && (rows * cols == 0 || q != nullptr), "fp8_cast: a null buffer");
+  FSDP_CHECK(amax != nullptr && (rows * cols == 0 || q != nullptr || q_t != nullptr),
+             "fp8_cast: a null buffer");
   const double scales = d(scale_count(axis, rows, cols));
+  // x read once; one byte written per element for each layout asked for (Note [Fp8 cast tiles]).
+  const double layouts = (q ? 1 : 0) + (q_t ? 1 : 0);
   memory_op(s, "fp8_cast",
-            d(rows) * d(cols) * (d(dtype_size(t)) + 1) + 4 * scales * (scale_inv ? 2 : 1));
+            d(rows) * d(cols) * (d(dtype_size(t)) + layouts) + 4 * scales * (scale_inv ? 2 : 1));
 }
 
 void SimDevice::fp8_gemm(Stream s, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
