@@ -269,6 +269,35 @@ std::vector<Collective> only(const std::vector<Collective>& log, CollectiveKind 
   return out;
 }
 
+// Note [Float8 all-gather]'s copy-out: the codes join the rest of the group in one fused
+// copy-out, as the bf16 gather's, so each copy-out label has as many ops either way (a copy
+// per rank and weight before). With an odd FFN width (w2's rows of 41 codes are not whole
+// bf16 units) it copies rank by rank, and both layouts give the bf16 gather's bits.
+TEST(Fp8AllGather, TheCopyOutIsOneFusedCopyPerGroup) {
+  auto copy_outs = [](const runtime::RankResult& r) {
+    std::map<std::string, int> n;
+    for (const TimelineOp& op : r.timeline.ops)
+      if (op.label.rfind("AG copy-out ", 0) == 0 && op.kind != OpKind::Wait) ++n[op.label];
+    return n;
+  };
+  runtime::TrainConfig c = fp8_config(Fp8Recipe::Tensorwise, 2);
+  c.timeline = true;
+  const auto fp8 = run_fsdp(4, c);
+  c.fp8_all_gather = false;
+  const auto bf16 = run_fsdp(4, c);
+  const auto n8 = copy_outs(fp8[0]), n16 = copy_outs(bf16[0]);
+  EXPECT_GE(n8.size(), 3u);
+  EXPECT_EQ(n8, n16);
+  for (int ffn : {40, 41}) {
+    runtime::TrainConfig odd = fp8_config(Fp8Recipe::Tensorwise, 2);
+    odd.model.ffn_dim = ffn;
+    const auto a = run_fsdp(3, odd);
+    odd.fp8_all_gather = false;
+    const auto b = run_fsdp(3, odd);
+    expect_bitwise(a[0], b[0], "ffn " + std::to_string(ffn));
+  }
+}
+
 // The tiny transformer on 2 ranks: a block's params per rank are 16 of each norm weight (bf16
 // either way) and, for wqkv [64, 32], wo [32, 32], w13 [80, 32] and w2 [32, 40], 32, 16, 40
 // and 16 rows: 3456 elements. bf16: (3456 + 32) * 2 = 6976 bytes; fp8: 3456 + 32 * 2 = 3520,
