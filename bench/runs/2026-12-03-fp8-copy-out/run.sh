@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The float8 all-gather's codes in the fused copy-out, on one H200 (about 2 minutes):
 #   bash bench/runs/2026-12-03-fp8-copy-out/run.sh
-# the fp8 GPU tests and llama1b at 4 x 2048 tokens with --fp8 tensorwise.
+# the fp8 GPU tests and llama1b at 4 x 2048 tokens with --fp8 tensorwise. Not run yet.
 set -u
 source bench/gpu_call.sh
 gpu_call_begin fp8-copy-out fsdp_tool fsdp_gpu_tests
