@@ -378,6 +378,14 @@ nlohmann::json summarize_results(const std::string& backend, int world,
   return j;
 }
 
+namespace {
+int64_t total_params(const nn::ModelConfig& model) {
+  int64_t n = 0;
+  for (int64_t c : models::unit_param_counts(model)) n += c;
+  return n;
+}
+}  // namespace
+
 int run_train(const TrainOptions& o) {
   const TrainRun run = train_run_of(o);
   set_option_spelling(flag_of);  // Note [Out of memory]: advice in the flags' names
@@ -386,6 +394,14 @@ int run_train(const TrainOptions& o) {
   if (!run.why.empty())
     std::printf("backend: %s (--backend auto: %s)\n", backend.c_str(), run.why.c_str());
   if (!run.memory_plan_line.empty()) std::printf("%s\n", run.memory_plan_line.c_str());
+  // Before the first step each rank makes (or loads) its params and, with --offload, pins the
+  // optimizer's host state: at billions of params that takes a while, said here.
+  if (const int64_t params = total_params(config.model); params >= int64_t{1000000000}) {
+    std::printf("model: %.2fB params; setting up their shards%s before the first step\n",
+                static_cast<double>(params) * 1e-9,
+                config.offload_optimizer ? " and the optimizer's pinned host state" : "");
+    std::fflush(stdout);
+  }
   StepPrinterOptions po;
   po.steps = config.steps;
   po.world = run.world;

@@ -7,6 +7,7 @@
 #include "fsdp/nn/transformer.h"
 #include "fsdp/synthetic.h"
 #include "nn/fp8_linear.h"
+#include "nn/host_chunks.h"
 
 namespace fsdp::nn {
 
@@ -27,7 +28,10 @@ Tensor ones(RunContext& ctx, int64_t n) {
 
 std::vector<float> uniform_init(uint64_t seed, int64_t n, float bound) {
   std::vector<float> v(static_cast<size_t>(n));
-  for (int64_t j = 0; j < n; ++j) v[j] = synthetic_uniform(seed, static_cast<uint64_t>(j), bound);
+  for_each_host_chunk(n, int64_t{1} << 18, [&](int64_t first, int64_t last) {
+    for (int64_t j = first; j < last; ++j)
+      v[static_cast<size_t>(j)] = synthetic_uniform(seed, static_cast<uint64_t>(j), bound);
+  });
   return v;
 }
 

@@ -8,6 +8,7 @@
 #include "fsdp/error.h"
 #include "fsdp/synthetic.h"
 #include "fsdp/nn/layers.h"
+#include "nn/host_chunks.h"
 
 namespace fsdp::nn {
 
@@ -111,14 +112,17 @@ std::vector<float> normal_init(uint64_t seed, int64_t n, float std) {
   // Box-Muller on the pair (2m, 2m+1) of the stream gives elements 2m and 2m+1.
   std::vector<float> v(static_cast<size_t>(n));
   const uint64_t state = seed * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;
-  for (int64_t m = 0; 2 * m < n; ++m) {
-    const double u1 = static_cast<double>((splitmix64_at(state, 2 * m) >> 11) + 1) * 0x1p-53;
-    const double u2 = static_cast<double>(splitmix64_at(state, 2 * m + 1) >> 11) * 0x1p-53;
-    const double radius = std::sqrt(-2.0 * std::log(u1)) * std;
-    const double angle = 2.0 * std::numbers::pi * u2;
-    v[static_cast<size_t>(2 * m)] = static_cast<float>(radius * std::cos(angle));
-    if (2 * m + 1 < n) v[static_cast<size_t>(2 * m + 1)] = static_cast<float>(radius * std::sin(angle));
-  }
+  // Pairs in parallel (Note [Initial values in parallel] in nn/host_chunks.h).
+  for_each_host_chunk((n + 1) / 2, int64_t{1} << 18, [&](int64_t first, int64_t last) {
+    for (int64_t m = first; m < last; ++m) {
+      const double u1 = static_cast<double>((splitmix64_at(state, 2 * m) >> 11) + 1) * 0x1p-53;
+      const double u2 = static_cast<double>(splitmix64_at(state, 2 * m + 1) >> 11) * 0x1p-53;
+      const double radius = std::sqrt(-2.0 * std::log(u1)) * std;
+      const double angle = 2.0 * std::numbers::pi * u2;
+      v[static_cast<size_t>(2 * m)] = static_cast<float>(radius * std::cos(angle));
+      if (2 * m + 1 < n) v[static_cast<size_t>(2 * m + 1)] = static_cast<float>(radius * std::sin(angle));
+    }
+  });
   return v;
 }
 

@@ -23,7 +23,7 @@ row() {  # NAME FLAGS...
              --steps 10 --warmup 3 --param-dtype bf16 --data data/pydocs-4k --eval-every 0 $RECIPE
              --optimizer-in-backward 0 "$@" --quiet --json "$R/$name.json")
   echo "${cmd[*]}" > "$R/$name.cmd"
-  timeout 110 "${cmd[@]}" > "$R/$name.log" 2>&1
+  timeout "${ROW_TIMEOUT:-110}" "${cmd[@]}" > "$R/$name.log" 2>&1
   echo "$name rc=$? at $((SECONDS - T0)) s: $(grep -m1 '^memory plan' "$R/$name.log") $(tail -1 "$R/$name.log")"
 }
 declare -A FLAGS=(

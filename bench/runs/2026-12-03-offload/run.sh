@@ -41,7 +41,7 @@ L8B="--model transformer --layers 32 --dim 4096 --heads 32 --kv-heads 8 --ffn-di
 cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 6 --warmup 2 $L8B --offload optimizer
      --json "$R/llama8b_offload.json" --trace "$R/llama8b_offload.trace.json")
 echo "${cmd[*]}" > "$R/llama8b_offload.cmd"
-timeout 200 "${cmd[@]}" > "$R/llama8b_offload.log" 2>&1
+timeout "${OFFLOAD_TIMEOUT:-200}" "${cmd[@]}" > "$R/llama8b_offload.log" 2>&1
 echo "llama8b offload rc=$? at $((SECONDS - T0)) s"; tail -4 "$R/llama8b_offload.log"
 python3 -c "import json; j=json.load(open('$R/llama8b_offload.json')); print({k: j.get(k) for k in ('error', 'step_ms_median', 'mfu', 'peak_mem_bytes', 'backend_peak_bytes', 'losses')})" 2>&1 | tail -1
 # The step's parts from the trace: each track's busy time per traced step (waits left out),
@@ -81,7 +81,7 @@ PY
 cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 2 --warmup 0 $L8B
      --json "$R/llama8b_device.json")
 echo "${cmd[*]}" > "$R/llama8b_device.cmd"
-timeout 120 "${cmd[@]}" > "$R/llama8b_device.log" 2>&1
+timeout "${DEVICE_TIMEOUT:-120}" "${cmd[@]}" > "$R/llama8b_device.log" 2>&1
 echo "llama8b without offload rc=$? at $((SECONDS - T0)) s: lines $(grep -c . "$R/llama8b_device.log")"
 tail -2 "$R/llama8b_device.log"
 python3 -c "import json; j=json.load(open('$R/llama8b_device.json')); print({k: j.get(k) for k in ('error', 'peak_mem_bytes', 'step_ms_median')})" 2>&1 | tail -1
