@@ -1,0 +1,1 @@
+build-gpu/fsdp train --backend cuda --nproc 1 --steps 2 --warmup 0 --model transformer --layers 32 --dim 4096 --heads 32 --kv-heads 8 --ffn-dim 14336 --vocab 32000 --seq-len 4096 --tokens 4096 --param-dtype bf16 --activation-checkpointing full --optimizer-in-backward 0 --clip-grad-norm 0 --json /tmp/offload/llama8b_device.json
