@@ -55,6 +55,21 @@ try:  # PyTorch >= 2.6
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 except ImportError:  # older releases kept FSDP2 under _composable
     from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard
+
+
+def offload_policy(a):
+    """fully_shard's keyword for --cpu-offload: FSDP2's CPUOffloadPolicy keeps the sharded
+    params, their grads and the optimizer's state in pinned host memory, and the optimizer
+    (the same AdamW, fused on the CPU) steps there."""
+    if not getattr(a, "cpu_offload", False):
+        return {}
+    try:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+    except ImportError:
+        from torch.distributed._composable.fsdp import CPUOffloadPolicy
+    return {"offload_policy": CPUOffloadPolicy(pin_memory=True)}
+
+
 try:
     from torch.distributed.tensor import DTensor
 except ImportError:
@@ -377,9 +392,10 @@ class LlamaSpec:
         init_weights(model, a.seed)
 
     def shard(self, model, a, mp):
+        extra = offload_policy(a)
         for block in model.layers:
-            fully_shard(block, mp_policy=mp, reshard_after_forward=bool(a.reshard_after_forward))
-        fully_shard(model, mp_policy=mp)
+            fully_shard(block, mp_policy=mp, reshard_after_forward=bool(a.reshard_after_forward), **extra)
+        fully_shard(model, mp_policy=mp, **extra)
 
     def loss(self, model, inputs, labels):
         return loss_of(model, inputs, labels)
@@ -428,6 +444,8 @@ def parse_args(spec):
     t.add_argument("--reshard-after-forward", type=int, choices=(0, 1), default=1,
                    help="reshard_after_forward of the blocks (the root keeps its default)")
     t.add_argument("--compile", action="store_true", help="torch.compile each block")
+    t.add_argument("--cpu-offload", action="store_true",
+                   help="FSDP2's CPUOffloadPolicy: params, grads and AdamW on the host (as --offload optimizer)")
     t.add_argument("--activation-checkpointing", choices=("none", "full"), default="none",
                    help="full: every block recomputes its forward in backward")
     t.add_argument("--init-from", default=None, help="safetensors with Hugging Face Llama names")
@@ -598,6 +616,7 @@ def main(spec=None):
             "reduce_dtype": "fp32",
             "compile": a.compile,
             "activation_checkpointing": a.activation_checkpointing,
+            "cpu_offload": a.cpu_offload,
             "steps": a.steps,
             "bench_warmup": a.bench_warmup,
             "seed": a.seed,
