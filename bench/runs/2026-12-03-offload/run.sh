@@ -46,37 +46,7 @@ echo "llama8b offload rc=$? at $((SECONDS - T0)) s"; tail -4 "$R/llama8b_offload
 python3 -c "import json; j=json.load(open('$R/llama8b_offload.json')); print({k: j.get(k) for k in ('error', 'step_ms_median', 'mfu', 'peak_mem_bytes', 'backend_peak_bytes', 'losses')})" 2>&1 | tail -1
 # The step's parts from the trace: each track's busy time per traced step (waits left out),
 # and how much of the host step and the transfers ran while compute was busy (the overlap).
-python3 - "$R/llama8b_offload.trace.json" "$R/llama8b_offload.json" <<'PY' 2>&1 | tail -12
-import json, sys
-trace, summary = (json.load(open(p)) for p in sys.argv[1:3])
-names, spans = {}, {}
-for e in trace["traceEvents"]:
-    if e.get("ph") == "M" and e.get("name") == "thread_name" and e.get("pid") == 0:
-        names[e["tid"]] = e["args"]["name"]
-for e in trace["traceEvents"]:
-    if e.get("ph") == "X" and e.get("pid") == 0 and e.get("cat") != "wait":
-        spans.setdefault(names.get(e["tid"], str(e["tid"])), []).append((e["ts"], e["ts"] + e["dur"]))
-def merged(v):
-    out = []
-    for a, b in sorted(v):
-        if out and a <= out[-1][1]: out[-1][1] = max(out[-1][1], b)
-        else: out.append([a, b])
-    return out
-def busy(v): return sum(b - a for a, b in v)
-def overlap(u, v):
-    i = j = 0; t = 0.0
-    while i < len(u) and j < len(v):
-        t += max(0.0, min(u[i][1], v[j][1]) - max(u[i][0], v[j][0]))
-        if u[i][1] < v[j][1]: i += 1
-        else: j += 1
-    return t
-steps = max(1, len(summary.get("losses", [])) - summary.get("warmup", 2))
-compute = merged(spans.get("compute", []))
-print(f"step_ms_median {summary.get('step_ms_median')}  mfu {summary.get('mfu')}  traced steps {steps}")
-for track in sorted(spans):
-    m = merged(spans[track])
-    print(f"{track:>16}: busy {busy(m) / 1e3 / steps:9.1f} ms/step, beside compute {overlap(m, compute) / 1e3 / steps:9.1f} ms/step")
-PY
+python3 bench/trace_tracks.py "$R/llama8b_offload.trace.json" "$R/llama8b_offload.json" 2>&1 | tail -12
 
 cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 2 --warmup 0 $L8B
      --json "$R/llama8b_device.json")
