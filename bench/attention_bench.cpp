@@ -3,7 +3,9 @@
 // FSDP_ATTENTION=simt selects), then RMSNorm (alone and fused with the residual add), the
 // cross-entropy loss over the logits, RoPE, SwiGLU and the embedding, at the llama1b
 // shape (dim 2048, 32 heads, 4 kv heads, head_dim 64, ffn 5632, vocab 32000), bf16.
-// Usage: build/bench/attention_bench [batch=4] [seq=2048] [reps=20]
+// Usage: build/bench/attention_bench [batch=4] [seq=2048] [reps=20] [heads kv_heads head_dim]
+// With the three head sizes given, only cuDNN's attention runs, at that shape (GQA against MHA:
+// the same heads with kv_heads = heads).
 // Attention FLOPs count the causal half: forward 2 matmuls x 2 b h s^2 d / 2, backward 5 of them.
 // Memory ops report the bytes they must read and write over their time (GB/s).
 #include <algorithm>
@@ -63,8 +65,13 @@ void report_bytes(const std::string& what, double ms, double bytes) {
   std::printf("%-44s %9.3f ms  %7.1f GB/s\n", what.c_str(), ms, bytes / (ms * 1e-3) / 1e9);
 }
 
-void bench_attention(Device& d, const char* path, int64_t batch, int64_t seq, int reps) {
-  const int64_t heads = 32, kv_heads = 4, hd = 64, rows = batch * seq;
+struct Heads {
+  int64_t heads = 32, kv_heads = 4, head_dim = 64;  // llama1b's
+};
+
+void bench_attention(Device& d, const char* path, int64_t batch, int64_t seq, int reps,
+                     Heads h = {}) {
+  const int64_t heads = h.heads, kv_heads = h.kv_heads, hd = h.head_dim, rows = batch * seq;
   const int64_t ld = (heads + 2 * kv_heads) * hd, ldo = heads * hd;
   const DType t = DType::BF16;
   const Stream s = d.create_stream("bench", StreamPriority::Normal);
@@ -86,7 +93,9 @@ void bench_attention(Device& d, const char* path, int64_t batch, int64_t seq, in
                          dqkv + (heads + kv_heads) * hd * 2);
   };
   const double matmul_flops = 2.0 * batch * heads * seq * seq * hd / 2;  // causal half
-  const std::string shape = " b" + std::to_string(batch) + " s" + std::to_string(seq);
+  const std::string shape = " b" + std::to_string(batch) + " s" + std::to_string(seq) + " h" +
+                            std::to_string(heads) + "/" + std::to_string(kv_heads) + " d" +
+                            std::to_string(hd);
   const double fwd = median_ms(d, reps, forward);
   report_flops(std::string("attention fwd ") + path + shape, fwd, 2 * matmul_flops);
   forward();
@@ -187,6 +196,18 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 1 ? std::atoll(argv[1]) : 4;
   const int64_t seq = argc > 2 ? std::atoll(argv[2]) : 2048;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 20;
+  if (argc > 6) {
+    const Heads h{std::atoll(argv[4]), std::atoll(argv[5]), std::atoll(argv[6])};
+    if (batch < 1 || seq < 1 || reps < 1 || h.heads < 1 || h.kv_heads < 1 || h.head_dim < 1 ||
+        h.heads % h.kv_heads != 0) {
+      std::fprintf(stderr, "attention_bench: batch, seq, reps and the head sizes must be positive, "
+                           "and heads a multiple of kv_heads\n");
+      return 2;
+    }
+    return fsdp::bench::run_on_gpu("attention_bench", [&](fsdp::Device& d) {
+      bench_attention(d, "cudnn", batch, seq, reps, h);
+    });
+  }
   // Each part runs on its own device, so a failure in one (reported as one line) leaves the
   // others measured; the exit status is the worst of the three.
   int rc = fsdp::bench::run_on_gpu(
