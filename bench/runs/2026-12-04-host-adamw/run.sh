@@ -10,8 +10,8 @@
 #     tokens, full checkpointing, AdamW (0.9/0.999, weight decay 0.1), clipping 1.0, 10 steps
 #     timed after 3: ours with --offload optimizer beside PyTorch FSDP2 with CPUOffloadPolicy
 #     (bench/torch_llama.py --cpu-offload: its params, grads and fused AdamW on the host). The
-#     8B shape is not run on FSDP2: its fp32 params, grads and AdamW state on the host are
-#     8.0B x 16 bytes = 128 GB, the whole of this machine's 128 GiB.
+#     8B shape is not run on FSDP2 here: its fp32 params, grads and AdamW state on the host
+#     are 7.24B x 16 bytes = 116 GB of this machine's 128 GiB.
 set -u
 source bench/gpu_call.sh
 gpu_call_begin host-adamw fsdp_tool fsdp_gpu_tests

@@ -1,0 +1,1 @@
+build-gpu/fsdp train --backend cuda --nproc 1 --model transformer --layers 34 --dim 5120 --heads 40 --kv-heads 8 --ffn-dim 13824 --vocab 32000 --seq-len 4096 --tokens 4096 --param-dtype bf16 --activation-checkpointing full --optimizer-in-backward 0 --clip-grad-norm 0 --steps 3 --warmup 1 --json /tmp/largest-offload/l34_device.json
