@@ -39,7 +39,6 @@ costs, the network, the kernel minimum). The inputs:
 """
 import argparse
 import collections
-import gzip
 import json
 import math
 import re
@@ -49,6 +48,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+from trace_op_totals import kind_of, load as load_json  # module names dropped, gzip or not
 
 MEMORY_BOUND_MIN_BYTES = 1 << 20  # per op: below, the kernel minimum dominates
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "all_to_all")
@@ -60,16 +61,6 @@ def shown(path):
     return os.path.basename(path) if rel.startswith("..") else rel
 
 
-def kind_of(label):
-    # As bench/trace_op_totals.py: module names dropped ("RS layers.3" -> "RS").
-    words = [w for w in label.split() if not re.match(r"^(layers\.\d+\S*|root|head)$", w)]
-    return " ".join(words) or label
-
-
-def load_json(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)
 
 
 def json_lines(path):

@@ -8,14 +8,8 @@ SUMMARY.json is the same run's `--json`: its losses and warmup give the number o
 steps. Waits are left out: a track is busy when it runs work, not when it waits on an event.
 """
 import argparse
-import gzip
-import json
 
-
-def load(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return json.load(f)
+from trace_op_totals import load  # a trace or summary, gzipped or not
 
 
 def merged(spans):
