@@ -33,3 +33,19 @@ run_llama() {  # NAME ARGS...
   env ${FSDP_RUN_ENV:-} timeout 150 "${cmd[@]}" > "$R/$name.log" 2>&1
   echo "$name rc=$? at $((SECONDS - T0)) s: $(tail -1 "$R/$name.log")"
 }
+
+# The Llama-3.1-8B shape with its vocab at 32000 (7.24B params), 4096 tokens, bf16, full
+# checkpointing, no clipping: the optimizer offload's large row (docs/memory.md).
+L8B="--model transformer --layers 32 --dim 4096 --heads 32 --kv-heads 8 --ffn-dim 14336 \
+--vocab 32000 --seq-len 4096 --tokens 4096 --param-dtype bf16 --activation-checkpointing full \
+--optimizer-in-backward 0 --clip-grad-norm 0"
+
+run_llama8b_offload() {  # TIMEOUT: 6 steps after 2 with --offload optimizer, traced
+  local cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 6 --warmup 2 $L8B --offload optimizer
+             --json "$R/llama8b_offload.json" --trace "$R/llama8b_offload.trace.json")
+  echo "${cmd[*]}" > "$R/llama8b_offload.cmd"
+  timeout "$1" "${cmd[@]}" > "$R/llama8b_offload.log" 2>&1
+  echo "llama8b offload rc=$? at $((SECONDS - T0)) s"; tail -2 "$R/llama8b_offload.log"
+  # Each track's busy time per traced step, and how much of it ran beside compute.
+  python3 bench/trace_tracks.py "$R/llama8b_offload.trace.json" "$R/llama8b_offload.json" 2>&1 | tail -8
+}

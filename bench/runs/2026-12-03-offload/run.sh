@@ -35,18 +35,7 @@ for i, (x, y) in enumerate(zip(a["losses"], b["losses"])):
     print(f"step {i + 1}: cuda {x:.6f} cpu {y:.6f} rel {abs(x - y) / abs(y):.2e}")
 PY
 
-L8B="--model transformer --layers 32 --dim 4096 --heads 32 --kv-heads 8 --ffn-dim 14336 \
---vocab 32000 --seq-len 4096 --tokens 4096 --param-dtype bf16 --activation-checkpointing full \
---optimizer-in-backward 0 --clip-grad-norm 0"
-cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 6 --warmup 2 $L8B --offload optimizer
-     --json "$R/llama8b_offload.json" --trace "$R/llama8b_offload.trace.json")
-echo "${cmd[*]}" > "$R/llama8b_offload.cmd"
-timeout "${OFFLOAD_TIMEOUT:-200}" "${cmd[@]}" > "$R/llama8b_offload.log" 2>&1
-echo "llama8b offload rc=$? at $((SECONDS - T0)) s"; tail -4 "$R/llama8b_offload.log"
-python3 -c "import json; j=json.load(open('$R/llama8b_offload.json')); print({k: j.get(k) for k in ('error', 'step_ms_median', 'mfu', 'peak_mem_bytes', 'backend_peak_bytes', 'losses')})" 2>&1 | tail -1
-# The step's parts from the trace: each track's busy time per traced step (waits left out),
-# and how much of the host step and the transfers ran while compute was busy (the overlap).
-python3 bench/trace_tracks.py "$R/llama8b_offload.trace.json" "$R/llama8b_offload.json" 2>&1 | tail -12
+run_llama8b_offload "${OFFLOAD_TIMEOUT:-200}"
 
 cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 2 --warmup 0 $L8B
      --json "$R/llama8b_device.json")

@@ -18,15 +18,7 @@ gpu_call_begin host-adamw fsdp_tool fsdp_gpu_tests
 timeout 90 build-gpu/fsdp_gpu_tests --gtest_filter='CudaOptimizerOffload.*' > "$R/gpu_tests.log" 2>&1
 echo "gpu tests rc=$? at $((SECONDS - T0)) s"; grep -E "^\[  (PASSED|FAILED) |^peak" "$R/gpu_tests.log"
 
-L8B="--model transformer --layers 32 --dim 4096 --heads 32 --kv-heads 8 --ffn-dim 14336 \
---vocab 32000 --seq-len 4096 --tokens 4096 --param-dtype bf16 --activation-checkpointing full \
---optimizer-in-backward 0 --clip-grad-norm 0"
-cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 6 --warmup 2 $L8B --offload optimizer
-     --json "$R/llama8b_offload.json" --trace "$R/llama8b_offload.trace.json")
-echo "${cmd[*]}" > "$R/llama8b_offload.cmd"
-timeout "${OFFLOAD_TIMEOUT:-170}" "${cmd[@]}" > "$R/llama8b_offload.log" 2>&1
-echo "llama8b offload rc=$? at $((SECONDS - T0)) s"; tail -2 "$R/llama8b_offload.log"
-python3 bench/trace_tracks.py "$R/llama8b_offload.trace.json" "$R/llama8b_offload.json" 2>&1 | tail -8
+run_llama8b_offload "${OFFLOAD_TIMEOUT:-170}"
 gzip -9 "$R/llama8b_offload.trace.json"
 
 S3B="--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn-dim 8192 --seq-len 4096 --vocab 32000"
