@@ -196,7 +196,11 @@ int main(int argc, char** argv) {
   const int64_t batch = argc > 1 ? std::atoll(argv[1]) : 4;
   const int64_t seq = argc > 2 ? std::atoll(argv[2]) : 2048;
   const int reps = argc > 3 ? std::atoi(argv[3]) : 20;
-  if (argc > 6) {
+  if (argc == 5 || argc == 6 || argc > 7) {
+    std::fprintf(stderr, "attention_bench: the head sizes come as three: heads kv_heads head_dim\n");
+    return 2;
+  }
+  if (argc == 7) {
     const Heads h{std::atoll(argv[4]), std::atoll(argv[5]), std::atoll(argv[6])};
     if (batch < 1 || seq < 1 || reps < 1 || h.heads < 1 || h.kv_heads < 1 || h.head_dim < 1 ||
         h.heads % h.kv_heads != 0) {

@@ -61,8 +61,6 @@ def shown(path):
     return os.path.basename(path) if rel.startswith("..") else rel
 
 
-
-
 def json_lines(path):
     out = []
     with open(path) as f:

@@ -61,7 +61,7 @@ def offload_policy(a):
     """fully_shard's keyword for --cpu-offload: FSDP2's CPUOffloadPolicy keeps the sharded
     params, their grads and the optimizer's state in pinned host memory, and the optimizer
     (the same AdamW, fused on the CPU) steps there."""
-    if not getattr(a, "cpu_offload", False):
+    if not a.cpu_offload:
         return {}
     try:
         from torch.distributed.fsdp import CPUOffloadPolicy

@@ -282,16 +282,17 @@ class MoeSpec(base.LlamaSpec):
 
     def shard(self, model, a, mp):
         raf = bool(a.reshard_after_forward)
+        extra = base.offload_policy(a)
         for block in model.layers:
             if isinstance(block, MoeBlock):
                 experts = base.fully_shard(block.moe.experts, mesh=self.efsdp_mesh, mp_policy=mp,
-                                           reshard_after_forward=raf)
+                                           reshard_after_forward=raf, **extra)
                 # torchtitan: the experts' grads sum their ep group's tokens already; the grad of
                 # the mean loss over dp ranks divides the efsdp sum by dp.
                 if a.ep > 1:  # with ep 1 the efsdp mesh is dp: the default average is this
                     experts.set_gradient_divide_factor(float(self.world))
-            base.fully_shard(block, mesh=self.dp_mesh, mp_policy=mp, reshard_after_forward=raf)
-        base.fully_shard(model, mesh=self.dp_mesh, mp_policy=mp)
+            base.fully_shard(block, mesh=self.dp_mesh, mp_policy=mp, reshard_after_forward=raf, **extra)
+        base.fully_shard(model, mesh=self.dp_mesh, mp_policy=mp, **extra)
 
     def loss(self, model, inputs, labels):
         ce = base.loss_of(model, inputs, labels)
