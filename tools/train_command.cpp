@@ -139,6 +139,11 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
                  "0 | 1: step each group's shard in the next forward, just before its "
                  "all-gather, on the all-gather stream (clipping works)")
       ->check(CLI::Range(0, 1));
+  app.add_option("--zero-grad-set-to-none", o.zero_grad_set_to_none,
+                 "0 | 1: free the grad shards after each step, as FSDP2's zero_grad(set_to_none="
+                 "True) (-1: on unless --cuda-graph, --offload or the optimizer in forward or "
+                 "backward, which keep them)")
+      ->check(CLI::Range(-1, 1));
   o.offload_opt = app.add_option("--offload", o.offload,
                  "none | optimizer: fp32 master weights and the optimizer's state in host "
                  "memory, each group's step on the host once its grad has come down "
@@ -237,6 +242,7 @@ nlohmann::json settings_json(const runtime::TrainConfig& c) {
       {"optimizer_in_backward", c.optimizer_in_backward},
       {"optimizer_in_forward", c.optimizer_in_forward},
       {"offload", c.offload_optimizer ? "optimizer" : "none"},
+      {"zero_grad_set_to_none", c.zero_grad_set_to_none},
       {"prefetch_next_step", c.prefetch_next_step},
       {"rs_max_input_buffers", c.rs_max_input_buffers},
       {"activation_checkpointing", c.activation_checkpoint.to_string()},

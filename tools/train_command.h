@@ -35,6 +35,7 @@ struct TrainOptions {
   std::optional<int> warmup_steps;
   int optimizer_in_backward = -1;  // -1: on exactly when clipping is off
   int optimizer_in_forward = 0;
+  int zero_grad_set_to_none = -1;  // -1: on wherever it applies (Note [Grads set to none])
   std::string offload = "none";     // --offload none | optimizer (Note [Optimizer offload])
   int64_t host_memory_limit_mib = 0;  // --host-memory-limit-mib (0: MemAvailable)
   int reshard_after_forward = 1, separate_rs_group = 0, prefetch_next_step = 1, norm = 1;

@@ -270,6 +270,20 @@ std::vector<ShardedGroupView> sharded_groups(FsdpModule& root, bool with_grads =
 // root's finalize fills the groups that got none. So read grad shards after a backward.
 void zero_sharded_grads(FsdpModule& root);
 
+// Note [Grads set to none]
+// FSDP2's optimizer.zero_grad(set_to_none=True): frees every grad shard, stream-ordered on s.
+// No grad memory is then held from the optimizer step to each group's next reduce-scatter,
+// which makes its shard again (or the root's finalize does, zeroed, for a group that got none):
+// in forward and at the loss a rank holds its params and optimizer state only, and the grads
+// come back one group at a time through backward. The pointers sharded_groups gave are stale
+// after it; grad_shards gives the current ones (after the next backward, every group's).
+// The trainer does this unless the step is a CUDA graph (whose addresses are fixed), the
+// optimizer is in forward (it reads the grads in the next forward) or offloaded.
+void release_sharded_grads(FsdpModule& root, Stream s);
+// Each group's grad shard now, in sharded_groups(root) order (nullptr: none made since the
+// last release_sharded_grads).
+std::vector<float*> grad_shards(FsdpModule& root);
+
 // Gathers the full fp32 value of every param (for checks and checkpoints); collective.
 std::vector<std::vector<float>> gather_full_params(FsdpModule& root, Stream compute);
 

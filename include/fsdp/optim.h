@@ -58,8 +58,11 @@ class Optimizer {
   void begin_step(Stream s, float lr);
   // Note [Early grad norm] (fsdp.h): tensor `index`'s sum of squares, on s, once its grad is
   // final for the step. Optional; compute_grad_squares sums the rest.
-  // `grad` must be the tensor's grad (the shard the optimizer reads).
+  // `grad` becomes the tensor's grad (the shard this step reads: Note [Grads set to none]).
   void add_grad_square(Stream s, int index, const float* grad);
+  // Note [Grads set to none] (fsdp.h): the grads the step reads, one per tensor in order
+  // (ignored for a tensor made without one); each must be non-null where the tensor has one.
+  void rebind_grads(const std::vector<float*>& grads);
   // Sums of squares of every grad not summed early this step, then all-reduced per mesh
   // (Note [Global grad norm]).
   void compute_grad_squares(Stream s);
@@ -93,6 +96,7 @@ class Optimizer {
   void launch(Stream s, const OptimTensor* t, int count, const StepScalars* scalars,
               GradSquares sq);
   void end_step();  // step() and OptimizerInForward::defer: the begun step is closed
+  void set_grad(int index, const float* grad);
 
   Device& device_;
   OptimizerConfig config_;

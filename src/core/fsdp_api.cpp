@@ -214,6 +214,22 @@ void zero_sharded_grads(FsdpModule& root) {
   });
 }
 
+void release_sharded_grads(FsdpModule& root, Stream s) {
+  root.module().visit([s](Module& m) {
+    if (FsdpState* st = core::state_of(m))
+      for (auto& g : st->groups) g->release_grad_shard(s);
+  });
+}
+
+std::vector<float*> grad_shards(FsdpModule& root) {
+  std::vector<float*> out;
+  root.module().visit([&](Module& m) {
+    if (FsdpState* st = core::state_of(m))
+      for (auto& g : st->groups) out.push_back(g->shard_grad());
+  });
+  return out;
+}
+
 std::vector<std::vector<float>> gather_full_params(FsdpModule& root, Stream compute) {
   std::vector<std::vector<float>> out;
   Device& d = root.state().mesh.device();

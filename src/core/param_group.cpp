@@ -82,6 +82,12 @@ float* ParamGroup::ensure_grad_shard(Stream s) {
   return shard_grad_;
 }
 
+void ParamGroup::release_grad_shard(Stream s) {
+  if (shard_grad_) device_->free(shard_grad_, s);
+  shard_grad_ = nullptr;
+  grad_shard_zero_ = true;
+}
+
 void ParamGroup::lazy_init(std::shared_ptr<CommContext> context, const std::string& label,
                            int ordinal) {
   ctx_ = std::move(context);
@@ -222,7 +228,9 @@ void ParamGroup::reshard(Stream compute, bool post_forward) {
 }
 
 void ParamGroup::materialize_zero_grad(Stream compute) {
-  if (!grad_shard_zero_ || ctx_->optimizer_in_backward) return;
+  // A micro-batch without gradient sync reduced nothing: the zeros wait for the last one,
+  // whose reduce-scatter then writes the shard (and, freed, makes it: Note [Grads set to none]).
+  if (!grad_shard_zero_ || ctx_->optimizer_in_backward || !owner_->requires_gradient_sync) return;
   ensure_grad_shard(compute);
   device_->fill(compute, shard_grad_, DType::F32, layout_.shard_numel, 0.0f);
   grad_shard_zero_ = false;

@@ -57,6 +57,9 @@ class ParamGroup {
   void mark_grad_shard_zero() { grad_shard_zero_ = true; }
   // For groups that got no reduce-scatter since the last mark: make the zeros real.
   void materialize_zero_grad(Stream compute);
+  // zero_grad(set_to_none=True): frees the grad shard, stream-ordered on s; the next
+  // reduce-scatter (or materialize_zero_grad) makes it again (Note [Grads set to none]).
+  void release_grad_shard(Stream s);
 
   Mesh& mesh() const { return *mesh_; }
   int index() const { return index_; }

@@ -101,11 +101,25 @@ void Optimizer::set_step_count(int64_t steps) {
 void Optimizer::add_grad_square(Stream s, int index, const float* grad) {
   FSDP_CHECK(index >= 0 && index < static_cast<int>(tensors_.size()) && slot_of_[index] >= 0,
              "optimizer tensor ", index, " has no grad to square");
-  FSDP_CHECK(grad == tensors_[index].grad, "grad of optimizer tensor ", index,
-             " is not the buffer the optimizer reads");
+  set_grad(index, grad);
   device_.set_label("grad norm");
   device_.sum_squares(s, &grad, &tensors_[index].numel, 1, grad_sq_ + slot_of_[index]);
   squared_early_[index] = true;
+}
+
+void Optimizer::set_grad(int index, const float* grad) {
+  FSDP_CHECK(grad, "optimizer tensor ", index, " has a null grad");
+  tensors_[static_cast<size_t>(index)].grad = grad;
+  for (MeshTensors& m : meshes_)
+    for (size_t i = 0; i < m.tensors.size(); ++i)
+      if (m.tensors[i] == index) m.grads[i] = grad;
+}
+
+void Optimizer::rebind_grads(const std::vector<float*>& grads) {
+  FSDP_CHECK(grads.size() == tensors_.size(), "rebind_grads got ", grads.size(),
+             " grads for ", tensors_.size(), " optimizer tensors");
+  for (size_t i = 0; i < grads.size(); ++i)
+    if (slot_of_[i] >= 0) set_grad(static_cast<int>(i), grads[i]);
 }
 
 void Optimizer::compute_grad_squares(Stream s) {

@@ -65,7 +65,12 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
   const int64_t device_states = c.offload_optimizer ? 0 : states;
   const int64_t dense_params = total_ - expert_params_;
   const int64_t shard_numel = ceil_div(dense_params, world) + ceil_div(expert_params_, expert_world_);
-  const double sharded = static_cast<double>(shard_numel * (2 + device_states) * 4);
+  // Note [Grads set to none]: freed after each step, a grad shard lives from its group's
+  // reduce-scatter to the optimizer step only; otherwise it is part of the sharded state.
+  const bool grads_freed = c.zero_grad_set_to_none;
+  const double grads = static_cast<double>(shard_numel) * 4;
+  const double sharded = static_cast<double>(shard_numel * (1 + device_states) * 4) +
+                         (grads_freed ? 0 : grads);
   // Micro-batches but the last skip the gradient sync: every unit accumulates its unsharded
   // grads in fp32 from the first micro-batch's backward to the last's (the GradAccum tag).
   const double accumulated = c.micro_batches > 1 ? static_cast<double>(total_) * 4 : 0;
@@ -110,14 +115,22 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
   //   reduce-scatter]). n runs to k: past it the ring holds no more, and the saved sets
   //   only shrink.
   // An RS output of its own (shard x r) exists unless the reduce-scatter writes the fp32 grad
-  // shard itself (Note [Lazy zero grad]): with a bf16 reduce, or into grads that micro-batches
-  // accumulated.
-  const bool rs_output = world > 1 && (c.micro_batches > 1 || c.reduce_dtype != DType::F32);
-  double in_backward = 0, below = all_kept, reduced = 0;
-  for (int n = 0; n < layers && n <= c.rs_max_input_buffers; ++n) {
+  // shard itself (Note [Lazy zero grad]): with a bf16 reduce. (Micro-batches without the sync
+  // reduce nothing, so the last one's reduce-scatter writes the shard as one batch's does.)
+  const bool rs_output = world > 1 && c.reduce_dtype != DType::F32;
+  // With the grads freed, those of the blocks done (their shards) grow through backward, so
+  // every block is a candidate, and so is the optimizer step: all grads and nothing else.
+  double in_backward = grads_freed ? grads : 0, below = all_kept, reduced = 0, grads_done = 0;
+  for (int n = 0; n < layers && (grads_freed || n <= c.rs_max_input_buffers); ++n) {
     const int j = layers - 1 - n;
     below -= kept[j];
-    if (n > 0) reduced += static_cast<double>(units_[j + 1]);  // its fp32 accumulator is freed
+    if (n > 0) {
+      reduced += static_cast<double>(units_[j + 1]);  // its fp32 accumulator is freed
+      if (grads_freed)
+        grads_done += 4.0 * static_cast<double>(
+                                ceil_div(units_[j + 1] - block_experts_[j + 1], world) +
+                                ceil_div(block_experts_[j + 1], expert_world_));
+    }
     const double whole =
         family.block_saved_bytes_per_token(m, j, c.param_dtype, ActivationCheckpoint::None);
     const double work = family.block_backward_bytes_per_token(m, j, c.param_dtype);
@@ -140,7 +153,8 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
                                         (rs_output && n > 0 ? largest_block / world * r : 0)
                                   : 0;
     const double accumulators = accumulated > 0 ? accumulated - 4 * reduced : 0;
-    const double before = tokens * (below + whole) + held + root_grads + ring + accumulators;
+    const double before =
+        tokens * (below + whole) + held + root_grads + ring + accumulators + grads_done;
     in_backward = std::max(in_backward, before + tokens * work + 0.25 * dense * p);
     if (experts > 0)
       in_backward = std::max(

@@ -55,6 +55,18 @@ void check_train_config(const TrainConfig& c, int world_size) {
   FSDP_OPTION_CHECK(!(c.offload_optimizer && c.cuda_graph), offload,
                     " optimizer cannot run in a captured step (", OptionName{"cuda_graph"},
                     "): its host steps and transfers are not graph work");
+  // Note [Grads set to none]: the grads must outlive the step, or have fixed addresses.
+  if (c.zero_grad_set_to_none) {
+    const OptionName none{"zero_grad_set_to_none"};
+    FSDP_OPTION_CHECK(!c.cuda_graph, none, " cannot run in a captured step (",
+                      OptionName{"cuda_graph"}, "): the graph's grad addresses are fixed");
+    FSDP_OPTION_CHECK(!c.optimizer_in_forward, none, " and ", OptionName{"optimizer_in_forward"},
+                      " exclude each other: the next forward reads the grads");
+    FSDP_OPTION_CHECK(!c.offload_optimizer, none, " and ", offload,
+                      " optimizer exclude each other: the grads go down after the step is issued");
+    FSDP_OPTION_CHECK(!c.optimizer_in_backward, none, " and ", in_backward,
+                      " exclude each other: the optimizer in backward keeps no grads to free");
+  }
   check_checkpoint_options(c.checkpoint);
   const nn::ModelConfig model = models::resolved(c.model);  // the family's size checks
   const models::ModelFamily& family = models::family(model.kind);

@@ -159,6 +159,8 @@ Trainer::Trainer(Device& device, std::shared_ptr<Comm> world, const TrainConfig&
   offload_ = std::move(placed.offload);
   if (offload_) result_.offload_host_bytes = offload_->host_bytes();
   result_.sharded_state_bytes = device.memory_stats().tag_bytes[static_cast<int>(MemTag::ShardedState)];
+  // Note [Grads set to none]: the optimizer was made over grad shards; none lives into step 0.
+  if (config.zero_grad_set_to_none) release_sharded_grads(root, compute_);
   source_ = make_source(config, rank, world->size());
   // The MoE layers' max loads are read with the step's loss (Model::copy_expert_loads).
   moe_layers_ = model.moe_layer_count();
@@ -244,6 +246,7 @@ void Trainer::issue_step(int step, float* step_loss, double& host_us,
   }
   if (config_.after_backward) config_.after_backward(*state_);
   if (!config_.optimizer_in_backward) {
+    if (config_.zero_grad_set_to_none) optimizer_->rebind_grads(grad_shards(root));
     optimizer_->compute_grad_squares(compute_);
     if (in_forward_)  // Note [Optimizer in forward]
       root.defer_shard_updates(compute_);
@@ -251,7 +254,10 @@ void Trainer::issue_step(int step, float* step_loss, double& host_us,
       offload_->step(compute_);
     else
       optimizer_->step(compute_);
-    zero_sharded_grads(root);
+    if (config_.zero_grad_set_to_none)
+      release_sharded_grads(root, compute_);
+    else
+      zero_sharded_grads(root);
   }
   // Clears the loss for the next step; on a timeline it marks where this step ends.
   device_.set_label(kStepEndLabel);

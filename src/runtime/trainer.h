@@ -90,6 +90,10 @@ struct TrainConfig {
   // rank of the world shares the host's memory.
   bool offload_optimizer = false;
   optim::OffloadOptions offload;
+  // FSDP2's zero_grad(set_to_none=True): the grad shards are freed after each optimizer step
+  // and made again by the next backward (Note [Grads set to none] in fsdp/fsdp.h). Not with a
+  // CUDA graph, the optimizer in forward or offloaded, or in backward (it has no grad shards).
+  bool zero_grad_set_to_none = false;
   // Between steps, start the first unit's all-gather for the next step (FsdpModule::unshard
   // with async_op) so it runs while the host finishes the step.
   bool prefetch_next_step = false;
