@@ -272,7 +272,8 @@ std::vector<Collective> only(const std::vector<Collective>& log, CollectiveKind 
 // Note [Float8 all-gather]'s copy-out: the codes join the rest of the group in one fused
 // copy-out, as the bf16 gather's, so each copy-out label has as many ops either way (a copy
 // per rank and weight before). With an odd FFN width (w2's rows of 41 codes are not whole
-// bf16 units) it copies rank by rank, and both layouts give the bf16 gather's bits.
+// bf16 units) it copies rank by rank, and both layouts give the bf16 gather's bits. On one
+// rank there is none.
 TEST(Fp8AllGather, TheCopyOutIsOneFusedCopyPerGroup) {
   auto copy_outs = [](const runtime::RankResult& r) {
     std::map<std::string, int> n;
@@ -288,6 +289,12 @@ TEST(Fp8AllGather, TheCopyOutIsOneFusedCopyPerGroup) {
   const auto n8 = copy_outs(fp8[0]), n16 = copy_outs(bf16[0]);
   EXPECT_GE(n8.size(), 3u);
   EXPECT_EQ(n8, n16);
+  // On one rank the gathered chunk is the group: views, no copy-out, as the bf16 gather's.
+  c.fp8_all_gather = true;
+  const auto one = run_fsdp(1, c);
+  EXPECT_EQ(copy_outs(one[0]).size(), 0u);
+  c.fp8_all_gather = false;
+  EXPECT_EQ(copy_outs(run_fsdp(1, c)[0]).size(), 0u);
   for (int ffn : {40, 41}) {
     runtime::TrainConfig odd = fp8_config(Fp8Recipe::Tensorwise, 2);
     odd.model.ffn_dim = ffn;

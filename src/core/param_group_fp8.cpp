@@ -16,7 +16,8 @@
 //   fp8_chunk_units_ param-dtype elements per rank, so the fp8 weights move half the bytes.
 // - The copy-out gives each fp8 weight its codes (Param::fp8_value) and inverse scale, which
 //   the Linear's GEMMs read directly; Param::value stays empty for it. Codes whose rows are
-//   whole param-dtype units move in the group's one fused copy-out, as those units.
+//   whole param-dtype units move in the group's one fused copy-out, as those units. On one
+//   rank the chunk is the gathered group itself: its params are views of it, no copy.
 // Every rank computes the same scales, so none is sent. The inverse scales live in device
 // memory: a step reads none on the host (graphs replay it). A forward's and the following
 // backward's copy-ins write the same inverse scales (the amax changes only at the next
@@ -100,6 +101,24 @@ void ParamGroup::fp8_copy_out(Stream compute) {
   const auto unit = static_cast<int64_t>(dtype_size(t));
   const size_t chunk_bytes = static_cast<size_t>(fp8_chunk_units_) * dtype_size(t);
   const char* gathered = static_cast<const char*>(gathered_);
+  if (layout_.world == 1) {
+    // One rank's chunk is the whole group, each param contiguous in it: views serve, as they
+    // do for a param-dtype group on one rank, and the output stays until the reshard.
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ShardSlice& sl = layout_.slices[i];
+      const int k = fp8_index_[i];
+      if (k >= 0) {
+        params_[i]->value = Tensor{};
+        params_[i]->fp8_value = reinterpret_cast<const uint8_t*>(gathered + fp8_offset_[i]);
+        params_[i]->fp8_scale_inv = fp8_scale_inv_ + k * kFp8ScaleSlot;
+      } else {
+        params_[i]->value =
+            view_tensor(const_cast<char*>(gathered) + fp8_bytes_ + fp8_offset_[i] * unit, t,
+                        sl.rows, sl.cols);
+      }
+    }
+    return;
+  }
   device_->set_label(label_copy_out_);
   // Note [Float8 all-gather]: the codes are bytes, but a row of whole param-dtype units moves
   // as those units unchanged (the copy-out copies bits), so where every fp8 weight's rows and
