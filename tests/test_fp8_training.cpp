@@ -338,6 +338,23 @@ TEST(Fp8AllGather, HalvesTheWeightsBytesPerCollective) {
   EXPECT_TRUE(only(bf16[0], CollectiveKind::AllReduce, ReduceOp::Max).empty());
 }
 
+// On one rank there is nothing to all-reduce: each group takes its weights' amaxes just
+// before its forward copy-in (its backward copy-in reuses them), as many amax passes as the
+// precompute makes on two ranks, and no all-reduce.
+TEST(Fp8AllGather, OneRankTakesEachGroupsAmaxAtItsCopyInWithoutAnAllReduce) {
+  runtime::TrainConfig c = fp8_config(Fp8Recipe::Tensorwise, 2);
+  EXPECT_TRUE(only(record(1, c)[0], CollectiveKind::AllReduce, ReduceOp::Max).empty());
+  c.timeline = true;
+  auto amax_passes = [](const runtime::RankResult& r) {
+    int n = 0;
+    for (const TimelineOp& op : r.timeline.ops) n += op.label == "fp8 amax" && op.kind != OpKind::Wait;
+    return n;
+  };
+  const int one = amax_passes(run_fsdp(1, c)[0]), two = amax_passes(run_fsdp(2, c)[0]);
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(one, two);
+}
+
 // HSDP 2 x 2: the amaxes are all-reduced over the shard group (its two ranks hold the whole
 // weight; the replicas hold the same values), never across replicas.
 TEST(Fp8AllGather, HsdpReducesTheAmaxOverTheShardGroup) {

@@ -106,6 +106,25 @@ TEST(OptimizerOffloadMoe, MoeTransformerWithExpertParallelismIsBitwiseTheDeviceS
   expect_same_bits(run_fsdp(4, device_step, chaos(61)), run_fsdp(4, offload, chaos(62)), 3);
 }
 
+// The float8 all-gather reads the fp32 shard twice, for its amax and its copy-in (Note
+// [Float8 all-gather]): both wait for the group's upload, on one rank (the amax at the copy-in)
+// and on two (the amaxes in the precompute, before their all-reduce).
+TEST(OptimizerOffloadFp8, TheFloat8AllGatherIsBitwiseTheDeviceStep) {
+  for (int world : {1, 2}) {
+    runtime::TrainConfig device_step = tiny_transformer_config(/*steps=*/4);
+    device_step.param_dtype = DType::BF16;
+    device_step.fp8 = Fp8Recipe::Tensorwise;
+    device_step.optimizer.max_grad_norm = 0.05f;
+    runtime::TrainConfig offload = device_step;
+    offload.offload_optimizer = true;
+    const auto a = run_fsdp(world, device_step, chaos(71));
+    for (uint64_t seed : {72, 73, 74}) {
+      SCOPED_TRACE("world " + std::to_string(world) + ", seed " + std::to_string(seed));
+      expect_same_bits(a, run_fsdp(world, offload, chaos(seed)), 4);
+    }
+  }
+}
+
 // The all-gather's wait for its group's upload is what keeps the copy-in from reading a shard
 // the upload is still writing (or has not written): without it, under chaos delays, some
 // step trains on another step's params.

@@ -69,6 +69,7 @@ class CommContext {
   };
   std::vector<Fp8Amax> fp8_amax;
   bool fp8_amax_fresh = false;
+  int64_t fp8_amax_generation = 0;  // counts the times they went stale (one-rank meshes' amaxes)
 
   // Note [All-gather ordering]: order_all_gather makes the all-gather stream wait for the
   // compute stream as it was when the newest module began its compute (noted by

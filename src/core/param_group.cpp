@@ -117,6 +117,9 @@ void ParamGroup::unshard() {
     FSDP_CHECK(state_ == Sharded && !update_pending(), "group ", label_,
                ": a float8 all-gather gathers from the fp32 shards only");
     char* slot = static_cast<char*>(gathered_) + static_cast<size_t>(n * mesh_->rank()) * dtype_size(t);
+    // Note [Optimizer offload hooks]: the shard is the host step's upload.
+    if (ctx_->offload_hooks.before_all_gather) ctx_->offload_hooks.before_all_gather(s, ordinal_);
+    if (fp8_amax_on_gather()) compute_fp8_amax(s);
     device_->set_label(label_ag_copy_in_);
     fp8_copy_in(s, slot);
     device_->set_label(label_ag_);

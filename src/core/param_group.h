@@ -78,6 +78,10 @@ class ParamGroup {
   int fp8_count() const { return fp8_count_; }
   void set_fp8_amax(float* amax);
   void compute_fp8_amax(Stream s);
+  // On a mesh of one rank the amaxes need no all-reduce: each group takes its own just before
+  // its first copy-in of the step, on the all-gather stream, instead of in the precompute
+  // that every all-gather waits for. Marks it taken.
+  bool fp8_amax_on_gather();
 
  private:
   enum UnshardState { Sharded, ShardedPostForward, Gathering, Unsharded };
@@ -121,6 +125,7 @@ class ParamGroup {
   GroupLayout layout_;
   float* shard_param_ = nullptr;  // fp32 master shard, flat
   float* shard_grad_ = nullptr;   // fp32 grad shard, flat
+  int64_t fp8_amax_generation_ = -1;  // CommContext::fp8_amax_generation it was taken in
   bool grad_shard_zero_ = true;  // logically zero; the memory may hold old values
 
   UnshardState state_ = Sharded;

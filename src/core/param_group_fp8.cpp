@@ -18,6 +18,9 @@
 //   the Linear's GEMMs read directly; Param::value stays empty for it. Codes whose rows are
 //   whole param-dtype units move in the group's one fused copy-out, as those units. On one
 //   rank the chunk is the gathered group itself: its params are views of it, no copy.
+// On a mesh of one rank there is nothing to all-reduce: each group takes its amaxes just before
+// its first copy-in of the step instead, so the first all-gather waits for its own group's
+// amax pass only, not for every group's (3.4 ms a step at 3.0B parameters on one H200).
 // Every rank computes the same scales, so none is sent. The inverse scales live in device
 // memory: a step reads none on the host (graphs replay it). A forward's and the following
 // backward's copy-ins write the same inverse scales (the amax changes only at the next
@@ -76,6 +79,13 @@ void ParamGroup::compute_fp8_amax(Stream s) {
     device_->fp8_amax(s, shard_param_ + sl.offset, DType::F32, sl.rows_per_rank, sl.cols,
                       Device::Fp8Axis::Tensor, fp8_amax_ + fp8_index_[i]);
   }
+}
+
+bool ParamGroup::fp8_amax_on_gather() {
+  if (mesh_->size() > 1 || fp8_amax_generation_ == ctx_->fp8_amax_generation) return false;
+  fp8_amax_generation_ = ctx_->fp8_amax_generation;
+  device_->set_label("fp8 amax");
+  return true;
 }
 
 void ParamGroup::fp8_copy_in(Stream s, char* chunk) {
@@ -218,13 +228,17 @@ void FsdpState::precompute_fp8_amax() {
   if (ctx->fp8_amax.empty() || ctx->fp8_amax_fresh) return;
   Device& d = mesh.device();
   const Stream s = ctx->all_gather_stream;
+  // Meshes of one rank take their amaxes at each group's copy-in (fp8_amax_on_gather).
   for (FsdpState* st : all_states)
     for (auto& g : st->groups)
-      if (g->fp8_count() > 0) {
+      if (g->fp8_count() > 0 && g->mesh().size() > 1) {
+        // Note [Optimizer offload hooks]: the shard is the host step's upload.
+        if (ctx->offload_hooks.before_all_gather) ctx->offload_hooks.before_all_gather(s, g->ordinal());
         d.set_label("fp8 amax");
         g->compute_fp8_amax(s);
       }
   for (const CommContext::Fp8Amax& e : ctx->fp8_amax) {
+    if (e.mesh->size() == 1) continue;
     d.set_label(e.label);
     e.mesh->comm().all_reduce(e.amax, e.amax, e.count, DType::F32, ReduceOp::Max, s);
   }
