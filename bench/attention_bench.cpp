@@ -170,10 +170,10 @@ void bench_row_ops(Device& d, int64_t rows, int reps) {
   void* g = b.get(rows * ffn, t);
   void* dh = b.get(rows * 2 * ffn, t);
   report_bytes("swiglu fwd " + std::to_string(rows) + "x5632",
-               median_ms(d, reps, [&] { d.swiglu_forward(s, h, t, rows, ffn, g); }),
+               median_ms(d, reps, [&] { d.swiglu_forward(s, h, t, rows, ffn, g, nullptr); }),
                3.0 * rows * ffn * e);
   report_bytes("swiglu bwd " + std::to_string(rows) + "x5632",
-               median_ms(d, reps, [&] { d.swiglu_backward(s, h, g, t, rows, ffn, dh); }),
+               median_ms(d, reps, [&] { d.swiglu_backward(s, h, g, t, rows, ffn, dh, nullptr); }),
                5.0 * rows * ffn * e);
   void* table = b.get(vocab * dim, t);
   void* dtable = b.get(vocab * dim, t);

@@ -192,8 +192,8 @@ class Sweep {
     const std::vector<float> inv_freq = nn::rope_inv_freq(HD, 10000.0, nn::RopeScaling{});
     time("rope", 2 * dt * H * HD * b2,
          [&] { d_.rope(s_, x, QKV, bf, T, H, HD, 2048, inv_freq.data(), false); });
-    time("swiglu_forward", 3 * dt * F * b2, [&] { d_.swiglu_forward(s_, x, bf, T, F, y); });
-    time("swiglu_backward", 5 * dt * F * b2, [&] { d_.swiglu_backward(s_, x, y, bf, T, F, z); });
+    time("swiglu_forward", 3 * dt * F * b2, [&] { d_.swiglu_forward(s_, x, bf, T, F, y, nullptr); });
+    time("swiglu_backward", 5 * dt * F * b2, [&] { d_.swiglu_backward(s_, x, y, bf, T, F, z, nullptr); });
     time("embedding_forward", 2 * dn * b2 + 4 * dt,
          [&] { d_.embedding_forward(s_, table, bf, ids, T, D, y); });
     time("embedding_backward", (dt + V) * D * b2 + 4 * dt,

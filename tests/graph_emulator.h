@@ -352,12 +352,12 @@ class GraphEmulatorDevice final : public Device {
     });
   }
   void swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
-                      void* out) override {
-    issue(s, [=, this] { d_.swiglu_forward(s, h, t, rows, ffn, out); });
+                      void* out, float* amax) override {
+    issue(s, [=, this] { d_.swiglu_forward(s, h, t, rows, ffn, out, amax); });
   }
   void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
-                       int64_t ffn, void* dh) override {
-    issue(s, [=, this] { d_.swiglu_backward(s, h, dout, t, rows, ffn, dh); });
+                       int64_t ffn, void* dh, float* amax) override {
+    issue(s, [=, this] { d_.swiglu_backward(s, h, dout, t, rows, ffn, dh, amax); });
   }
   void spin(Stream s, double us) override { issue(s, [=, this] { d_.spin(s, us); }); }
 

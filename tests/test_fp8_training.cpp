@@ -124,7 +124,8 @@ TEST(Fp8Training, ShardedMatchesUnshardedBitwise) {
 // Note [Fp8 operands reused by the weight grad]: per step and Linear, the kernels under each
 // GEMM's label. Tensorwise, dX casts dY once into both layouts (amax, cast, GEMM) and dW casts
 // only X^T, with the forward's amax (cast, GEMM); rowwise, dW takes both amaxes afresh (amax
-// and cast of dY and of X, GEMM).
+// and cast of dY and of X, GEMM). Where SwiGLU made the input (w2's X, w13's dY) its amax came
+// with it (Note [Fused amax]).
 TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
   for (Fp8Recipe recipe : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise}) {
     runtime::TrainConfig c = fp8_config(recipe, 3);
@@ -142,8 +143,15 @@ TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
       const std::string dx = label.substr(0, at) + " fp8 gemm dX";
       const std::string what = std::string(fp8_recipe_name(recipe)) + " " + label;
       EXPECT_EQ(count, 2 * (recipe == Fp8Recipe::Tensorwise ? 2 : 5)) << what;
-      // Rowwise also casts the weight for dX, along its other axis (amax, cast).
-      EXPECT_EQ(kernels[dx], 2 * (recipe == Fp8Recipe::Tensorwise ? 3 : 5)) << what;
+      // Rowwise also casts the weight for dX, along its other axis (amax, cast). Note [Fused
+      // amax]: tensorwise, w13's dY comes with its amax from SwiGLU's backward (cast, GEMM).
+      const bool w13 = label.find(".w13 ") != std::string::npos;
+      EXPECT_EQ(kernels[dx], 2 * (recipe == Fp8Recipe::Tensorwise ? (w13 ? 2 : 3) : 5)) << what;
+      // Forward, tensorwise: amax, cast, GEMM (the weight came gathered in fp8); w2's X comes
+      // with its amax from SwiGLU (cast, GEMM). Rowwise: both operands' amax and cast, GEMM.
+      const std::string fwd = "fwd" + label.substr(3, at - 3) + " fp8 gemm";
+      const bool w2 = label.find(".w2 ") != std::string::npos;
+      EXPECT_EQ(kernels[fwd], 2 * (recipe == Fp8Recipe::Tensorwise ? (w2 ? 2 : 3) : 5)) << fwd;
     }
     EXPECT_GE(linears, 4) << fp8_recipe_name(recipe);
   }

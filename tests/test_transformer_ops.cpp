@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "fused_amax_check.h"
 #include "backend/cpu/cpu_backend.h"
 #include "cpu_test_util.h"
 #include "fsdp/error.h"
@@ -358,7 +359,7 @@ TEST_F(TransformerOps, SwigluMatchesNaiveAndFiniteDifferences) {
   const Floats h = values(rows * 2 * ffn, 3.0f, 18), r = values(rows * ffn, 1.0f, 19);
   auto forward = [&](const Floats& hv) {
     void* out = fresh(rows * ffn);
-    dev->swiglu_forward(s, put(hv), DType::F32, rows, ffn, out);
+    dev->swiglu_forward(s, put(hv), DType::F32, rows, ffn, out, nullptr);
     return get(out, rows * ffn);
   };
   const Floats y = forward(h);
@@ -368,8 +369,19 @@ TEST_F(TransformerOps, SwigluMatchesNaiveAndFiniteDifferences) {
       EXPECT_NEAR(y[i * ffn + c], g / (1 + std::exp(-g)) * u, 1e-5);
     }
   void* dh = fresh(rows * 2 * ffn);
-  dev->swiglu_backward(s, put(h), put(r), DType::F32, rows, ffn, dh);
+  dev->swiglu_backward(s, put(h), put(r), DType::F32, rows, ffn, dh, nullptr);
   EXPECT_LE(rel_error(get(dh, rows * 2 * ffn), numeric_grad(h, r, forward)), kFiniteDifferenceTol);
+}
+
+// Note [Fused amax]: the amax SwiGLU takes of what it writes is fp8_amax's, NaN included;
+// packed rows (ffn a multiple of 8) and not.
+TEST_F(TransformerOps, SwigluFusedAmaxIsTheAmaxPassOfItsOutput) {
+  for (DType t : {DType::F32, DType::BF16})
+    for (int64_t ffn : {13, 64})
+      for (int64_t nan_at : {int64_t{-1}, int64_t{5}})
+        testing::expect_swiglu_fused_amax(*dev, t, 9, ffn, nan_at,
+                                          std::string(dtype_name(t)) + " ffn " + std::to_string(ffn) +
+                                              (nan_at >= 0 ? " with a NaN" : ""));
 }
 
 // ---- bf16 against fp32
@@ -443,9 +455,9 @@ TEST_F(TransformerOps, Bf16IsTheFp32ResultRoundedOnce) {
     res[i][0] = get(y, rows * cols, t), res[i][1] = get(gx, rows * cols, t);
     res[i][2] = get(gw, cols, t);
     void *sw = fresh(rows * cols / 2, t), *dsw = fresh(rows * cols, t);
-    dev->swiglu_forward(s, dx_in, t, rows, cols / 2, sw);
+    dev->swiglu_forward(s, dx_in, t, rows, cols / 2, sw, nullptr);
     dev->swiglu_backward(s, dx_in, put(rounded(values(rows * cols / 2, 1.0f, 27)), t), t, rows,
-                         cols / 2, dsw);
+                         cols / 2, dsw, nullptr);
     res[i][3] = get(sw, rows * cols / 2, t), res[i][4] = get(dsw, rows * cols, t);
     void *emb = fresh(rows * cols, t), *demb = fresh(8 * cols, t);
     dev->embedding_forward(s, put(rounded(values(8 * cols, 1.0f, 28)), t), t, d_ids, rows, cols,
@@ -498,7 +510,7 @@ TEST_F(TransformerOps, BadShapesAndIdsGiveOneLineErrors) {
       error_of([&] { dev->rope(s, buf, 10, DType::F32, 4, 2, 5, 4, freqs.data(), false); });
   EXPECT_NE(odd.find("head_dim must be even"), std::string::npos) << odd;
   const std::string ints = error_of(
-      [&] { dev->swiglu_forward(s, buf, DType::I32, 2, 4, buf); });
+      [&] { dev->swiglu_forward(s, buf, DType::I32, 2, 4, buf, nullptr); });
   EXPECT_NE(ints.find("fp32 or bf16"), std::string::npos) << ints;
   for (const std::string& e : {gqa, odd, ints}) EXPECT_EQ(e.find('\n'), std::string::npos) << e;
 

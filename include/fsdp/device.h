@@ -390,11 +390,14 @@ class Device {
                                   int64_t kv_heads, int64_t head_dim, void* k_cache,
                                   void* v_cache, void* out, int64_t ldo);
   // SwiGLU on h = [rows, 2*ffn] (gate columns, then up columns): out = silu(gate) * up.
+  // Note [Fused amax]: amax, when not null, receives max |out| over the whole output as stored
+  // (rounded to t): what fp8_amax(out, Fp8Axis::Tensor) would give, NaN included, without a
+  // second pass over it. The fp8 GEMM that reads out takes its scale from it.
   virtual void swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
-                              void* out);
-  // Overwrites dh [rows, 2*ffn] from h and dout [rows, ffn].
+                              void* out, float* amax);
+  // Overwrites dh [rows, 2*ffn] from h and dout [rows, ffn]; amax as swiglu_forward's, of dh.
   virtual void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
-                               int64_t ffn, void* dh);
+                               int64_t ffn, void* dh, float* amax);
 
   // ---- fp8 (docs/fp8.md). x is [rows, cols] in dtype t; amaxes and inverse scales are fp32
   // device memory, one per tensor, per row or per column (Fp8Axis), so a step reads none of

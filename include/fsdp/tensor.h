@@ -37,6 +37,11 @@ struct Tensor {
   void* data = nullptr;
   DType dtype = DType::F32;
   int64_t rows = 0, cols = 0;
+  // Note [Fused amax]: set only by the kernel that made this tensor, when an fp8 GEMM reads it:
+  // a tensorwise scales buffer (fp8_scale_slots(1) floats for the amax, whose first is max
+  // |value| over the whole tensor, then as many for the inverse scale). A view of a part of the
+  // tensor must not carry it.
+  std::shared_ptr<Storage> fp8_amax;
 
   bool defined() const { return data != nullptr; }
   int64_t numel() const { return rows * cols; }

@@ -162,10 +162,11 @@ void Device::attention_kv_cache(Stream, const void*, int64_t, const void*, int64
                                 int64_t, void*, void*, void*, int64_t) {
   not_on_backend(*this, "attention_kv_cache");
 }
-void Device::swiglu_forward(Stream, const void*, DType, int64_t, int64_t, void*) {
+void Device::swiglu_forward(Stream, const void*, DType, int64_t, int64_t, void*, float*) {
   not_on_backend(*this, "swiglu_forward");
 }
-void Device::swiglu_backward(Stream, const void*, const void*, DType, int64_t, int64_t, void*) {
+void Device::swiglu_backward(Stream, const void*, const void*, DType, int64_t, int64_t, void*,
+                             float*) {
   not_on_backend(*this, "swiglu_backward");
 }
 void Device::fp8_amax(Stream, const void*, DType, int64_t, int64_t, Fp8Axis, float*) {

@@ -60,6 +60,14 @@ Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Axis axis, Fp8Format f
     op.scales = amax_of->scales;
     op.amax = amax_of->amax;
     op.scale_inv = amax_of->scale_inv;
+  } else if (axis == Axis::Tensor && x.fp8_amax) {  // Note [Fused amax]: its producer took it
+    FSDP_CHECK(x.fp8_amax->bytes() >= 2 * static_cast<size_t>(slots) * sizeof(float),
+               "fp8_quantize: a fused amax buffer of ", x.fp8_amax->bytes(), " bytes");
+    op.scales = x.fp8_amax;
+    auto* amax = static_cast<float*>(op.scales->data());
+    scale_inv = amax + slots;
+    op.amax = amax;
+    op.scale_inv = scale_inv;
   } else {
     op.scales = std::make_shared<Storage>(d, 2 * static_cast<size_t>(slots) * sizeof(float),
                                           ctx.compute, MemTag::Activation);
@@ -76,6 +84,12 @@ Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Axis axis, Fp8Format f
   op.data = q;
   op.data_t = q_t;
   return op;
+}
+
+std::shared_ptr<Storage> fused_amax_buffer(RunContext& ctx, const Param& w) {
+  if (w.fp8 != Fp8Recipe::Tensorwise) return nullptr;
+  return std::make_shared<Storage>(*ctx.device, 2 * static_cast<size_t>(fp8_scale_slots(1)) * sizeof(float),
+                                   ctx.compute, MemTag::Activation);
 }
 
 std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x,

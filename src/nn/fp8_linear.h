@@ -32,9 +32,19 @@ enum class Fp8Codes { Plain, Transposed, Both };  // which of the two layouts to
 
 // x [rows, cols] in ctx.act_dtype cast to `f`, scaled per tensor or along `axis`: its amax,
 // then the cast, on the compute stream. With `amax_of` (an earlier quantization of the same
-// values along the same axis) its amax serves and the amax pass is skipped.
+// values along the same axis) its amax serves and the amax pass is skipped; so does x's own
+// fp8_amax, per tensor, which the kernel that made x wrote (Note [Fused amax]).
 Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Device::Fp8Axis axis, Fp8Format f,
                         Fp8Codes codes = Fp8Codes::Plain, const Fp8Operand* amax_of = nullptr);
+
+// Note [Fused amax]
+// A tensorwise fp8 GEMM scales its input by the input's amax, which a separate pass would read
+// the whole tensor for. Where one kernel makes that input (SwiGLU's output, the w2 GEMM's X;
+// SwiGLU's backward, the w13 GEMM's dY), it takes the amax of what it writes, in registers, and
+// the tensor carries it (Tensor::fp8_amax) to fp8_quantize: the same max, NaN included, so the
+// same codes, one pass fewer. fused_amax_buffer makes the buffer when `w` is a tensorwise fp8
+// weight (else null: no amax is taken).
+std::shared_ptr<Storage> fused_amax_buffer(RunContext& ctx, const Param& w);
 
 // y = x W^T, dx = dy W, dw = dy^T x, all three in fp8 (E4M3 for x and W, E5M2 for dy). The
 // weight comes from FSDP's float8 all-gather when it brought one (tensorwise), else it is

@@ -87,7 +87,7 @@ Tensor GroupedExperts::forward_impl(RunContext& ctx, const Tensor& x) {
   if (rows > 0) d.grouped_gemm(ctx.compute, false, true, g.data(), local_, t, t);
   if (rows > 0) {
     d.set_label(op_label("fwd", "expert swiglu"));
-    d.swiglu_forward(ctx.compute, h.data, t, rows, ffn_, act.data);
+    d.swiglu_forward(ctx.compute, h.data, t, rows, ffn_, act.data, nullptr);
   }
   off = 0;
   for (int l = 0; l < local_; ++l) {
@@ -116,7 +116,7 @@ Tensor GroupedExperts::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   if (rows > 0 && !saved_act_.defined()) {  // Note [Activation checkpointing]: selective
     saved_act_ = new_act(ctx, rows, ffn_);
     d.set_label(op_label("recompute", "expert swiglu"));
-    d.swiglu_forward(ctx.compute, saved_h_.data, t, rows, ffn_, saved_act_.data);
+    d.swiglu_forward(ctx.compute, saved_h_.data, t, rows, ffn_, saved_act_.data, nullptr);
   }
   Tensor dact = new_act(ctx, rows, ffn_), dh = new_act(ctx, rows, 2 * ffn_), dx = new_act(ctx, rows, dim_);
   // Weight grads: one group per local expert, k = its rows (0 rows: a zero grad, which FSDP
@@ -135,7 +135,7 @@ Tensor GroupedExperts::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
   if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
   if (rows > 0) {
     d.set_label(op_label("bwd", "expert swiglu"));
-    d.swiglu_backward(ctx.compute, saved_h_.data, dact.data, t, rows, ffn_, dh.data);
+    d.swiglu_backward(ctx.compute, saved_h_.data, dact.data, t, rows, ffn_, dh.data, nullptr);
   }
   off = 0;
   for (int l = 0; l < local_; ++l) {

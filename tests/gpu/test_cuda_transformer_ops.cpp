@@ -13,6 +13,7 @@
 
 #include "backend/cuda/cuda_device.h"
 #include "fsdp/nn/transformer.h"
+#include "../fused_amax_check.h"
 #include "transformer_ops_util.h"
 
 namespace fsdp {
@@ -143,13 +144,25 @@ TEST_F(CudaTransformerOps, SwigluMatchesCpu) {
         Device& d = b.device();
         void* hd = b.upload(t, h);
         void* out = b.poisoned(t, sh.rows * sh.ffn);
-        d.swiglu_forward(b.stream(), hd, t, sh.rows, sh.ffn, out);
+        d.swiglu_forward(b.stream(), hd, t, sh.rows, sh.ffn, out, nullptr);
         void* dh = b.poisoned(t, sh.rows * 2 * sh.ffn);
-        d.swiglu_backward(b.stream(), hd, b.upload(t, dout), t, sh.rows, sh.ffn, dh);
+        d.swiglu_backward(b.stream(), hd, b.upload(t, dout), t, sh.rows, sh.ffn, dh, nullptr);
         return std::vector<Output>{{"out", b.read(out, t, sh.rows * sh.ffn), tol},
                                    {"dh", b.read(dh, t, sh.rows * 2 * sh.ffn), tol}};
       });
     }
+}
+
+// Note [Fused amax]: the CUDA kernels' amax of what they write is the CUDA amax pass's, bit for
+// bit, NaN included, on the packed path and the single-element one.
+TEST_F(CudaTransformerOps, SwigluFusedAmaxIsTheAmaxPassOfItsOutput) {
+  auto gpu = cuda::make_device(0);
+  for (DType t : kTypes)
+    for (int64_t ffn : {13, 5632})
+      for (int64_t nan_at : {int64_t{-1}, int64_t{12345}})
+        testing::expect_swiglu_fused_amax(*gpu, t, ffn == 13 ? 37 : 2048, ffn, nan_at,
+                                          label("swiglu amax", t, std::to_string(ffn)) +
+                                              (nan_at >= 0 ? " with a NaN" : ""));
 }
 
 struct AttentionShape {

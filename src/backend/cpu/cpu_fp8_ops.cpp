@@ -56,12 +56,26 @@ float max_abs(float acc, float v) {
 
 }  // namespace
 
+namespace kernels {
+float abs_max(const void* x, DType t, int64_t n) {
+  float a = 0.0f;
+  with_io(t, [&](auto io) {
+    for (int64_t i = 0; i < n; ++i) a = max_abs(a, io.load(x, i));
+  });
+  return a;
+}
+}  // namespace kernels
+
 void CpuDevice::fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_t cols,
                          Fp8Axis axis, float* amax) {
   const char* op = "fp8_amax";
   check_fp8_shape(op, x, t, rows, cols);
   FSDP_CHECK(amax != nullptr, op, ": amax is null");
   enqueue(s, OpKind::Kernel, [=] {
+    if (axis == Axis::Tensor) {
+      *amax = kernels::abs_max(x, t, rows * cols);
+      return;
+    }
     std::fill(amax, amax + amax_count(axis, rows, cols), 0.0f);
     with_io(t, [&](auto io) {
       for (int64_t r = 0; r < rows; ++r)

@@ -16,6 +16,8 @@ void configure_blas_once();
 
 void fill(void* dst, DType t, int64_t n, float value);
 void cast(void* dst, DType dst_t, const void* src, DType src_t, int64_t n);
+// max |x[i]| over n values, NaN when any is (fp8_amax's per-tensor amax; Note [Fused amax]).
+float abs_max(const void* x, DType t, int64_t n);
 
 void all_gather_copy_out(const void* gathered, DType t, int64_t shard_numel, int world,
                          const ShardSlice* slices, void* const* dsts, int count);

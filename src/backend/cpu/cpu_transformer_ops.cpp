@@ -10,6 +10,7 @@
 #include "backend/cpu/cpu_attention_rows.h"
 #include "backend/cpu/cpu_device.h"
 #include "backend/cpu/cpu_dtype_io.h"
+#include "backend/cpu/cpu_kernels.h"
 #include "backend/op_checks.h"
 #include "fsdp/error.h"
 
@@ -363,25 +364,29 @@ void CpuDevice::attention_backward(Stream s, const void* q, int64_t ldq, const v
   });
 }
 
+// Note [Fused amax]: the output's amax in the same op, over the stored values: the same
+// max as fp8_amax's pass over them.
 void CpuDevice::swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
-                               void* out) {
+                               void* out, float* amax) {
   const char* op = "swiglu_forward";
   check_activation_dtype(t, op);
   FSDP_CHECK(rows >= 0 && ffn >= 1, op, ": rows ", rows, ", ffn ", ffn);
   check_ptr(h, "h", op), check_ptr(out, "out", op);
   enqueue(s, OpKind::Kernel, [=] {
     with_io(t, [&](auto io) { swiglu_forward_kernel<decltype(io)>(h, rows, ffn, out); });
+    if (amax) *amax = kernels::abs_max(out, t, rows * ffn);
   });
 }
 
 void CpuDevice::swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
-                                int64_t ffn, void* dh) {
+                                int64_t ffn, void* dh, float* amax) {
   const char* op = "swiglu_backward";
   check_activation_dtype(t, op);
   FSDP_CHECK(rows >= 0 && ffn >= 1, op, ": rows ", rows, ", ffn ", ffn);
   check_ptr(h, "h", op), check_ptr(dout, "dout", op), check_ptr(dh, "dh", op);
   enqueue(s, OpKind::Kernel, [=] {
     with_io(t, [&](auto io) { swiglu_backward_kernel<decltype(io)>(h, dout, rows, ffn, dh); });
+    if (amax) *amax = kernels::abs_max(dh, t, rows * 2 * ffn);
   });
 }
 

@@ -162,9 +162,9 @@ class CudaDevice final : public Device {
                           int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                           int64_t head_dim, void* dq, void* dk, void* dv) override;
   void swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
-                      void* out) override;
+                      void* out, float* amax) override;
   void swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
-                       int64_t ffn, void* dh) override;
+                       int64_t ffn, void* dh, float* amax) override;
   // ---- fp8 (cuda_fp8_ops.cpp; docs/fp8.md)
   void fp8_amax(Stream s, const void* x, DType t, int64_t rows, int64_t cols, Fp8Axis axis,
                 float* amax) override;

@@ -156,10 +156,11 @@ struct RopeFreqs {
 void rope(cudaStream_t stream, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,
           int64_t head_dim, int64_t seq_len, int64_t first_position, const RopeFreqs& freqs,
           bool inverse);
+// amax: Note [Fused amax] (Device::swiglu_forward); null: none.
 void swiglu_forward(cudaStream_t stream, const void* h, DType t, int64_t rows, int64_t ffn,
-                    void* out);
+                    void* out, float* amax);
 void swiglu_backward(cudaStream_t stream, const void* h, const void* dout, DType t, int64_t rows,
-                     int64_t ffn, void* dh);
+                     int64_t ffn, void* dh, float* amax);
 
 // ---- fp8 (kernels_fp8.cu): Device::fp8_amax and fp8_cast's contracts; transpose_u8 writes
 // src [rows, cols] as dst [cols, rows].

@@ -220,23 +220,23 @@ void CudaDevice::attention_kv_cache(Stream s, const void* q, int64_t ldq, const 
 }
 
 void CudaDevice::swiglu_forward(Stream s, const void* h, DType t, int64_t rows, int64_t ffn,
-                                void* out) {
+                                void* out, float* amax) {
   OpScope op(*this, s, OpKind::Kernel);
   const char* name = "swiglu_forward";
   check_activation_dtype(t, name);
   FSDP_CHECK(rows >= 0 && ffn >= 1, name, ": rows ", rows, ", ffn ", ffn);
   check_ptr(h, "h", name), check_ptr(out, "out", name);
-  kernels::swiglu_forward(op.stream(), h, t, rows, ffn, out);
+  kernels::swiglu_forward(op.stream(), h, t, rows, ffn, out, amax);
 }
 
 void CudaDevice::swiglu_backward(Stream s, const void* h, const void* dout, DType t, int64_t rows,
-                                 int64_t ffn, void* dh) {
+                                 int64_t ffn, void* dh, float* amax) {
   OpScope op(*this, s, OpKind::Kernel);
   const char* name = "swiglu_backward";
   check_activation_dtype(t, name);
   FSDP_CHECK(rows >= 0 && ffn >= 1, name, ": rows ", rows, ", ffn ", ffn);
   check_ptr(h, "h", name), check_ptr(dout, "dout", name), check_ptr(dh, "dh", name);
-  kernels::swiglu_backward(op.stream(), h, dout, t, rows, ffn, dh);
+  kernels::swiglu_backward(op.stream(), h, dout, t, rows, ffn, dh, amax);
 }
 
 }  // namespace fsdp::cuda

@@ -168,6 +168,55 @@ void launch_elementwise(cudaStream_t stream, int64_t n, bool vectorized, const B
   elementwise_kernel<<<blocks_for(items), kThreads, 0, stream>>>(n, vectorized, body);
 }
 
+// The block's max of v (unsigned), valid in thread 0 (the fp8 amaxes' magnitudes as bits: an
+// integer max orders non-negative floats, and NaN above infinity).
+__device__ __forceinline__ unsigned block_max_bits(unsigned v) {
+  __shared__ unsigned warp_max[kThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < blockDim.x / 32 ? warp_max[threadIdx.x] : 0u;
+    for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+// |v| as stored in T (rounded), as its bits: the amax of what a kernel wrote.
+template <typename T>
+__device__ __forceinline__ unsigned stored_abs_bits(float v) {
+  return __float_as_uint(fabsf(to_float(from_float<T>(v))));
+}
+
+// Note [Fused amax]: elementwise_kernel whose body's run_amax<W>(i) returns the largest
+// stored_abs_bits of what it wrote; the block's max goes to *amax_bits (zeroed before).
+template <typename Body>
+__global__ void elementwise_amax_kernel(int64_t n, bool vectorized, Body body, unsigned* amax_bits) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t packs = vectorized ? n / kVec : 0;
+  unsigned m = 0;
+  for (int64_t p = first; p < packs; p += stride) m = max(m, body.template run_amax<kVec>(p * kVec));
+  for (int64_t i = packs * kVec + first; i < n; i += stride) m = max(m, body.template run_amax<1>(i));
+  m = block_max_bits(m);
+  if (threadIdx.x == 0) atomicMax(amax_bits, m);
+}
+
+// launch_elementwise, or with amax (not null) the amax variant after zeroing it on the stream.
+template <typename Body>
+void launch_elementwise_amax(cudaStream_t stream, int64_t n, bool vectorized, const Body& body,
+                             float* amax) {
+  if (!amax) {
+    launch_elementwise(stream, n, vectorized, body);
+    return;
+  }
+  FSDP_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+  if (n <= 0) return;
+  const int64_t items = vectorized ? n / kVec + kVec : n;
+  elementwise_amax_kernel<<<blocks_for(items), kThreads, 0, stream>>>(
+      n, vectorized, body, reinterpret_cast<unsigned*>(amax));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -21,18 +21,6 @@ __device__ __forceinline__ unsigned abs_bits(const T* x, int64_t i) {
   return __float_as_uint(fabsf(to_float(x[i])));
 }
 
-__device__ __forceinline__ unsigned block_max_bits(unsigned v) {
-  __shared__ unsigned warp_max[kThreads / 32];
-  for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x >> 5] = v;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    v = threadIdx.x < blockDim.x / 32 ? warp_max[threadIdx.x] : 0u;
-    for (int offset = 16; offset > 0; offset >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  }
-  return v;
-}
-
 // Packs of kVec where x is pack-aligned (one 16-byte load per 8 bf16), then the tail.
 template <typename T>
 __global__ void amax_tensor_kernel(const T* x, int64_t n, bool vectorized, unsigned* amax_bits) {

@@ -157,15 +157,25 @@ struct SwigluForwardBody {
   const T* h;
   T* out;
   int64_t ffn;
+  // The largest |value| written, as stored (Note [Fused amax]); run drops it (dead code).
   template <int W>
-  __device__ void run(int64_t i) const {
+  __device__ unsigned run_amax(int64_t i) const {
     const int64_t r = i / ffn, c = i % ffn;
     float g[W], u[W];
     load_pack<W>(h + r * 2 * ffn + c, g);
     load_pack<W>(h + r * 2 * ffn + ffn + c, u);
+    unsigned m = 0;
 #pragma unroll
-    for (int j = 0; j < W; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
+    for (int j = 0; j < W; ++j) {
+      g[j] = g[j] * sigmoid(g[j]) * u[j];
+      m = max(m, stored_abs_bits<T>(g[j]));
+    }
     store_pack<W>(out + i, g);
+    return m;
+  }
+  template <int W>
+  __device__ void run(int64_t i) const {
+    run_amax<W>(i);
   }
 };
 
@@ -177,20 +187,27 @@ struct SwigluBackwardBody {
   T* dh;
   int64_t ffn;
   template <int W>
-  __device__ void run(int64_t i) const {
+  __device__ unsigned run_amax(int64_t i) const {
     const int64_t r = i / ffn, c = i % ffn;
     float g[W], u[W], d[W], dg[W], du[W];
     load_pack<W>(h + r * 2 * ffn + c, g);
     load_pack<W>(h + r * 2 * ffn + ffn + c, u);
     load_pack<W>(dout + i, d);
+    unsigned m = 0;
 #pragma unroll
     for (int j = 0; j < W; ++j) {
       const float sg = sigmoid(g[j]);
       dg[j] = d[j] * u[j] * sg * (1.0f + g[j] * (1.0f - sg));
       du[j] = d[j] * g[j] * sg;
+      m = max(m, max(stored_abs_bits<T>(dg[j]), stored_abs_bits<T>(du[j])));
     }
     store_pack<W>(dh + r * 2 * ffn + c, dg);
     store_pack<W>(dh + r * 2 * ffn + ffn + c, du);
+    return m;
+  }
+  template <int W>
+  __device__ void run(int64_t i) const {
+    run_amax<W>(i);
   }
 };
 
@@ -274,27 +291,29 @@ void rope(cudaStream_t stream, void* x, int64_t ld, DType t, int64_t rows, int64
 }
 
 void swiglu_forward(cudaStream_t stream, const void* h, DType t, int64_t rows, int64_t ffn,
-                    void* out) {
-  if (rows <= 0 || ffn <= 0) return;
+                    void* out, float* amax) {
+  if (rows <= 0 || ffn <= 0) rows = 0;  // an amax still reads 0
   const bool packs = ffn % kVec == 0 && aligned16(h) && aligned16(out);
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    launch_elementwise(stream, rows * ffn, packs,
-                       SwigluForwardBody<T>{static_cast<const T*>(h), static_cast<T*>(out), ffn});
+    launch_elementwise_amax(
+        stream, rows * ffn, packs,
+        SwigluForwardBody<T>{static_cast<const T*>(h), static_cast<T*>(out), ffn}, amax);
   });
   FSDP_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_backward(cudaStream_t stream, const void* h, const void* dout, DType t, int64_t rows,
-                     int64_t ffn, void* dh) {
-  if (rows <= 0 || ffn <= 0) return;
+                     int64_t ffn, void* dh, float* amax) {
+  if (rows <= 0 || ffn <= 0) rows = 0;  // an amax still reads 0
   const bool packs = ffn % kVec == 0 && aligned16(h) && aligned16(dout) && aligned16(dh);
   dispatch_dtype(t, [&](auto tag) {
     using T = decltype(tag);
-    launch_elementwise(stream, rows * ffn, packs,
-                       SwigluBackwardBody<T>{static_cast<const T*>(h),
-                                             static_cast<const T*>(dout), static_cast<T*>(dh),
-                                             ffn});
+    launch_elementwise_amax(stream, rows * ffn, packs,
+                            SwigluBackwardBody<T>{static_cast<const T*>(h),
+                                                  static_cast<const T*>(dout),
+                                                  static_cast<T*>(dh), ffn},
+                            amax);
   });
   FSDP_CUDA_CHECK_LAUNCH();
 }

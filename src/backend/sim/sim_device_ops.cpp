@@ -361,12 +361,14 @@ void SimDevice::attention_backward(Stream s, const void*, int64_t, const void*, 
         attention_flops(true, batch, seq, heads, head_dim));
 }
 
-void SimDevice::swiglu_forward(Stream s, const void*, DType t, int64_t rows, int64_t ffn, void*) {
+// Note [Fused amax]: the amax is taken from the values in registers, no bytes more.
+void SimDevice::swiglu_forward(Stream s, const void*, DType t, int64_t rows, int64_t ffn, void*,
+                               float*) {
   memory_op(s, "swiglu_forward", 3.0 * d(rows) * d(ffn) * sz(t));
 }
 
 void SimDevice::swiglu_backward(Stream s, const void*, const void*, DType t, int64_t rows,
-                                int64_t ffn, void*) {
+                                int64_t ffn, void*, float*) {
   memory_op(s, "swiglu_backward", 5.0 * d(rows) * d(ffn) * sz(t));
 }
 
