@@ -159,7 +159,7 @@ TEST_F(CudaTransformerOps, SwigluFusedAmaxIsTheAmaxPassOfItsOutput) {
   auto gpu = cuda::make_device(0);
   for (DType t : kTypes)
     for (int64_t ffn : {13, 5632})
-      for (int64_t nan_at : {int64_t{-1}, int64_t{12345}})
+      for (int64_t nan_at : {int64_t{-1}, int64_t{5}})
         testing::expect_swiglu_fused_amax(*gpu, t, ffn == 13 ? 37 : 2048, ffn, nan_at,
                                           label("swiglu amax", t, std::to_string(ffn)) +
                                               (nan_at >= 0 ? " with a NaN" : ""));
