@@ -38,13 +38,6 @@ constexpr const char* kNotSimulated[] = {
     "--resume", "--init-from", "--data", "--eval-every", "--eval-batches", "--check-collectives",
     "--log-every", "--json", "--trace"};
 
-void write_text(const std::string& flag, const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  FSDP_USER_CHECK(!out.fail(), "writing ", flag, " file '", path, "' failed: ", std::strerror(errno));
-}
-
 std::string describe_cluster(const sim::SimOptions& o) {
   const int nodes = std::max(1, o.gpus / o.gpus_per_node);
   return detail::concat(o.gpus, " x ", o.calibration.device, " (", nodes,
@@ -215,7 +208,7 @@ void write_cost_log(const std::string& path, const sim::CostLog& costs, int step
     text += nlohmann::json{{"label", key.first}, {"op", key.second}, {"ops", e.ops},
                            {"bytes", e.bytes}, {"flops", e.flops}, {"us", e.us},
                            {"steps", steps}}.dump() + "\n";
-  write_text("--cost-log", path, text);
+  write_output_file("--cost-log", path, text);
 }
 
 }  // namespace
@@ -336,7 +329,7 @@ int run_simulate(SimulateOptions& o) {
     }
     summary["sweep"] = rows;
   }
-  if (!o.train.json_path.empty()) write_text("--json", o.train.json_path, summary.dump(2) + "\n");
+  if (!o.train.json_path.empty()) write_output_file("--json", o.train.json_path, summary.dump(2) + "\n");
   return 0;
 }
 

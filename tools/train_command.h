@@ -110,6 +110,9 @@ nlohmann::json summarize_results(const std::string& backend, int world,
                                  const std::vector<runtime::RankResult>& ranks,
                                  double peak_tflops);
 void write_trace_file(const std::string& path, const std::vector<runtime::RankResult>& ranks);
+// Writes `text` to `path` atomically (Note [Output paths]); a failed write (a full disk,
+// /dev/full) is one line naming `flag`. train_summary.cpp.
+void write_output_file(const std::string& flag, const std::string& path, const std::string& text);
 
 // train_checks.cpp: the run the flags describe, made once, in three parts:
 //   check_train_options: the flags' own ranges and the model's sizes (it changes nothing);
