@@ -39,6 +39,14 @@ def mlp(tokens, oib):
     return f"{MLP16} --tokens {tokens} {clip}" + (" --optimizer-in-backward 1" if oib else "")
 
 
+def checkpointing_3b(run, none_ms, full_ms, selective_ms):
+    """The 3.0B shape's rows without, with full and with selective checkpointing, of one run."""
+    return [(f"3.0B shape, {name} checkpointing", 1, ms, run,
+             f"{SHAPE_3B} --activation-checkpointing {mode}")
+            for name, mode, ms in (("no", "none", none_ms), ("full", "full", full_ms),
+                                   ("selective", "selective", selective_ms))]
+
+
 # (row, GPUs, measured step ms, run folder, simulate arguments)
 ROWS = [
     ("llama1b, 1 seq, eager", 1, 40.40, "2026-12-02-model-layer", f"{LLAMA1B} --tokens 2048"),
@@ -53,19 +61,9 @@ ROWS = [
     ("mlp16, 2048 tokens, graph", 1, 7.04, "2026-12-01-labels-on-device", mlp(2048, True) + " --cuda-graph"),
     ("mlp16, 8192 tokens, graph", 1, 20.50, "2026-12-01-labels-on-device", mlp(8192, True) + " --cuda-graph"),
     ("Llama-3.2-1B shape, 4 seqs, eager", 1, 126.28, "2026-12-03-llama32-1b", LLAMA32_1B),
-    ("3.0B shape, no checkpointing", 1, 638.60, "2026-12-02-activation-checkpointing",
-     f"{SHAPE_3B} --activation-checkpointing none"),
-    ("3.0B shape, full checkpointing", 1, 825.02, "2026-12-02-activation-checkpointing",
-     f"{SHAPE_3B} --activation-checkpointing full"),
-    ("3.0B shape, selective checkpointing", 1, 650.04, "2026-12-02-activation-checkpointing",
-     f"{SHAPE_3B} --activation-checkpointing selective"),
+    *checkpointing_3b("2026-12-02-activation-checkpointing", 638.60, 825.02, 650.04),
     # The grads freed after each step (the default since; it costs no time).
-    ("3.0B shape, no checkpointing", 1, 662.91, "2026-12-04-grads-set-to-none",
-     f"{SHAPE_3B} --activation-checkpointing none"),
-    ("3.0B shape, full checkpointing", 1, 849.36, "2026-12-04-grads-set-to-none",
-     f"{SHAPE_3B} --activation-checkpointing full"),
-    ("3.0B shape, selective checkpointing", 1, 670.65, "2026-12-04-grads-set-to-none",
-     f"{SHAPE_3B} --activation-checkpointing selective"),
+    *checkpointing_3b("2026-12-04-grads-set-to-none", 662.91, 849.36, 670.65),
     ("3.0B shape, no checkpointing", 1, 645.54, "2026-12-04-fp8-fused-amax", SHAPE_3B),
     ("llama1b, 4 seqs, eager", 1, 112.36, "2026-12-04-fp8-fused-amax", f"{LLAMA1B} --tokens 8192"),
     ("MoE transformer, k 1, S 0", 1, 91.36, "2026-12-01-moe-transformer", f"{MOE} --rs-max-input-buffers 1"),

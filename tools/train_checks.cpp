@@ -155,10 +155,8 @@ void resolve_defaults(const TrainOptions& o, runtime::TrainConfig& c) {
                                 ? opt.max_grad_norm <= 0 && !c.optimizer_in_forward &&
                                       !c.offload_optimizer
                                 : o.optimizer_in_backward != 0;
-  c.zero_grad_set_to_none = o.zero_grad_set_to_none == -1
-                                ? !c.cuda_graph && !c.optimizer_in_forward &&
-                                      !c.offload_optimizer && !c.optimizer_in_backward
-                                : o.zero_grad_set_to_none != 0;
+  c.zero_grad_set_to_none = o.zero_grad_set_to_none == -1 ? !runtime::grads_outlive_step(c)
+                                                          : o.zero_grad_set_to_none != 0;
   c.timeline = !o.trace_path.empty();
   c.checkpoint.verbose = !o.quiet;
   c.return_on_nonfinite = true;  // the summary is written first, then the error

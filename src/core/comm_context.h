@@ -59,8 +59,8 @@ class CommContext {
   void ensure_all_reduce_stream();
 
   // Note [Float8 all-gather] (src/core/param_group_fp8.cpp): per mesh with fp8 weights, its
-  // amax buffer (device fp32, a slot per weight, owned here), and whether the amaxes are the
-  // current shards' (false from the end of each step's last backward to the next precompute).
+  // amax buffer (device fp32, a slot per weight, owned here), and which step's shards the
+  // amaxes are of (below).
   struct Fp8Amax {
     Mesh* mesh = nullptr;
     float* amax = nullptr;
@@ -68,8 +68,11 @@ class CommContext {
     const char* label = "";
   };
   std::vector<Fp8Amax> fp8_amax;
-  bool fp8_amax_fresh = false;
-  int64_t fp8_amax_generation = 0;  // counts the times they went stale (one-rank meshes' amaxes)
+  // The amaxes are the current shards' while they were taken in this generation, which each
+  // step's last backward ends (the optimizer is about to change the shards). The precompute
+  // notes the generation it ran in; a group of a one-rank mesh, its own (fp8_amax_on_gather).
+  int64_t fp8_amax_generation = 0;
+  int64_t fp8_amax_precomputed = -1;
 
   // Note [All-gather ordering]: order_all_gather makes the all-gather stream wait for the
   // compute stream as it was when the newest module began its compute (noted by

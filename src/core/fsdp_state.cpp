@@ -463,8 +463,7 @@ void FsdpState::finalize_backward(RunContext& run) {
   for (FsdpState* s : all_states)
     for (auto& g : s->groups) g->materialize_zero_grad(run.compute);
   FSDP_CHECK(ctx->ring.size() == 0, "RS ring not empty after finalize");
-  ctx->fp8_amax_fresh = false;  // the optimizer is about to change the shards
-  ++ctx->fp8_amax_generation;
+  ++ctx->fp8_amax_generation;  // the optimizer is about to change the shards
   ctx->log("finalize", unit_label, "finalize");
   ctx->post_forward_order.clear();
 }

@@ -225,7 +225,7 @@ void FsdpState::setup_fp8_amax() {
 }
 
 void FsdpState::precompute_fp8_amax() {
-  if (ctx->fp8_amax.empty() || ctx->fp8_amax_fresh) return;
+  if (ctx->fp8_amax.empty() || ctx->fp8_amax_precomputed == ctx->fp8_amax_generation) return;
   Device& d = mesh.device();
   const Stream s = ctx->all_gather_stream;
   // Meshes of one rank take their amaxes at each group's copy-in (fp8_amax_on_gather).
@@ -242,7 +242,7 @@ void FsdpState::precompute_fp8_amax() {
     d.set_label(e.label);
     e.mesh->comm().all_reduce(e.amax, e.amax, e.count, DType::F32, ReduceOp::Max, s);
   }
-  ctx->fp8_amax_fresh = true;
+  ctx->fp8_amax_precomputed = ctx->fp8_amax_generation;
 }
 
 }  // namespace fsdp::core

@@ -86,10 +86,12 @@ Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Axis axis, Fp8Format f
   return op;
 }
 
-std::shared_ptr<Storage> fused_amax_buffer(RunContext& ctx, const Param& w) {
+float* attach_fused_amax(RunContext& ctx, const Param& w, Tensor& out) {
   if (w.fp8 != Fp8Recipe::Tensorwise) return nullptr;
-  return std::make_shared<Storage>(*ctx.device, 2 * static_cast<size_t>(fp8_scale_slots(1)) * sizeof(float),
-                                   ctx.compute, MemTag::Activation);
+  out.fp8_amax = std::make_shared<Storage>(
+      *ctx.device, 2 * static_cast<size_t>(fp8_scale_slots(1)) * sizeof(float), ctx.compute,
+      MemTag::Activation);
+  return static_cast<float*>(out.fp8_amax->data());
 }
 
 std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x,

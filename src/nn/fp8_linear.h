@@ -42,9 +42,9 @@ Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Device::Fp8Axis axis, 
 // the whole tensor for. Where one kernel makes that input (SwiGLU's output, the w2 GEMM's X;
 // SwiGLU's backward, the w13 GEMM's dY), it takes the amax of what it writes, in registers, and
 // the tensor carries it (Tensor::fp8_amax) to fp8_quantize: the same max, NaN included, so the
-// same codes, one pass fewer. fused_amax_buffer makes the buffer when `w` is a tensorwise fp8
-// weight (else null: no amax is taken).
-std::shared_ptr<Storage> fused_amax_buffer(RunContext& ctx, const Param& w);
+// same codes, one pass fewer. attach_fused_amax gives `out` its buffer when the GEMM that reads
+// it has a tensorwise fp8 weight `w`, and returns where its kernel writes the amax (null: none).
+float* attach_fused_amax(RunContext& ctx, const Param& w, Tensor& out);
 
 // y = x W^T, dx = dy W, dw = dy^T x, all three in fp8 (E4M3 for x and W, E5M2 for dy). The
 // weight comes from FSDP's float8 all-gather when it brought one (tensorwise), else it is

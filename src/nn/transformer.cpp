@@ -319,10 +319,10 @@ FeedForward::FeedForward(int64_t dim, int64_t ffn_dim, uint64_t seed, float w2_s
 Tensor FeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor h13 = w13_->forward(ctx, x);
   Tensor act = new_act(ctx, x.rows, ffn_dim_);
-  act.fp8_amax = fused_amax_buffer(ctx, w2_->weight());  // Note [Fused amax]
+  float* amax = attach_fused_amax(ctx, w2_->weight(), act);  // Note [Fused amax]
   ctx.device->set_label(op_label("fwd", "swiglu"));
   ctx.device->swiglu_forward(ctx.compute, h13.data, ctx.act_dtype, x.rows, ffn_dim_, act.data,
-                             act.fp8_amax ? static_cast<float*>(act.fp8_amax->data()) : nullptr);
+                             amax);
   saved_h13_ = std::move(h13);
   return w2_->forward(ctx, act);
 }
@@ -342,11 +342,10 @@ Tensor FeedForward::backward_impl(RunContext& ctx, const Tensor& dy, bool input_
   }
   Tensor dact = w2_->backward(ctx, dy);
   Tensor dh13 = new_act(ctx, dy.rows, 2 * ffn_dim_);
-  dh13.fp8_amax = fused_amax_buffer(ctx, w13_->weight());  // Note [Fused amax]
+  float* amax = attach_fused_amax(ctx, w13_->weight(), dh13);  // Note [Fused amax]
   ctx.device->set_label(op_label("bwd", "swiglu"));
   ctx.device->swiglu_backward(ctx.compute, saved_h13_.data, dact.data, ctx.act_dtype, dy.rows,
-                              ffn_dim_, dh13.data,
-                              dh13.fp8_amax ? static_cast<float*>(dh13.fp8_amax->data()) : nullptr);
+                              ffn_dim_, dh13.data, amax);
   saved_h13_ = Tensor{};
   return w13_->backward(ctx, dh13, input_grad);
 }

@@ -23,6 +23,10 @@ constexpr double kMaxActivationBytes = static_cast<double>(int64_t{1} << 60);
 
 }  // namespace
 
+bool grads_outlive_step(const TrainConfig& c) {
+  return c.cuda_graph || c.optimizer_in_forward || c.offload_optimizer || c.optimizer_in_backward;
+}
+
 void check_train_config(const TrainConfig& c, int world_size) {
   const OptionName tokens{"tokens"};
   FSDP_OPTION_CHECK(c.steps >= 1, OptionName{"steps"}, " must be >= 1, got ", c.steps);
@@ -56,7 +60,7 @@ void check_train_config(const TrainConfig& c, int world_size) {
                     " optimizer cannot run in a captured step (", OptionName{"cuda_graph"},
                     "): its host steps and transfers are not graph work");
   // Note [Grads set to none]: the grads must outlive the step, or have fixed addresses.
-  if (c.zero_grad_set_to_none) {
+  if (c.zero_grad_set_to_none && grads_outlive_step(c)) {
     const OptionName none{"zero_grad_set_to_none"};
     FSDP_OPTION_CHECK(!c.cuda_graph, none, " cannot run in a captured step (",
                       OptionName{"cuda_graph"}, "): the graph's grad addresses are fixed");

@@ -149,6 +149,10 @@ struct RankResult {
 // Refuses a config that cannot train on `world_size` ranks, in one line naming the option
 // (an OptionError, Note [Options checked once]). train_rank calls it first.
 void check_train_config(const TrainConfig& config, int world_size);
+// Note [Grads set to none]: whether the config's grad shards must outlive each step (a CUDA
+// graph, the optimizer in forward, offloaded or in backward), so zero_grad_set_to_none cannot
+// apply; check_train_config refuses it there, a reason for each.
+bool grads_outlive_step(const TrainConfig& config);
 
 // FSDP training on one rank. `world` spans all ranks; `on_step` (may be empty) runs on
 // every rank after each step.
