@@ -119,11 +119,11 @@ void bench_row_ops(Device& d, int64_t rows, int reps) {
   auto* rstd = static_cast<float*>(b.get(rows, DType::F32));
   const double act = static_cast<double>(rows) * dim * e;
   report_bytes("rms_norm fwd " + std::to_string(rows) + "x2048",
-               median_ms(d, reps, [&] { d.rms_norm_forward(s, x, w, t, rows, dim, 1e-5f, y, rstd); }),
+               median_ms(d, reps, [&] { d.rms_norm_forward(s, x, w, t, rows, dim, 1e-5f, y, rstd, nullptr); }),
                2 * act);
   report_bytes("rms_norm bwd " + std::to_string(rows) + "x2048",
                median_ms(d, reps,
-                         [&] { d.rms_norm_backward(s, x, w, rstd, dy, t, rows, dim, dx, dw); }),
+                         [&] { d.rms_norm_backward(s, x, w, rstd, dy, t, rows, dim, dx, dw, nullptr); }),
                3 * act);
   void* r = b.get(rows * dim, t);
   void* h_sum = b.get(rows * dim, t);
@@ -132,13 +132,13 @@ void bench_row_ops(Device& d, int64_t rows, int reps) {
   report_bytes("residual add + rms_norm fwd (fused)",
                median_ms(d, reps,
                          [&] {
-                           d.add_rms_norm_forward(s, x, r, w, t, rows, dim, 1e-5f, h_sum, y, rstd);
+                           d.add_rms_norm_forward(s, x, r, w, t, rows, dim, 1e-5f, h_sum, y, rstd, nullptr);
                          }),
                4 * act);
   report_bytes("rms_norm bwd + residual add (fused)",
                median_ms(d, reps,
                          [&] {
-                           d.rms_norm_backward_add(s, x, w, rstd, dy, r, t, rows, dim, dx, dw);
+                           d.rms_norm_backward_add(s, x, w, rstd, dy, r, t, rows, dim, dx, dw, nullptr);
                          }),
                4 * act);
   {

@@ -182,13 +182,13 @@ class Sweep {
       std::fflush(stdout);
     };
     time("rms_norm_forward", 2 * dn * b2 + 4 * dt,
-         [&] { d_.rms_norm_forward(s_, x, w, bf, T, D, 1e-5f, y, rstd); });
+         [&] { d_.rms_norm_forward(s_, x, w, bf, T, D, 1e-5f, y, rstd, nullptr); });
     time("rms_norm_backward", 3 * dn * b2 + 4 * dt,
-         [&] { d_.rms_norm_backward(s_, x, w, rstd, y, bf, T, D, z, w); });
+         [&] { d_.rms_norm_backward(s_, x, w, rstd, y, bf, T, D, z, w, nullptr); });
     time("add_rms_norm_forward", 4 * dn * b2 + 4 * dt,
-         [&] { d_.add_rms_norm_forward(s_, x, y, w, bf, T, D, 1e-5f, z, x, rstd); });
+         [&] { d_.add_rms_norm_forward(s_, x, y, w, bf, T, D, 1e-5f, z, x, rstd, nullptr); });
     time("rms_norm_backward_add", 4 * dn * b2 + 4 * dt,
-         [&] { d_.rms_norm_backward_add(s_, x, w, rstd, y, z, bf, T, D, z, w); });
+         [&] { d_.rms_norm_backward_add(s_, x, w, rstd, y, z, bf, T, D, z, w, nullptr); });
     const std::vector<float> inv_freq = nn::rope_inv_freq(HD, 10000.0, nn::RopeScaling{});
     time("rope", 2 * dt * H * HD * b2,
          [&] { d_.rope(s_, x, QKV, bf, T, H, HD, 2048, inv_freq.data(), false); });

@@ -310,22 +310,27 @@ class GraphEmulatorDevice final : public Device {
     issue(s, [=, this] { d_.embedding_backward(s, dy, t, ids, rows, dim, vocab, dtable); });
   }
   void rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
-                        int64_t cols, float eps, void* y, float* rstd) override {
-    issue(s, [=, this] { d_.rms_norm_forward(s, x, w, t, rows, cols, eps, y, rstd); });
+                        int64_t cols, float eps, void* y, float* rstd, float* amax) override {
+    issue(s, [=, this] { d_.rms_norm_forward(s, x, w, t, rows, cols, eps, y, rstd, amax); });
   }
   void rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd, const void* dy,
-                         DType t, int64_t rows, int64_t cols, void* dx, void* dw) override {
-    issue(s, [=, this] { d_.rms_norm_backward(s, x, w, rstd, dy, t, rows, cols, dx, dw); });
+                         DType t, int64_t rows, int64_t cols, void* dx, void* dw,
+                         float* amax) override {
+    issue(s, [=, this] { d_.rms_norm_backward(s, x, w, rstd, dy, t, rows, cols, dx, dw, amax); });
   }
   void add_rms_norm_forward(Stream s, const void* x, const void* r, const void* w, DType t,
                             int64_t rows, int64_t cols, float eps, void* h, void* y,
-                            float* rstd) override {
-    issue(s, [=, this] { d_.add_rms_norm_forward(s, x, r, w, t, rows, cols, eps, h, y, rstd); });
+                            float* rstd, float* amax) override {
+    issue(s, [=, this] {
+      d_.add_rms_norm_forward(s, x, r, w, t, rows, cols, eps, h, y, rstd, amax);
+    });
   }
   void rms_norm_backward_add(Stream s, const void* x, const void* w, const float* rstd,
                              const void* dy, const void* dr, DType t, int64_t rows, int64_t cols,
-                             void* dx, void* dw) override {
-    issue(s, [=, this] { d_.rms_norm_backward_add(s, x, w, rstd, dy, dr, t, rows, cols, dx, dw); });
+                             void* dx, void* dw, float* amax) override {
+    issue(s, [=, this] {
+      d_.rms_norm_backward_add(s, x, w, rstd, dy, dr, t, rows, cols, dx, dw, amax);
+    });
   }
   void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads, int64_t hd,
             int64_t seq, const float* inv_freq, bool inverse) override {

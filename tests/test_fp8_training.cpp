@@ -124,8 +124,11 @@ TEST(Fp8Training, ShardedMatchesUnshardedBitwise) {
 // Note [Fp8 operands reused by the weight grad]: per step and Linear, the kernels under each
 // GEMM's label. Tensorwise, dX casts dY once into both layouts (amax, cast, GEMM) and dW casts
 // only X^T, with the forward's amax (cast, GEMM); rowwise, dW takes both amaxes afresh (amax
-// and cast of dY and of X, GEMM). Where SwiGLU made the input (w2's X, w13's dY) its amax came
-// with it (Note [Fused amax]).
+// and cast of dY and of X, GEMM). Note [Fused amax]: tensorwise, an input whose producer took
+// its amax skips the amax pass (cast, GEMM): X of wqkv and w13 (the norms' outputs) and of w2
+// (SwiGLU's); dY of w13 (SwiGLU's backward), of wo (ffn_norm's input grad) and of w2 (the
+// next block's attention_norm's input grad, or the final norm's). wo's X (the attention's
+// output) and wqkv's dY (the attention's backward) keep the pass.
 TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
   for (Fp8Recipe recipe : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise}) {
     runtime::TrainConfig c = fp8_config(recipe, 3);
@@ -136,22 +139,21 @@ TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
     for (const TimelineOp& op : r[0].timeline.ops)
       if (op.kind == OpKind::Kernel) ++kernels[op.label];
     int linears = 0;
+    const bool tensorwise = recipe == Fp8Recipe::Tensorwise;
     for (const auto& [label, count] : kernels) {
       const size_t at = label.rfind(" fp8 gemm dW");
       if (at == std::string::npos) continue;
       ++linears;
       const std::string dx = label.substr(0, at) + " fp8 gemm dX";
       const std::string what = std::string(fp8_recipe_name(recipe)) + " " + label;
-      EXPECT_EQ(count, 2 * (recipe == Fp8Recipe::Tensorwise ? 2 : 5)) << what;
-      // Rowwise also casts the weight for dX, along its other axis (amax, cast). Note [Fused
-      // amax]: tensorwise, w13's dY comes with its amax from SwiGLU's backward (cast, GEMM).
-      const bool w13 = label.find(".w13 ") != std::string::npos;
-      EXPECT_EQ(kernels[dx], 2 * (recipe == Fp8Recipe::Tensorwise ? (w13 ? 2 : 3) : 5)) << what;
-      // Forward, tensorwise: amax, cast, GEMM (the weight came gathered in fp8); w2's X comes
-      // with its amax from SwiGLU (cast, GEMM). Rowwise: both operands' amax and cast, GEMM.
+      auto is = [&](const char* name) { return label.find(name) != std::string::npos; };
+      EXPECT_EQ(count, 2 * (tensorwise ? 2 : 5)) << what;
+      // Rowwise also casts the weight for dX, along its other axis (amax, cast).
+      EXPECT_EQ(kernels[dx], 2 * (tensorwise ? (is(".wqkv ") ? 3 : 2) : 5)) << what;
+      // Forward, tensorwise: the weight came gathered in fp8. Rowwise: both operands' amax and
+      // cast, GEMM.
       const std::string fwd = "fwd" + label.substr(3, at - 3) + " fp8 gemm";
-      const bool w2 = label.find(".w2 ") != std::string::npos;
-      EXPECT_EQ(kernels[fwd], 2 * (recipe == Fp8Recipe::Tensorwise ? (w2 ? 2 : 3) : 5)) << fwd;
+      EXPECT_EQ(kernels[fwd], 2 * (tensorwise ? (is(".wo ") ? 3 : 2) : 5)) << fwd;
     }
     EXPECT_GE(linears, 4) << fp8_recipe_name(recipe);
   }

@@ -41,11 +41,11 @@ TEST_F(FusedNormOps, AddRmsNormForwardIsAddThenNormExactly) {
       auto* rstd_s = static_cast<float*>(fresh(kRows));
       void *xd = put(x, t), *rd = put(res, t), *wd = put(w, t);
       dev->add(s, hs, xd, rd, t, n);
-      dev->rms_norm_forward(s, hs, wd, t, kRows, kCols, kEps, ys, rstd_s);
+      dev->rms_norm_forward(s, hs, wd, t, kRows, kCols, kEps, ys, rstd_s, nullptr);
       void* hf = in_place ? xd : fresh(n, t);  // h may overwrite x
       void* yf = fresh(n, t);
       auto* rstd_f = static_cast<float*>(fresh(kRows));
-      dev->add_rms_norm_forward(s, xd, rd, wd, t, kRows, kCols, kEps, hf, yf, rstd_f);
+      dev->add_rms_norm_forward(s, xd, rd, wd, t, kRows, kCols, kEps, hf, yf, rstd_f, nullptr);
       const std::string what = std::string(dtype_name(t)) + (in_place ? " in place" : "");
       EXPECT_EQ(get(hf, n, t), get(hs, n, t)) << what;
       EXPECT_EQ(get(yf, n, t), get(ys, n, t)) << what;
@@ -67,16 +67,16 @@ TEST_F(FusedNormOps, RmsNormBackwardAddIsBackwardPlusResidualGradient) {
   for (DType t : {DType::F32, DType::BF16}) {
     void *xd = put(x, t), *wd = put(w, t), *dyd = put(dy, t), *dresd = put(dres, t);
     auto* rstd = static_cast<float*>(fresh(kRows));
-    dev->rms_norm_forward(s, xd, wd, t, kRows, kCols, kEps, fresh(n, t), rstd);
+    dev->rms_norm_forward(s, xd, wd, t, kRows, kCols, kEps, fresh(n, t), rstd, nullptr);
     void* dx = fresh(n, t);
     void* dw = fresh(kCols, t);
-    dev->rms_norm_backward_add(s, xd, wd, rstd, dyd, dresd, t, kRows, kCols, dx, dw);
+    dev->rms_norm_backward_add(s, xd, wd, rstd, dyd, dresd, t, kRows, kCols, dx, dw, nullptr);
     const Floats got = get(dx, n, t), got_dw = get(dw, kCols, t);
     if (t == DType::F32) {
       // fp32 stores are exact, so the unfused pair rounds once too: the same values.
       void* dx_plain = fresh(n);
       void* dw_plain = fresh(kCols);
-      dev->rms_norm_backward(s, xd, wd, rstd, dyd, t, kRows, kCols, dx_plain, dw_plain);
+      dev->rms_norm_backward(s, xd, wd, rstd, dyd, t, kRows, kCols, dx_plain, dw_plain, nullptr);
       void* dx_sum = fresh(n);
       dev->add(s, dx_sum, dx_plain, dresd, t, n);
       EXPECT_EQ(got, get(dx_sum, n));
@@ -89,7 +89,7 @@ TEST_F(FusedNormOps, RmsNormBackwardAddIsBackwardPlusResidualGradient) {
     }
     // dx may overwrite the residual gradient.
     dev->rms_norm_backward_add(s, xd, wd, rstd, dyd, dresd, t, kRows, kCols, dresd,
-                               fresh(kCols, t));
+                               fresh(kCols, t), nullptr);
     EXPECT_EQ(get(dresd, n, t), got) << dtype_name(t);
   }
 }
@@ -104,7 +104,7 @@ TEST_F(FusedNormOps, FusedBackwardMatchesFiniteDifferencesOfTheFusedForward) {
     void* h = fresh(n);
     void* y = fresh(n);
     dev->add_rms_norm_forward(s, put(xv), put(res), put(w), DType::F32, kRows, kCols, kEps, h, y,
-                              static_cast<float*>(fresh(kRows)));
+                              static_cast<float*>(fresh(kRows)), nullptr);
     const Floats hv = get(h, n), yv = get(y, n);
     double l = 0;
     for (int64_t i = 0; i < n; ++i) l += double{ry[i]} * yv[i] + double{rh[i]} * hv[i];
@@ -114,10 +114,10 @@ TEST_F(FusedNormOps, FusedBackwardMatchesFiniteDifferencesOfTheFusedForward) {
   auto* rstd = static_cast<float*>(fresh(kRows));
   void* wd = put(w);
   dev->add_rms_norm_forward(s, put(x), put(res), wd, DType::F32, kRows, kCols, kEps, h, fresh(n),
-                            rstd);
+                            rstd, nullptr);
   void* dx = fresh(n);
   dev->rms_norm_backward_add(s, h, wd, rstd, put(ry), put(rh), DType::F32, kRows, kCols, dx,
-                             fresh(kCols));
+                             fresh(kCols), nullptr);
   const Floats got = get(dx, n);
   Floats xv = x;
   const float step = 1e-2f;
@@ -149,13 +149,13 @@ TEST_F(FusedNormOps, NullBuffersGiveOneLineErrors) {
     return "";
   };
   const std::string fwd = error_of([&] {
-    dev->add_rms_norm_forward(s, x, nullptr, w, DType::F32, kRows, kCols, kEps, out, out, rstd);
+    dev->add_rms_norm_forward(s, x, nullptr, w, DType::F32, kRows, kCols, kEps, out, out, rstd, nullptr);
   });
   EXPECT_NE(fwd.find("add_rms_norm_forward"), std::string::npos) << fwd;
   EXPECT_NE(fwd.find("residual"), std::string::npos) << fwd;
   EXPECT_EQ(fwd.find('\n'), std::string::npos) << fwd;
   const std::string bwd = error_of([&] {
-    dev->rms_norm_backward_add(s, x, w, rstd, x, nullptr, DType::F32, kRows, kCols, out, w);
+    dev->rms_norm_backward_add(s, x, w, rstd, x, nullptr, DType::F32, kRows, kCols, out, w, nullptr);
   });
   EXPECT_NE(bwd.find("rms_norm_backward_add"), std::string::npos) << bwd;
   EXPECT_NE(bwd.find("dresidual"), std::string::npos) << bwd;

@@ -3,6 +3,7 @@
 // names, counts, FLOPs, init and synthetic tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -202,6 +203,49 @@ TEST_F(TransformerModules, WholeModelBackwardMatchesFiniteDifferences) {
   std::unique_ptr<Model> m_built = models::build_model(mc);
   Model& m = *m_built;
   check_gradients(m, {}, 0, token_ids({1, 4, 4, 9, 0, 2, 10, 4}), c.vocab, /*stride=*/3);
+}
+
+// ---- activation checkpointing
+
+// Note [Activation checkpointing]: a fully checkpointed block's recompute stops early. Its FFN
+// output projection's GEMM and its last residual add make only the block's output, which
+// backward never reads, so each runs once (in forward); every other op runs twice. The
+// input grad and the param grads are bitwise those of the block without checkpointing.
+TEST_F(TransformerModules, AFullRecomputeSkipsTheWorkThatOnlyMakesTheBlocksOutput) {
+  const TransformerConfig c = small_config();
+  auto run = [&](ActivationCheckpoint mode, Timeline* timeline) {
+    TransformerBlock m(c, 1);
+    m.set_activation_checkpoint(mode);
+    load_params(m);
+    Tensor x = input(values(kTokens * c.dim, 1.0f, 0.0f, 5), c.dim);
+    Tensor dy = input(values(kTokens * c.dim, 1.0f, 0.0f, 6), c.dim);
+    dev->synchronize();
+    dev->enable_timeline(true);
+    m.forward(ctx, x);
+    Tensor dx = m.backward(ctx, dy);
+    *timeline = dev->take_timeline();
+    dev->enable_timeline(false);
+    std::vector<Floats> grads{download(*dev, s, dx.data, dx.numel(), DType::F32)};
+    for (Param* p : m.all_params()) grads.push_back(download(*dev, s, p->grad.data, p->numel(), DType::F32));
+    return grads;
+  };
+  Timeline none_ops, full_ops;
+  const std::vector<Floats> none = run(ActivationCheckpoint::None, &none_ops);
+  const std::vector<Floats> full = run(ActivationCheckpoint::Full, &full_ops);
+  EXPECT_EQ(full, none);
+  auto count = [](const Timeline& t, const std::string& label) {
+    return std::count_if(t.ops.begin(), t.ops.end(),
+                         [&](const TimelineOp& op) { return op.label == label; });
+  };
+  for (const char* once : {"fwd feed_forward.w2 gemm", "fwd root residual"}) {
+    EXPECT_EQ(count(none_ops, once), 1) << once;
+    EXPECT_EQ(count(full_ops, once), 1) << once;
+  }
+  for (const char* twice : {"fwd feed_forward.w13 gemm", "fwd feed_forward swiglu",
+                            "fwd attention.wo gemm", "fwd ffn_norm residual+rmsnorm"}) {
+    EXPECT_EQ(count(none_ops, twice), 1) << twice;
+    EXPECT_EQ(count(full_ops, twice), 2) << twice;
+  }
 }
 
 // ---- the model's names, sizes and init

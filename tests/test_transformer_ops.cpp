@@ -168,7 +168,7 @@ TEST_F(TransformerOps, RmsNormForwardMatchesNaive) {
   const Floats x = values(rows * cols, 1.5f, 3), w = values(cols, 1.0f, 4);
   void* y = fresh(rows * cols);
   auto* rstd = static_cast<float*>(fresh(rows));
-  dev->rms_norm_forward(s, put(x), put(w), DType::F32, rows, cols, eps, y, rstd);
+  dev->rms_norm_forward(s, put(x), put(w), DType::F32, rows, cols, eps, y, rstd, nullptr);
   const Floats got = get(y, rows * cols), got_rstd = get(rstd, rows);
   for (int64_t r = 0; r < rows; ++r) {
     double ms = 0;
@@ -188,15 +188,15 @@ TEST_F(TransformerOps, RmsNormBackwardMatchesFiniteDifferences) {
   auto forward = [&](const Floats& xv, const Floats& wv) {
     void* y = fresh(rows * cols);
     dev->rms_norm_forward(s, put(xv), put(wv), DType::F32, rows, cols, eps, y,
-                          static_cast<float*>(fresh(rows)));
+                          static_cast<float*>(fresh(rows)), nullptr);
     return get(y, rows * cols);
   };
   auto* rstd = static_cast<float*>(fresh(rows));
   void* dx = fresh(rows * cols);
   void* dw = fresh(cols);
   void *dx_in = put(x), *dw_in = put(w);
-  dev->rms_norm_forward(s, dx_in, dw_in, DType::F32, rows, cols, eps, fresh(rows * cols), rstd);
-  dev->rms_norm_backward(s, dx_in, dw_in, rstd, put(r), DType::F32, rows, cols, dx, dw);
+  dev->rms_norm_forward(s, dx_in, dw_in, DType::F32, rows, cols, eps, fresh(rows * cols), rstd, nullptr);
+  dev->rms_norm_backward(s, dx_in, dw_in, rstd, put(r), DType::F32, rows, cols, dx, dw, nullptr);
   const Floats gx = get(dx, rows * cols), gw = get(dw, cols);
   const Floats nx = numeric_grad(x, r, [&](const Floats& v) { return forward(v, w); });
   const Floats nw = numeric_grad(w, r, [&](const Floats& v) { return forward(x, v); });
@@ -384,6 +384,17 @@ TEST_F(TransformerOps, SwigluFusedAmaxIsTheAmaxPassOfItsOutput) {
                                               (nan_at >= 0 ? " with a NaN" : ""));
 }
 
+// The same for RMSNorm's four kernels: rows of packs (cols a multiple of 8) and not.
+TEST_F(TransformerOps, RmsNormFusedAmaxIsTheAmaxPassOfItsOutput) {
+  for (DType t : {DType::F32, DType::BF16})
+    for (int64_t cols : {13, 64})
+      for (int64_t nan_at : {int64_t{-1}, int64_t{30}})
+        testing::expect_rms_norm_fused_amax(*dev, t, 9, cols, nan_at,
+                                            std::string(dtype_name(t)) + " cols " +
+                                                std::to_string(cols) +
+                                                (nan_at >= 0 ? " with a NaN" : ""));
+}
+
 // ---- bf16 against fp32
 
 // Each op on bf16 buffers against the same op on fp32 buffers holding the same (bf16) values:
@@ -449,9 +460,9 @@ TEST_F(TransformerOps, Bf16IsTheFp32ResultRoundedOnce) {
     const int i = t == DType::BF16;
     void *dx_in = put(x, t), *dw_in = put(w, t), *y = fresh(rows * cols, t);
     auto* rstd = static_cast<float*>(fresh(rows));
-    dev->rms_norm_forward(s, dx_in, dw_in, t, rows, cols, 1e-5f, y, rstd);
+    dev->rms_norm_forward(s, dx_in, dw_in, t, rows, cols, 1e-5f, y, rstd, nullptr);
     void *gx = fresh(rows * cols, t), *gw = fresh(cols, t);
-    dev->rms_norm_backward(s, dx_in, dw_in, rstd, put(dy, t), t, rows, cols, gx, gw);
+    dev->rms_norm_backward(s, dx_in, dw_in, rstd, put(dy, t), t, rows, cols, gx, gw, nullptr);
     res[i][0] = get(y, rows * cols, t), res[i][1] = get(gx, rows * cols, t);
     res[i][2] = get(gw, cols, t);
     void *sw = fresh(rows * cols / 2, t), *dsw = fresh(rows * cols, t);

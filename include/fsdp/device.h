@@ -330,23 +330,25 @@ class Device {
   virtual void embedding_backward(Stream s, const void* dy, DType t, const int32_t* ids,
                                   int64_t rows, int64_t dim, int64_t vocab, void* dtable);
   // y = x * rstd * w, rstd[r] = 1 / sqrt(mean_c x[r,c]^2 + eps); w is [cols]; rstd is kept
-  // (fp32, [rows]) for the backward.
+  // (fp32, [rows]) for the backward. amax, when not null: max |y| as stored (Note [Fused
+  // amax], as swiglu_forward's).
   virtual void rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
-                                int64_t cols, float eps, void* y, float* rstd);
-  // Overwrites dx [rows, cols] and dw [cols] (dtype t; dw summed over rows in fp32).
+                                int64_t cols, float eps, void* y, float* rstd, float* amax);
+  // Overwrites dx [rows, cols] and dw [cols] (dtype t; dw summed over rows in fp32); amax, when
+  // not null, max |dx| as stored.
   virtual void rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd,
                                  const void* dy, DType t, int64_t rows, int64_t cols, void* dx,
-                                 void* dw);
+                                 void* dw, float* amax);
   // The residual add fused with the RMSNorm that reads its result: h = x + residual (rounded to
-  // t, as add() would), then rms_norm_forward of h. h may be x or residual.
+  // t, as add() would), then rms_norm_forward of h (amax: of y). h may be x or residual.
   virtual void add_rms_norm_forward(Stream s, const void* x, const void* residual, const void* w,
                                     DType t, int64_t rows, int64_t cols, float eps, void* h,
-                                    void* y, float* rstd);
+                                    void* y, float* rstd, float* amax);
   // rms_norm_backward whose input gradient also takes the residual path's: dx = dresidual +
-  // d(norm)/dx, summed in fp32 and rounded once. dx may be dy or dresidual.
+  // d(norm)/dx, summed in fp32 and rounded once (amax: of dx). dx may be dy or dresidual.
   virtual void rms_norm_backward_add(Stream s, const void* x, const void* w, const float* rstd,
                                      const void* dy, const void* dresidual, DType t, int64_t rows,
-                                     int64_t cols, void* dx, void* dw);
+                                     int64_t cols, void* dx, void* dw, float* amax);
   // Rotary position embedding in place on x [rows, heads * head_dim] (row stride ld), with
   // Hugging Face Llama's "rotate half" pairing: element i < head_dim/2 pairs with
   // i + head_dim/2, angle = pos * inv_freq[i] (fp32), pos = r % seq_len. inv_freq is host

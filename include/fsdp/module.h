@@ -104,7 +104,10 @@ class Param {
 //   what it finds dropped, just before it needs it, with the same forward kernels. Only
 //   modules that say what is cheap drop anything (the transformer's blocks: docs/memory.md).
 // The recompute runs the same kernels on the same inputs, so on the CPU backend losses and
-// gradients are bitwise those without checkpointing. It applies to a module run through
+// gradients are bitwise those without checkpointing. It stops early (recompute_impl): work
+// whose output only flows into the module's own output, which backward never reads, is not
+// done again (the transformer block's FFN output projection and its residual add).
+// PyTorch's checkpoint stops early too. It applies to a module run through
 // forward() and backward(), whose descendants have no FSDP hooks of their own (a unit's
 // recompute must not gather). A module's drop_own_saved says what it frees; one that does
 // not override it keeps its saved tensors (correct, but nothing saved).
@@ -159,6 +162,13 @@ class Module {
   // every tensor forward_impl kept for backward_impl; Selective only those backward_impl
   // makes again when it finds them missing. Default: nothing.
   virtual void drop_own_saved(ActivationCheckpoint) {}
+  // Note [Activation checkpointing]: a Full recompute of this module, which keeps for
+  // backward_impl what forward_impl keeps; its output is not needed, so a module may leave
+  // out the work that only makes it. Default: forward_impl itself.
+  virtual void recompute_impl(RunContext& ctx, const Tensor& x) { (void)forward_impl(ctx, x); }
+  // A child's part of this module's recompute_impl: the child's recompute_impl, or its
+  // forward() where that runs more than forward_impl (hooks, a checkpoint of its own).
+  static void recompute_child(RunContext& ctx, Module& child, const Tensor& x);
 
   Param& add_param(std::string name, std::vector<int64_t> shape, std::vector<float> init);
   Param& add_param(std::string name, std::vector<int64_t> shape, ParamInit init);
@@ -173,7 +183,7 @@ class Module {
 
  private:
   void set_fqn(const std::string& fqn);
-  // Full: runs forward_impl again on the kept input (its output is not needed).
+  // Full: runs recompute_impl on the kept input.
   void recompute_forward(RunContext& ctx);
   // Drops what forward kept for backward in this module and its descendants: all of it
   // (Full, their checkpointed inputs too), or what each one's backward remakes (Selective).

@@ -123,19 +123,19 @@ void Device::embedding_backward(Stream, const void*, DType, const int32_t*, int6
   not_on_backend(*this, "embedding_backward");
 }
 void Device::rms_norm_forward(Stream, const void*, const void*, DType, int64_t, int64_t, float,
-                              void*, float*) {
+                              void*, float*, float*) {
   not_on_backend(*this, "rms_norm_forward");
 }
 void Device::rms_norm_backward(Stream, const void*, const void*, const float*, const void*, DType,
-                               int64_t, int64_t, void*, void*) {
+                               int64_t, int64_t, void*, void*, float*) {
   not_on_backend(*this, "rms_norm_backward");
 }
 void Device::add_rms_norm_forward(Stream, const void*, const void*, const void*, DType, int64_t,
-                                  int64_t, float, void*, void*, float*) {
+                                  int64_t, float, void*, void*, float*, float*) {
   not_on_backend(*this, "add_rms_norm_forward");
 }
 void Device::rms_norm_backward_add(Stream, const void*, const void*, const float*, const void*,
-                                   const void*, DType, int64_t, int64_t, void*, void*) {
+                                   const void*, DType, int64_t, int64_t, void*, void*, float*) {
   not_on_backend(*this, "rms_norm_backward_add");
 }
 void Device::rope(Stream, void*, int64_t, DType, int64_t, int64_t, int64_t, int64_t, const float*,

@@ -24,7 +24,18 @@ void add_decoder_embedding(nn::Model& root, const nn::TransformerConfig& c) {
 // Parameter order, as FSDP flattens the root's group: tok_embeddings, norm, output (none when
 // tied: the head uses tok_embeddings', Note [Tied embeddings]).
 void add_decoder_head(nn::Model& root, const nn::TransformerConfig& c) {
-  root.set_final_norm("norm", std::make_unique<nn::RMSNorm>(c.dim, c.norm_eps));
+  auto norm = std::make_unique<nn::RMSNorm>(c.dim, c.norm_eps);
+  // Note [Fused amax]: a dense block's input gradient is the dY of the dense block before it's
+  // w2, and the final norm's the last block's (the head, in bf16, reads nothing in fp8).
+  const std::vector<Module*>& blocks = root.blocks();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    auto* block = dynamic_cast<nn::TransformerBlock*>(blocks[i]);
+    auto* before = i > 0 ? dynamic_cast<nn::TransformerBlock*>(blocks[i - 1]) : nullptr;
+    if (block && before) block->set_input_grad_reader(&before->output_projection_weight());
+  }
+  if (auto* last = blocks.empty() ? nullptr : dynamic_cast<nn::TransformerBlock*>(blocks.back()))
+    norm->set_fp8_readers(nullptr, &last->output_projection_weight());
+  root.set_final_norm("norm", std::move(norm));
   if (c.tie_embeddings)
     root.set_head("output", std::make_unique<nn::TiedHead>(
                                 dynamic_cast<nn::Embedding&>(*root.embedding()).weight()));

@@ -40,7 +40,9 @@ Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Device::Fp8Axis axis, 
 // Note [Fused amax]
 // A tensorwise fp8 GEMM scales its input by the input's amax, which a separate pass would read
 // the whole tensor for. Where one kernel makes that input (SwiGLU's output, the w2 GEMM's X;
-// SwiGLU's backward, the w13 GEMM's dY), it takes the amax of what it writes, in registers, and
+// SwiGLU's backward, the w13 GEMM's dY; a norm's output, wqkv's and w13's X; a norm's input
+// gradient, which is the residual's gradient: wo's dY, and the w2 dY of the block before, or of
+// the last block for the final norm), it takes the amax of what it writes, in registers, and
 // the tensor carries it (Tensor::fp8_amax) to fp8_quantize: the same max, NaN included, so the
 // same codes, one pass fewer. attach_fused_amax gives `out` its buffer when the GEMM that reads
 // it has a tensorwise fp8 weight `w`, and returns where its kernel writes the amax (null: none).

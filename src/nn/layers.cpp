@@ -102,6 +102,16 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
   return y;
 }
 
+void Linear::recompute_impl(RunContext& ctx, const Tensor& x) {
+  if (fused_relu || weight().fp8 == Fp8Recipe::Tensorwise) {
+    (void)forward_impl(ctx, x);
+    return;
+  }
+  FSDP_CHECK(x.cols == in_, "Linear ", fqn(), " expects ", in_, " features, got ", x.cols);
+  saved_x_ = x;
+  fp8_x_scales_.reset();  // as the rowwise forward leaves it
+}
+
 void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy,
                           const Fp8Operand* fp8_x, const Fp8Operand* fp8_dy) {
   Device& d = *ctx.device;

@@ -84,7 +84,14 @@ void Module::recompute_forward(RunContext& ctx) {
   FSDP_CHECK(checkpoint_input_.defined(), "module '", fqn_,
              "' is checkpointed (full) but its backward came without a forward before it");
   Tensor input = std::move(checkpoint_input_);
-  (void)forward_impl(ctx, input);
+  recompute_impl(ctx, input);
+}
+
+void Module::recompute_child(RunContext& ctx, Module& child, const Tensor& x) {
+  if (child.hooks || child.checkpoint_ != ActivationCheckpoint::None)
+    (void)child.forward(ctx, x);
+  else
+    child.recompute_impl(ctx, x);
 }
 
 void Module::drop_saved(ActivationCheckpoint what) {

@@ -227,8 +227,9 @@ Tensor RMSNorm::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor y = new_act(ctx, x.rows, dim_);
   Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, x.rows, 1, MemTag::Activation);
   d.set_label(op_label("fwd", "rmsnorm"));
+  float* amax = output_reader_ ? attach_fused_amax(ctx, *output_reader_, y) : nullptr;
   d.rms_norm_forward(ctx.compute, x.data, weight().value.data, ctx.act_dtype, x.rows, dim_, eps_,
-                     y.data, rstd.as<float>());
+                     y.data, rstd.as<float>(), amax);
   saved_x_ = x;
   saved_rstd_ = std::move(rstd);
   return y;
@@ -244,8 +245,9 @@ Tensor RMSNorm::forward_add(RunContext& ctx, const Tensor& x, const Tensor& resi
   Tensor y = new_act(ctx, x.rows, dim_);
   Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, x.rows, 1, MemTag::Activation);
   d.set_label(op_label("fwd", "residual+rmsnorm"));
+  float* amax = output_reader_ ? attach_fused_amax(ctx, *output_reader_, y) : nullptr;
   d.add_rms_norm_forward(ctx.compute, x.data, residual.data, weight().value.data, ctx.act_dtype,
-                         x.rows, dim_, eps_, h.data, y.data, rstd.as<float>());
+                         x.rows, dim_, eps_, h.data, y.data, rstd.as<float>(), amax);
   saved_x_ = h;
   saved_rstd_ = std::move(rstd);
   if (hooks) hooks->post_forward(ctx);
@@ -265,8 +267,9 @@ void RMSNorm::remake_output_for(RunContext& ctx, Linear& consumer) {
   Tensor y = new_act(ctx, saved_x_.rows, dim_);
   Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, saved_x_.rows, 1, MemTag::Activation);
   d.set_label(op_label("recompute", "rmsnorm"));
+  float* amax = output_reader_ ? attach_fused_amax(ctx, *output_reader_, y) : nullptr;
   d.rms_norm_forward(ctx.compute, saved_x_.data, weight().value.data, ctx.act_dtype,
-                     saved_x_.rows, dim_, eps_, y.data, rstd.as<float>());
+                     saved_x_.rows, dim_, eps_, y.data, rstd.as<float>(), amax);
   saved_rstd_ = std::move(rstd);  // the same values as the one it replaces
   consumer.restore_saved_input(std::move(y));
 }
@@ -289,15 +292,16 @@ Tensor RMSNorm::backward_common(RunContext& ctx, const Tensor& dy, const Tensor*
   Device& d = *ctx.device;
   Tensor dx = new_act(ctx, dy.rows, dim_);
   Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, dim_, 1, MemTag::Grad);
+  float* amax = input_grad_reader_ ? attach_fused_amax(ctx, *input_grad_reader_, dx) : nullptr;
   if (dresidual) {
     d.set_label(op_label("bwd", "rmsnorm+residual"));
     d.rms_norm_backward_add(ctx.compute, saved_x_.data, weight().value.data,
                             saved_rstd_.as<float>(), dy.data, dresidual->data, ctx.act_dtype,
-                            dy.rows, dim_, dx.data, dw.data);
+                            dy.rows, dim_, dx.data, dw.data, amax);
   } else {
     d.set_label(op_label("bwd", "rmsnorm"));
     d.rms_norm_backward(ctx.compute, saved_x_.data, weight().value.data, saved_rstd_.as<float>(),
-                        dy.data, ctx.act_dtype, dy.rows, dim_, dx.data, dw.data);
+                        dy.data, ctx.act_dtype, dy.rows, dim_, dx.data, dw.data, amax);
   }
   saved_x_ = Tensor{};
   saved_rstd_ = Tensor{};
@@ -316,7 +320,7 @@ FeedForward::FeedForward(int64_t dim, int64_t ffn_dim, uint64_t seed, float w2_s
                                                   normal_init_fn(seed * 2 + 2, dim * ffn_dim, w2_std)));
 }
 
-Tensor FeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
+Tensor FeedForward::swiglu(RunContext& ctx, const Tensor& x) {
   Tensor h13 = w13_->forward(ctx, x);
   Tensor act = new_act(ctx, x.rows, ffn_dim_);
   float* amax = attach_fused_amax(ctx, w2_->weight(), act);  // Note [Fused amax]
@@ -324,7 +328,15 @@ Tensor FeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
   ctx.device->swiglu_forward(ctx.compute, h13.data, ctx.act_dtype, x.rows, ffn_dim_, act.data,
                              amax);
   saved_h13_ = std::move(h13);
-  return w2_->forward(ctx, act);
+  return act;
+}
+
+Tensor FeedForward::forward_impl(RunContext& ctx, const Tensor& x) {
+  return w2_->forward(ctx, swiglu(ctx, x));
+}
+
+void FeedForward::recompute_impl(RunContext& ctx, const Tensor& x) {
+  recompute_child(ctx, *w2_, swiglu(ctx, x));
 }
 
 void FeedForward::drop_own_saved(ActivationCheckpoint what) {
@@ -361,6 +373,19 @@ TransformerBlock::TransformerBlock(const TransformerConfig& c, int layer)
   feed_forward_ = &add_child("feed_forward",
                              std::make_unique<FeedForward>(c.dim, c.ffn_dim, ffn_seed,
                                                            residual_projection_init_std(layer)));
+  // Note [Fused amax]: wqkv reads attention_norm's output, w13 ffn_norm's; wo reads ffn_norm's
+  // input gradient dh (the residual's gradient) as its dY.
+  attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), nullptr);
+  ffn_norm_->set_fp8_readers(&feed_forward_->input_projection().weight(),
+                             &attention_->output_projection().weight());
+}
+
+void TransformerBlock::set_input_grad_reader(const Param* w) {
+  attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), w);
+}
+
+const Param& TransformerBlock::output_projection_weight() const {
+  return feed_forward_->output_projection().weight();
 }
 
 Tensor TransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
@@ -375,12 +400,23 @@ Tensor TransformerBlock::forward_cached(RunContext& ctx, const Tensor& x, LayerK
 }
 
 template <typename Attend>
+Tensor TransformerBlock::ffn_input(RunContext& ctx, const Tensor& x, Attend&& attend, Tensor& h) {
+  Tensor attn = attend(attention_norm_->forward(ctx, x));
+  return ffn_norm_->forward_add(ctx, x, attn, h);  // h = x + attn
+}
+
+void TransformerBlock::recompute_impl(RunContext& ctx, const Tensor& x) {
+  Tensor h;
+  Tensor normed = ffn_input(
+      ctx, x, [&](const Tensor& n) { return attention_->forward(ctx, n); }, h);
+  recompute_child(ctx, *feed_forward_, normed);
+}
+
+template <typename Attend>
 Tensor TransformerBlock::forward_with(RunContext& ctx, const Tensor& x, Attend&& attend) {
   Device& d = *ctx.device;
-  Tensor attn = attend(attention_norm_->forward(ctx, x));
   Tensor h;
-  Tensor normed = ffn_norm_->forward_add(ctx, x, attn, h);  // h = x + attn
-  attn = Tensor{};
+  Tensor normed = ffn_input(ctx, x, attend, h);
   Tensor ffn = feed_forward_->forward(ctx, normed);
   normed = Tensor{};
   Tensor out = new_act(ctx, x.rows, x.cols);

@@ -89,12 +89,12 @@ TEST_F(CudaFusedOps, AddRmsNormForwardAndBackwardMatchCpu) {
           void* y = b.poisoned(t, n);
           auto* rstd = static_cast<float*>(b.poisoned(DType::F32, sh.rows));
           d.add_rms_norm_forward(b.stream(), xd, b.upload(t, res), wd, t, sh.rows, sh.cols, 1e-5f,
-                                 h, y, rstd);
+                                 h, y, rstd, nullptr);
           void* dresd = b.upload(t, dres);
           void* dx = in_place ? dresd : b.poisoned(t, n);
           void* dw = b.poisoned(t, sh.cols);
           d.rms_norm_backward_add(b.stream(), h, wd, rstd, b.upload(t, dy), dresd, t, sh.rows,
-                                  sh.cols, dx, dw);
+                                  sh.cols, dx, dw, nullptr);
           return std::vector<Output>{
               // h is one rounding of the same fp32 sum on both: exact.
               {"h", b.read(h, t, n), Tolerance{0, 0}},

@@ -90,11 +90,11 @@ TEST_F(CudaTransformerOps, RmsNormMatchesCpu) {
         void* wd = b.upload(t, w);
         void* y = b.poisoned(t, sh.rows * sh.cols);
         auto* rstd = static_cast<float*>(b.poisoned(DType::F32, sh.rows));
-        d.rms_norm_forward(b.stream(), xd, wd, t, sh.rows, sh.cols, 1e-5f, y, rstd);
+        d.rms_norm_forward(b.stream(), xd, wd, t, sh.rows, sh.cols, 1e-5f, y, rstd, nullptr);
         void* dx = b.poisoned(t, sh.rows * sh.cols);
         void* dw = b.poisoned(t, sh.cols);
         d.rms_norm_backward(b.stream(), xd, wd, rstd, b.upload(t, dy), t, sh.rows, sh.cols, dx,
-                            dw);
+                            dw, nullptr);
         return std::vector<Output>{
             {"y", b.read(y, t, sh.rows * sh.cols), tol},
             {"rstd", b.read(rstd, DType::F32, sh.rows), Tolerance{1e-5, 0}},
@@ -163,6 +163,18 @@ TEST_F(CudaTransformerOps, SwigluFusedAmaxIsTheAmaxPassOfItsOutput) {
         testing::expect_swiglu_fused_amax(*gpu, t, ffn == 13 ? 37 : 2048, ffn, nan_at,
                                           label("swiglu amax", t, std::to_string(ffn)) +
                                               (nan_at >= 0 ? " with a NaN" : ""));
+}
+
+// RMSNorm's: the register kernels (3072 columns: the 3.0B shape's width) and the general ones
+// (13 columns; 12288, wider than the register kernels take).
+TEST_F(CudaTransformerOps, RmsNormFusedAmaxIsTheAmaxPassOfItsOutput) {
+  auto gpu = cuda::make_device(0);
+  for (DType t : kTypes)
+    for (int64_t cols : {13, 3072, 12288})
+      for (int64_t nan_at : {int64_t{-1}, int64_t{30}})
+        testing::expect_rms_norm_fused_amax(*gpu, t, cols == 13 ? 37 : 1024, cols, nan_at,
+                                            label("rmsnorm amax", t, std::to_string(cols)) +
+                                                (nan_at >= 0 ? " with a NaN" : ""));
 }
 
 struct AttentionShape {
@@ -305,11 +317,11 @@ TEST_F(CudaTransformerOps, BackwardsAreDeterministic) {
     void* w = b.upload(t, uniform(rng, dim, 0.5f, 1.5f));
     auto* rstd = static_cast<float*>(b.alloc(rows * 4));
     void* y = b.alloc(rows * dim * 2);
-    d->rms_norm_forward(b.stream(), x, w, t, rows, dim, 1e-5f, y, rstd);
+    d->rms_norm_forward(b.stream(), x, w, t, rows, dim, 1e-5f, y, rstd, nullptr);
     void* dx = b.alloc(rows * dim * 2);
     void* dw = b.alloc(dim * 2);
     d->rms_norm_backward(b.stream(), x, w, rstd, b.upload(t, uniform(rng, rows * dim, -1, 1)), t,
-                         rows, dim, dx, dw);
+                         rows, dim, dx, dw, nullptr);
     outs.push_back({"rms_norm dw", b.read(dw, t, dim), kExact});
     for (Output& o : run_attention(b, AttentionShape{1, 512, 8, 2, 64}, t, kExact, kExact))
       outs.push_back({"attention simt " + o.name, std::move(o.values), kExact});

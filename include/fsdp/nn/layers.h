@@ -53,6 +53,10 @@ class Linear : public Module {
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
   void drop_own_saved(ActivationCheckpoint what) override;
+  // Keeps the input and skips the GEMM, whose output backward does not read (unless it is
+  // the fused ReLU's mask, or a tensorwise fp8 GEMM whose cast made the scale the weight
+  // grad reuses).
+  void recompute_impl(RunContext& ctx, const Tensor& x) override;
 
  private:
   void weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy,

@@ -116,6 +116,14 @@ class RMSNorm : public Module {
   // same kernel, so the same values (the fused residual add stores h rounded before
   // normalizing it, as the plain norm reads it). Nothing when consumer still has it.
   void remake_output_for(RunContext& ctx, Linear& consumer);
+  // Note [Fused amax]: the weights of the GEMMs that read this norm's output (as X) and its
+  // input gradient (as dY). Where one is a tensorwise fp8 GEMM, the norm's kernel takes the
+  // amax of what it writes, and the GEMM's cast reads it instead of passing over the tensor.
+  void set_fp8_readers(const Param* output_reader, const Param* input_grad_reader) {
+    output_reader_ = output_reader;
+    input_grad_reader_ = input_grad_reader;
+  }
+  const Param* input_grad_reader() const { return input_grad_reader_; }
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
@@ -128,6 +136,8 @@ class RMSNorm : public Module {
   int64_t dim_;
   float eps_;
   Tensor saved_x_, saved_rstd_;
+  const Param* output_reader_ = nullptr;
+  const Param* input_grad_reader_ = nullptr;
 };
 
 // Note [Tied embeddings]
@@ -163,6 +173,7 @@ class Attention : public Module {
   Attention(const TransformerConfig& c, int layer);
   // Its input (wqkv's), which a selective checkpoint drops and hands back (Linear's).
   Linear& input_projection() const { return *wqkv_; }
+  Linear& output_projection() const { return *wo_; }  // wo: its dY is the block's dh
   int64_t kv_width() const { return kv_heads_ * head_dim_; }
   // CachedBlock's: the new tokens' q, k and v from wqkv, RoPE at their positions
   // (Device::rope_at), the attention against the cache (Device::attention_kv_cache), wo.
@@ -189,14 +200,19 @@ class FeedForward : public Module {
   FeedForward(int64_t dim, int64_t ffn_dim, uint64_t seed, float w2_std);
   // Its input (w13's), which a selective checkpoint drops and hands back (Linear's).
   Linear& input_projection() const { return *w13_; }
+  Linear& output_projection() const { return *w2_; }  // w2: its dY is the block's output grad
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
   // Selective: SwiGLU's output (w2's input), remade from w13's output in backward.
   void drop_own_saved(ActivationCheckpoint what) override;
+  // Full: w13 and SwiGLU again; w2 keeps its input and skips its GEMM.
+  void recompute_impl(RunContext& ctx, const Tensor& x) override;
 
  private:
+  // silu(x w1^T) * (x w3^T): w2's input. Keeps w13's output for backward.
+  Tensor swiglu(RunContext& ctx, const Tensor& x);
   int64_t ffn_dim_;
   Linear* w13_;
   Linear* w2_;
@@ -213,6 +229,10 @@ class TransformerBlock : public Module, public CachedBlock {
  public:
   TransformerBlock(const TransformerConfig& c, int layer);
   int64_t kv_width() const override { return attention_->kv_width(); }
+  // Note [Fused amax]: the weight of the GEMM that reads the block's input gradient as dY
+  // (the block before it's w2; set by the decoder's builder), and the block's own w2.
+  void set_input_grad_reader(const Param* w);
+  const Param& output_projection_weight() const;
   Tensor forward_cached(RunContext& ctx, const Tensor& x, LayerKvCache& cache,
                         int64_t position) override;
 
@@ -220,11 +240,17 @@ class TransformerBlock : public Module, public CachedBlock {
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
   void drop_own_saved(ActivationCheckpoint what) override;
+  // Full: the block up to the FFN, whose recompute stops before its last GEMM; the
+  // residual add after it is left out (the block's output is not needed).
+  void recompute_impl(RunContext& ctx, const Tensor& x) override;
 
  private:
   // The block's math around its attention, attend(attention_norm(x)), for both forwards.
   template <typename Attend>
   Tensor forward_with(RunContext& ctx, const Tensor& x, Attend&& attend);
+  // Its first half: ffn_norm(h), with h = x + attend(attention_norm(x)).
+  template <typename Attend>
+  Tensor ffn_input(RunContext& ctx, const Tensor& x, Attend&& attend, Tensor& h);
 
   RMSNorm* attention_norm_;
   Attention* attention_;

@@ -246,7 +246,7 @@ void CpuDevice::embedding_backward(Stream s, const void* dy, DType t, const int3
 }
 
 void CpuDevice::rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
-                                 int64_t cols, float eps, void* y, float* rstd) {
+                                 int64_t cols, float eps, void* y, float* rstd, float* amax) {
   const char* op = "rms_norm_forward";
   check_activation_dtype(t, op);
   FSDP_CHECK(rows >= 0 && cols >= 1 && eps >= 0, op, ": rows ", rows, ", cols ", cols, ", eps ",
@@ -257,12 +257,13 @@ void CpuDevice::rms_norm_forward(Stream s, const void* x, const void* w, DType t
     with_io(t, [&](auto io) {
       rms_norm_forward_kernel<decltype(io)>(x, nullptr, w, rows, cols, eps, nullptr, y, rstd);
     });
+    if (amax) *amax = kernels::abs_max(y, t, rows * cols);  // Note [Fused amax]
   });
 }
 
 void CpuDevice::rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd,
                                   const void* dy, DType t, int64_t rows, int64_t cols, void* dx,
-                                  void* dw) {
+                                  void* dw, float* amax) {
   const char* op = "rms_norm_backward";
   check_activation_dtype(t, op);
   FSDP_CHECK(rows >= 0 && cols >= 1, op, ": rows ", rows, ", cols ", cols);
@@ -272,12 +273,13 @@ void CpuDevice::rms_norm_backward(Stream s, const void* x, const void* w, const 
     with_io(t, [&](auto io) {
       rms_norm_backward_kernel<decltype(io)>(x, w, rstd, dy, nullptr, rows, cols, dx, dw);
     });
+    if (amax) *amax = kernels::abs_max(dx, t, rows * cols);
   });
 }
 
 void CpuDevice::add_rms_norm_forward(Stream s, const void* x, const void* residual,
                                      const void* w, DType t, int64_t rows, int64_t cols, float eps,
-                                     void* h, void* y, float* rstd) {
+                                     void* h, void* y, float* rstd, float* amax) {
   const char* op = "add_rms_norm_forward";
   check_activation_dtype(t, op);
   FSDP_CHECK(rows >= 0 && cols >= 1 && eps >= 0, op, ": rows ", rows, ", cols ", cols, ", eps ",
@@ -288,12 +290,14 @@ void CpuDevice::add_rms_norm_forward(Stream s, const void* x, const void* residu
     with_io(t, [&](auto io) {
       rms_norm_forward_kernel<decltype(io)>(x, residual, w, rows, cols, eps, h, y, rstd);
     });
+    if (amax) *amax = kernels::abs_max(y, t, rows * cols);
   });
 }
 
 void CpuDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, const float* rstd,
                                       const void* dy, const void* dresidual, DType t,
-                                      int64_t rows, int64_t cols, void* dx, void* dw) {
+                                      int64_t rows, int64_t cols, void* dx, void* dw,
+                                      float* amax) {
   const char* op = "rms_norm_backward_add";
   check_activation_dtype(t, op);
   FSDP_CHECK(rows >= 0 && cols >= 1, op, ": rows ", rows, ", cols ", cols);
@@ -304,6 +308,7 @@ void CpuDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, co
     with_io(t, [&](auto io) {
       rms_norm_backward_kernel<decltype(io)>(x, w, rstd, dy, dresidual, rows, cols, dx, dw);
     });
+    if (amax) *amax = kernels::abs_max(dx, t, rows * cols);
   });
 }
 

@@ -138,13 +138,14 @@ void embedding_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const v
                         void* dtable);
 // RMSNorm (kernels_rms_norm.cu). With a residual, the forward first forms h = x + residual
 // (Device::add_rms_norm_forward); with a dresidual, the backward adds it to dx
-// (Device::rms_norm_backward_add). Both may be null: the plain ops.
+// (Device::rms_norm_backward_add). Both may be null: the plain ops. amax, when not null, gets
+// max |y| (forward) or max |dx| (backward) as stored (Note [Fused amax]).
 void rms_norm_forward(cudaStream_t stream, const void* x, const void* residual, const void* w,
                       DType t, int64_t rows, int64_t cols, float eps, void* h, void* y,
-                      float* rstd);
+                      float* rstd, float* amax);
 void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* x,
                        const void* w, const float* rstd, const void* dy, const void* dresidual,
-                       DType t, int64_t rows, int64_t cols, void* dx, void* dw);
+                       DType t, int64_t rows, int64_t cols, void* dx, void* dw, float* amax);
 // The widest RMSNorm row the backward handles (its dw partials live in shared memory).
 constexpr int64_t kRmsNormMaxCols = 12288;
 // inv_freq[i] = theta^(-2i/head_dim), computed on the host exactly as the CPU backend does.

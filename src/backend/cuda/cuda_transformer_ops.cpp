@@ -62,7 +62,7 @@ void CudaDevice::embedding_backward(Stream s, const void* dy, DType t, const int
 }
 
 void CudaDevice::rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
-                                  int64_t cols, float eps, void* y, float* rstd) {
+                                  int64_t cols, float eps, void* y, float* rstd, float* amax) {
   OpScope op(*this, s, OpKind::Kernel);
   const char* name = "rms_norm_forward";
   check_activation_dtype(t, name);
@@ -70,12 +70,13 @@ void CudaDevice::rms_norm_forward(Stream s, const void* x, const void* w, DType 
   FSDP_CHECK(eps >= 0.0f, name, ": eps ", eps, " is negative");
   check_ptr(x, "x", name), check_ptr(w, "w", name), check_ptr(y, "y", name);
   check_ptr(rstd, "rstd", name);
-  kernels::rms_norm_forward(op.stream(), x, nullptr, w, t, rows, cols, eps, nullptr, y, rstd);
+  kernels::rms_norm_forward(op.stream(), x, nullptr, w, t, rows, cols, eps, nullptr, y, rstd,
+                            amax);
 }
 
 void CudaDevice::rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd,
                                    const void* dy, DType t, int64_t rows, int64_t cols, void* dx,
-                                   void* dw) {
+                                   void* dw, float* amax) {
   OpScope op(*this, s, OpKind::Kernel);
   const char* name = "rms_norm_backward";
   check_activation_dtype(t, name);
@@ -83,12 +84,12 @@ void CudaDevice::rms_norm_backward(Stream s, const void* x, const void* w, const
   check_ptr(x, "x", name), check_ptr(w, "w", name), check_ptr(rstd, "rstd", name);
   check_ptr(dy, "dy", name), check_ptr(dx, "dx", name), check_ptr(dw, "dw", name);
   kernels::rms_norm_backward(op.stream(), pool_, x, w, rstd, dy, nullptr, t, rows, cols, dx,
-                             dw);
+                             dw, amax);
 }
 
 void CudaDevice::add_rms_norm_forward(Stream s, const void* x, const void* residual,
                                       const void* w, DType t, int64_t rows, int64_t cols,
-                                      float eps, void* h, void* y, float* rstd) {
+                                      float eps, void* h, void* y, float* rstd, float* amax) {
   OpScope op(*this, s, OpKind::Kernel);
   const char* name = "add_rms_norm_forward";
   check_activation_dtype(t, name);
@@ -96,12 +97,13 @@ void CudaDevice::add_rms_norm_forward(Stream s, const void* x, const void* resid
   FSDP_CHECK(eps >= 0.0f, name, ": eps ", eps, " is negative");
   check_ptr(x, "x", name), check_ptr(residual, "residual", name), check_ptr(w, "w", name);
   check_ptr(h, "h", name), check_ptr(y, "y", name), check_ptr(rstd, "rstd", name);
-  kernels::rms_norm_forward(op.stream(), x, residual, w, t, rows, cols, eps, h, y, rstd);
+  kernels::rms_norm_forward(op.stream(), x, residual, w, t, rows, cols, eps, h, y, rstd, amax);
 }
 
 void CudaDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, const float* rstd,
                                        const void* dy, const void* dresidual, DType t,
-                                       int64_t rows, int64_t cols, void* dx, void* dw) {
+                                       int64_t rows, int64_t cols, void* dx, void* dw,
+                                       float* amax) {
   OpScope op(*this, s, OpKind::Kernel);
   const char* name = "rms_norm_backward_add";
   check_activation_dtype(t, name);
@@ -110,7 +112,7 @@ void CudaDevice::rms_norm_backward_add(Stream s, const void* x, const void* w, c
   check_ptr(dy, "dy", name), check_ptr(dresidual, "dresidual", name);
   check_ptr(dx, "dx", name), check_ptr(dw, "dw", name);
   kernels::rms_norm_backward(op.stream(), pool_, x, w, rstd, dy, dresidual, t, rows, cols, dx,
-                             dw);
+                             dw, amax);
 }
 
 namespace {

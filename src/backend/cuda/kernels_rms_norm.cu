@@ -34,13 +34,23 @@ __device__ __forceinline__ float round_to(float v) {
   return to_float(from_float<T>(v));
 }
 
+// Note [Fused amax]: the block's largest |output| as stored into *amax_bits (zeroed before
+// the launch), when the caller asked for it. amax_bits is the same for every thread, so the
+// block takes the branch (and block_max_bits's barriers) as one.
+__device__ __forceinline__ void store_block_amax(unsigned m, unsigned* amax_bits) {
+  if (!amax_bits) return;
+  m = block_max_bits(m);
+  if (threadIdx.x == 0) atomicMax(amax_bits, m);
+}
+
 // ---- register kernels: packs q = threadIdx.x + k * kThreads, k < K, of a row of cols / kVec.
 
 template <typename T, int K>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_forward_regs(const T* x, const T* residual, const T* w, int64_t rows, int64_t cols,
-                          float eps, T* h, T* y, float* rstd) {
+                          float eps, T* h, T* y, float* rstd, unsigned* amax_bits) {
   const int64_t packs = cols / kVec;
+  unsigned m = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float v[K][kVec];
     float sum_sq = 0.0f;
@@ -70,10 +80,14 @@ __global__ void __launch_bounds__(kThreads)
       float g[kVec];
       load_pack<kVec>(w + q * kVec, g);
 #pragma unroll
-      for (int j = 0; j < kVec; ++j) v[k][j] = v[k][j] * inv * g[j];
+      for (int j = 0; j < kVec; ++j) {
+        v[k][j] = v[k][j] * inv * g[j];
+        m = max(m, stored_abs_bits<T>(v[k][j]));
+      }
       store_pack<kVec>(y + r * cols + q * kVec, v[k]);
     }
   }
+  store_block_amax(m, amax_bits);
 }
 
 // Block b takes rows [b * rows_per_block, ...) and writes its dw partial to partials[b].
@@ -81,8 +95,9 @@ template <typename T, int K>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_backward_regs(const T* x, const T* w, const float* rstd, const T* dy,
                            const T* dresidual, int64_t rows, int64_t cols, int64_t rows_per_block,
-                           T* dx, float* partials) {
+                           T* dx, float* partials, unsigned* amax_bits) {
   const int64_t packs = cols / kVec;
+  unsigned m = 0;
   float wv[K][kVec], acc[K][kVec];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -124,8 +139,10 @@ __global__ void __launch_bounds__(kThreads)
       if (q >= packs) continue;
       float out[kVec];
 #pragma unroll
-      for (int j = 0; j < kVec; ++j)
+      for (int j = 0; j < kVec; ++j) {
         out[j] = inv * (dv[k][j] * wv[k][j] - xh[k][j] * mean_gx) + res[k][j];
+        m = max(m, stored_abs_bits<T>(out[j]));
+      }
       store_pack<kVec>(dx + r * cols + q * kVec, out);
     }
   }
@@ -134,13 +151,16 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t q = threadIdx.x + k * kThreads;
     if (q < packs) store_pack<kVec>(partials + blockIdx.x * cols + q * kVec, acc[k]);
   }
+  store_block_amax(m, amax_bits);
 }
 
 // ---- general kernels: any width; thread ownership of columns: packs of W at tid*W + i*W*threads.
 
 template <typename T, int W>
 __global__ void rms_norm_forward_general(const T* x, const T* residual, const T* w, int64_t rows,
-                                         int64_t cols, float eps, T* h, T* y, float* rstd) {
+                                         int64_t cols, float eps, T* h, T* y, float* rstd,
+                                         unsigned* amax_bits) {
+  unsigned m = 0;
   for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
     float sum_sq = 0.0f;
     for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W) {
@@ -165,10 +185,14 @@ __global__ void rms_norm_forward_general(const T* x, const T* residual, const T*
       load_pack<W>(xr + c, v);
       load_pack<W>(w + c, g);
 #pragma unroll
-      for (int j = 0; j < W; ++j) v[j] = v[j] * inv * g[j];
+      for (int j = 0; j < W; ++j) {
+        v[j] = v[j] * inv * g[j];
+        m = max(m, stored_abs_bits<T>(v[j]));
+      }
       store_pack<W>(y + r * cols + c, v);
     }
   }
+  store_block_amax(m, amax_bits);
 }
 
 // dx row by row (xh = x rstd, g = dy w, dx = rstd (g - xh mean_c(g xh)) + dresidual), and the
@@ -177,8 +201,10 @@ __global__ void rms_norm_forward_general(const T* x, const T* residual, const T*
 template <typename T, int W>
 __global__ void rms_norm_backward_general(const T* x, const T* w, const float* rstd, const T* dy,
                                           const T* dresidual, int64_t rows, int64_t cols,
-                                          int64_t rows_per_block, T* dx, float* partials) {
+                                          int64_t rows_per_block, T* dx, float* partials,
+                                          unsigned* amax_bits) {
   extern __shared__ float dw_acc[];
+  unsigned m = 0;
   for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W)
 #pragma unroll
     for (int j = 0; j < W; ++j) dw_acc[c + j] = 0.0f;
@@ -214,13 +240,17 @@ __global__ void rms_norm_backward_general(const T* x, const T* w, const float* r
 #pragma unroll
         for (int j = 0; j < W; ++j) res[j] = 0.0f;
 #pragma unroll
-      for (int j = 0; j < W; ++j) out[j] = inv * (dv[j] * wv[j] - xv[j] * inv * mean_gx) + res[j];
+      for (int j = 0; j < W; ++j) {
+        out[j] = inv * (dv[j] * wv[j] - xv[j] * inv * mean_gx) + res[j];
+        m = max(m, stored_abs_bits<T>(out[j]));
+      }
       store_pack<W>(dx + r * cols + c, out);
     }
   }
   for (int64_t c = threadIdx.x * W; c < cols; c += blockDim.x * W)
 #pragma unroll
     for (int j = 0; j < W; ++j) partials[blockIdx.x * cols + c + j] = dw_acc[c + j];
+  store_block_amax(m, amax_bits);
 }
 
 // dw[c] = sum of the partials in a fixed order: a block of 32 columns x 8 lanes; lane l adds
@@ -260,16 +290,24 @@ int grid_for_rows(int64_t rows) {
 template <typename T, int K>
 void launch_backward_regs(cudaStream_t stream, int parts, const T* x, const T* w,
                           const float* rstd, const T* dy, const T* dres, int64_t rows,
-                          int64_t cols, int64_t rows_per_block, T* dx, float* partials) {
-  rms_norm_backward_regs<T, K><<<parts, kThreads, 0, stream>>>(x, w, rstd, dy, dres, rows, cols,
-                                                              rows_per_block, dx, partials);
+                          int64_t cols, int64_t rows_per_block, T* dx, float* partials,
+                          unsigned* amax_bits) {
+  rms_norm_backward_regs<T, K><<<parts, kThreads, 0, stream>>>(
+      x, w, rstd, dy, dres, rows, cols, rows_per_block, dx, partials, amax_bits);
+}
+
+// The amax's buffer zeroed for the kernels' atomic max, as bits (null when not asked for).
+unsigned* zeroed_amax_bits(cudaStream_t stream, float* amax) {
+  if (amax) FSDP_CUDA_CHECK(cudaMemsetAsync(amax, 0, sizeof(float), stream));
+  return reinterpret_cast<unsigned*>(amax);
 }
 
 }  // namespace
 
 void rms_norm_forward(cudaStream_t stream, const void* x, const void* residual, const void* w,
                       DType t, int64_t rows, int64_t cols, float eps, void* h, void* y,
-                      float* rstd) {
+                      float* rstd, float* amax) {
+  unsigned* amax_bits = zeroed_amax_bits(stream, amax);  // an empty output's amax reads 0
   if (rows <= 0 || cols <= 0) return;
   const bool packs = cols % kVec == 0 && aligned16(x) && aligned16(w) && aligned16(y) &&
                      (residual == nullptr || (aligned16(residual) && aligned16(h)));
@@ -284,19 +322,19 @@ void rms_norm_forward(cudaStream_t stream, const void* x, const void* residual, 
     const int grid = grid_for_rows(rows);
     if (k == 1)
       rms_norm_forward_regs<T, 1>
-          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd);
+          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd, amax_bits);
     else if (k == 2)
       rms_norm_forward_regs<T, 2>
-          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd);
+          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd, amax_bits);
     else if (k == kMaxPacksPerThread)
       rms_norm_forward_regs<T, kMaxPacksPerThread>
-          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd);
+          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd, amax_bits);
     else if (packs)
       rms_norm_forward_general<T, kVec>
-          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd);
+          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd, amax_bits);
     else
       rms_norm_forward_general<T, 1>
-          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd);
+          <<<grid, kThreads, 0, stream>>>(xs, rs, ws, rows, cols, eps, hs, ys, rstd, amax_bits);
   });
   FSDP_CUDA_CHECK_LAUNCH();
 }
@@ -306,17 +344,19 @@ void rms_norm_forward(cudaStream_t stream, const void* x, const void* residual, 
 template <typename T, int V>
 void launch_backward_general(cudaStream_t stream, int grid, size_t smem, const T* x, const T* w,
                              const float* rstd, const T* dy, const T* dres, int64_t rows,
-                             int64_t cols, int64_t rows_per_block, T* dx, float* partials) {
+                             int64_t cols, int64_t rows_per_block, T* dx, float* partials,
+                             unsigned* amax_bits) {
   FSDP_CUDA_CHECK(cudaFuncSetAttribute(rms_norm_backward_general<T, V>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
   rms_norm_backward_general<T, V><<<grid, kThreads, smem, stream>>>(
-      x, w, rstd, dy, dres, rows, cols, rows_per_block, dx, partials);
+      x, w, rstd, dy, dres, rows, cols, rows_per_block, dx, partials, amax_bits);
 }
 
 void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const void* x,
                        const void* w, const float* rstd, const void* dy, const void* dresidual,
-                       DType t, int64_t rows, int64_t cols, void* dx, void* dw) {
+                       DType t, int64_t rows, int64_t cols, void* dx, void* dw, float* amax) {
+  unsigned* amax_bits = zeroed_amax_bits(stream, amax);
   if (cols <= 0) return;
   if (rows <= 0) {
     fill(stream, dw, t, cols, 0.0f);
@@ -342,19 +382,19 @@ void rms_norm_backward(cudaStream_t stream, cudaMemPool_t scratch_pool, const vo
     const int grid = static_cast<int>(parts);
     if (k == 1)
       launch_backward_regs<T, 1>(stream, grid, xs, ws, rstd, dys, dres, rows, cols,
-                                 rows_per_block, dxs, partials);
+                                 rows_per_block, dxs, partials, amax_bits);
     else if (k == 2)
       launch_backward_regs<T, 2>(stream, grid, xs, ws, rstd, dys, dres, rows, cols,
-                                 rows_per_block, dxs, partials);
+                                 rows_per_block, dxs, partials, amax_bits);
     else if (k == kMaxPacksPerThread)
       launch_backward_regs<T, kMaxPacksPerThread>(stream, grid, xs, ws, rstd, dys, dres, rows,
-                                                  cols, rows_per_block, dxs, partials);
+                                                  cols, rows_per_block, dxs, partials, amax_bits);
     else if (packs)
       launch_backward_general<T, kVec>(stream, grid, smem, xs, ws, rstd, dys, dres, rows, cols,
-                                       rows_per_block, dxs, partials);
+                                       rows_per_block, dxs, partials, amax_bits);
     else
       launch_backward_general<T, 1>(stream, grid, smem, xs, ws, rstd, dys, dres, rows, cols,
-                                    rows_per_block, dxs, partials);
+                                    rows_per_block, dxs, partials, amax_bits);
     FSDP_CUDA_CHECK_LAUNCH();
     const int sum_blocks = static_cast<int>((cols + kSumCols - 1) / kSumCols);
     sum_partials_by_column_kernel<<<sum_blocks, dim3(kSumCols, kSumLanes), 0, stream>>>(

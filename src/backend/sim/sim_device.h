@@ -127,15 +127,16 @@ class SimDevice final : public cpu::StreamDevice {
   void embedding_backward(Stream s, const void* dy, DType t, const int32_t* ids, int64_t rows,
                           int64_t dim, int64_t vocab, void* dtable) override;
   void rms_norm_forward(Stream s, const void* x, const void* w, DType t, int64_t rows,
-                        int64_t cols, float eps, void* y, float* rstd) override;
+                        int64_t cols, float eps, void* y, float* rstd, float* amax) override;
   void rms_norm_backward(Stream s, const void* x, const void* w, const float* rstd, const void* dy,
-                         DType t, int64_t rows, int64_t cols, void* dx, void* dw) override;
+                         DType t, int64_t rows, int64_t cols, void* dx, void* dw,
+                         float* amax) override;
   void add_rms_norm_forward(Stream s, const void* x, const void* residual, const void* w, DType t,
                             int64_t rows, int64_t cols, float eps, void* h, void* y,
-                            float* rstd) override;
+                            float* rstd, float* amax) override;
   void rms_norm_backward_add(Stream s, const void* x, const void* w, const float* rstd,
                              const void* dy, const void* dresidual, DType t, int64_t rows,
-                             int64_t cols, void* dx, void* dw) override;
+                             int64_t cols, void* dx, void* dw, float* amax) override;
   void rope(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads, int64_t head_dim,
             int64_t seq_len, const float* inv_freq, bool inverse) override;
   void rope_at(Stream s, void* x, int64_t ld, DType t, int64_t rows, int64_t heads,

@@ -292,23 +292,24 @@ void SimDevice::embedding_backward(Stream s, const void*, DType t, const int32_t
 }
 
 void SimDevice::rms_norm_forward(Stream s, const void*, const void*, DType t, int64_t rows,
-                                 int64_t cols, float, void*, float*) {
+                                 int64_t cols, float, void*, float*, float*) {
   memory_op(s, "rms_norm_forward", 2.0 * d(rows) * d(cols) * sz(t) + 4 * d(rows));
 }
 
 void SimDevice::rms_norm_backward(Stream s, const void*, const void*, const float*, const void*,
-                                  DType t, int64_t rows, int64_t cols, void*, void*) {
+                                  DType t, int64_t rows, int64_t cols, void*, void*, float*) {
   memory_op(s, "rms_norm_backward", 3.0 * d(rows) * d(cols) * sz(t) + 4 * d(rows));
 }
 
 void SimDevice::add_rms_norm_forward(Stream s, const void*, const void*, const void*, DType t,
-                                     int64_t rows, int64_t cols, float, void*, void*, float*) {
+                                     int64_t rows, int64_t cols, float, void*, void*, float*,
+                                     float*) {
   memory_op(s, "add_rms_norm_forward", 4.0 * d(rows) * d(cols) * sz(t) + 4 * d(rows));
 }
 
 void SimDevice::rms_norm_backward_add(Stream s, const void*, const void*, const float*,
                                       const void*, const void*, DType t, int64_t rows,
-                                      int64_t cols, void*, void*) {
+                                      int64_t cols, void*, void*, float*) {
   memory_op(s, "rms_norm_backward_add", 4.0 * d(rows) * d(cols) * sz(t) + 4 * d(rows));
 }
 
