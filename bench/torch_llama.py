@@ -448,6 +448,9 @@ def parse_args(spec):
                    help="FSDP2's CPUOffloadPolicy: params, grads and AdamW on the host (as --offload optimizer)")
     t.add_argument("--activation-checkpointing", choices=("none", "full"), default="none",
                    help="full: every block recomputes its forward in backward")
+    t.add_argument("--fp8", choices=("none", "tensorwise"), default="none",
+                   help="tensorwise: the blocks' Linears through torch._scaled_mm with the recipe of "
+                        "fsdp train --fp8 tensorwise (bench/torch_float8.py; bf16 all-gather)")
     t.add_argument("--init-from", default=None, help="safetensors with Hugging Face Llama names")
     t.add_argument("--seed", type=int, default=1, help="the sampler's seed (and the init's without --init-from)")
     d = p.add_argument_group("data and output")
@@ -469,6 +472,8 @@ def parse_args(spec):
         p.error("--warmup-steps must be >= 0 and --min-lr <= --lr")
     if a.eval_every and not a.val_data:
         p.error("--eval-every needs --val-data")
+    if a.fp8 != "none" and a.param_dtype != "bf16":
+        p.error("--fp8 needs --param-dtype bf16 (as fsdp train)")
     spec.check_args(p, a)
     return a
 
@@ -516,6 +521,9 @@ def main(spec=None):
         load_initial_weights(model, a.init_from, a, spec)
     else:
         spec.init_weights(model, a)
+    if a.fp8 == "tensorwise":
+        import torch_float8  # bench/torch_float8.py
+        torch_float8.convert_blocks(model)
     if a.activation_checkpointing == "full":
         # Per block, as torchtitan's full AC: each block keeps its input and recomputes its
         # forward in backward (checkpoint_wrapper, applied before compile and fully_shard).
@@ -616,6 +624,7 @@ def main(spec=None):
             "reduce_dtype": "fp32",
             "compile": a.compile,
             "activation_checkpointing": a.activation_checkpointing,
+            "fp8": a.fp8,
             "cpu_offload": a.cpu_offload,
             "steps": a.steps,
             "bench_warmup": a.bench_warmup,
