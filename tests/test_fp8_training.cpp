@@ -128,10 +128,17 @@ TEST(Fp8Training, ShardedMatchesUnshardedBitwise) {
 // its amax skips the amax pass (cast, GEMM): X of wqkv and w13 (the norms' outputs) and of w2
 // (SwiGLU's); dY of w13 (SwiGLU's backward), of wo (ffn_norm's input grad) and of w2 (the
 // next block's attention_norm's input grad, or the final norm's). wo's X (the attention's
-// output) and wqkv's dY (the attention's backward) keep the pass.
+// output) and wqkv's dY (the attention's backward) keep the pass. The same in the MoE
+// transformer, whose MoE block (layer 1) makes the dY of the dense block's w2 before it.
 TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
+  for (const bool moe : {false, true})
   for (Fp8Recipe recipe : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise}) {
     runtime::TrainConfig c = fp8_config(recipe, 3);
+    if (moe) {
+      const runtime::TrainConfig m = tiny_moe_transformer_config(/*ep=*/1, /*experts=*/4, 3);
+      c.model = m.model;
+      c.tokens = m.tokens;
+    }
     c.warmup = 1;  // the timeline holds steps 2 and 3
     c.timeline = true;
     const auto r = run_fsdp(1, c);
@@ -145,7 +152,7 @@ TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
       if (at == std::string::npos) continue;
       ++linears;
       const std::string dx = label.substr(0, at) + " fp8 gemm dX";
-      const std::string what = std::string(fp8_recipe_name(recipe)) + " " + label;
+      const std::string what = c.model.kind + ", " + fp8_recipe_name(recipe) + " " + label;
       auto is = [&](const char* name) { return label.find(name) != std::string::npos; };
       EXPECT_EQ(count, 2 * (tensorwise ? 2 : 5)) << what;
       // Rowwise also casts the weight for dX, along its other axis (amax, cast).
@@ -153,9 +160,9 @@ TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
       // Forward, tensorwise: the weight came gathered in fp8. Rowwise: both operands' amax and
       // cast, GEMM.
       const std::string fwd = "fwd" + label.substr(3, at - 3) + " fp8 gemm";
-      EXPECT_EQ(kernels[fwd], 2 * (tensorwise ? (is(".wo ") ? 3 : 2) : 5)) << fwd;
+      EXPECT_EQ(kernels[fwd], 2 * (tensorwise ? (is(".wo ") ? 3 : 2) : 5)) << what;
     }
-    EXPECT_GE(linears, 4) << fp8_recipe_name(recipe);
+    EXPECT_GE(linears, moe ? 6 : 4) << c.model.kind << ", " << fp8_recipe_name(recipe);
   }
 }
 

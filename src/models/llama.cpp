@@ -3,6 +3,7 @@
 // norm, and the head "output" (or the embedding's weight, tied), with cross-entropy. Its param
 // names and its Hugging Face names are Llama's (docs/checkpoint.md); it reads the config.json
 // of Llama, Qwen2 and Mistral models (llama_hf.cpp).
+#include "fsdp/error.h"
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/transformer.h"
 #include "models/llama_parts.h"
@@ -25,16 +26,16 @@ void add_decoder_embedding(nn::Model& root, const nn::TransformerConfig& c) {
 // tied: the head uses tok_embeddings', Note [Tied embeddings]).
 void add_decoder_head(nn::Model& root, const nn::TransformerConfig& c) {
   auto norm = std::make_unique<nn::RMSNorm>(c.dim, c.norm_eps);
-  // Note [Fused amax]: a dense block's input gradient is the dY of the dense block before it's
-  // w2, and the final norm's the last block's (the head, in bf16, reads nothing in fp8).
-  const std::vector<Module*>& blocks = root.blocks();
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    auto* block = dynamic_cast<nn::TransformerBlock*>(blocks[i]);
-    auto* before = i > 0 ? dynamic_cast<nn::TransformerBlock*>(blocks[i - 1]) : nullptr;
-    if (block && before) block->set_input_grad_reader(&before->output_projection_weight());
+  // Note [Fused amax]: a block's input gradient is the dY of the block before it's last
+  // Linear, and the final norm's the last block's (the head, in bf16, reads nothing in fp8).
+  const Param* reader = nullptr;
+  for (Module* m : root.blocks()) {
+    auto* block = dynamic_cast<nn::DecoderBlock*>(m);
+    FSDP_CHECK(block, "a decoder's block '", m->fqn(), "' is not a decoder block");
+    block->set_input_grad_reader(reader);
+    reader = block->output_projection_weight();
   }
-  if (auto* last = blocks.empty() ? nullptr : dynamic_cast<nn::TransformerBlock*>(blocks.back()))
-    norm->set_fp8_readers(nullptr, &last->output_projection_weight());
+  norm->set_fp8_readers(nullptr, reader);
   root.set_final_norm("norm", std::move(norm));
   if (c.tie_embeddings)
     root.set_head("output", std::make_unique<nn::TiedHead>(

@@ -395,16 +395,26 @@ MoeTransformerBlock::MoeTransformerBlock(const TransformerConfig& c, const MoeCo
   attention_ = &add_child("attention", std::make_unique<Attention>(c, layer));
   ffn_norm_ = &add_child("ffn_norm", std::make_unique<RMSNorm>(c.dim, c.norm_eps));
   moe_ = &add_child("moe", std::make_unique<MoeFeedForward>(c, m, layer));
+  // Note [Fused amax]: wqkv reads attention_norm's output; wo reads ffn_norm's input gradient
+  // dh as its dY (the router, ffn_norm's reader, is not an fp8 GEMM).
+  attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), nullptr);
+  ffn_norm_->set_fp8_readers(nullptr, &attention_->output_projection().weight());
 }
 
+void MoeTransformerBlock::set_input_grad_reader(const Param* w) {
+  attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), w);
+}
+
+// As the dense block: the first residual add runs fused into ffn_norm, and both backward
+// residual adds into the norms' backward.
 Tensor MoeTransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {
   Device& d = *ctx.device;
   Tensor attn = attention_->forward(ctx, attention_norm_->forward(ctx, x));
-  Tensor h = new_act(ctx, x.rows, x.cols);
-  d.set_label(op_label("fwd", "residual"));
-  d.add(ctx.compute, h.data, x.data, attn.data, ctx.act_dtype, h.numel());
+  Tensor h;
+  Tensor normed = ffn_norm_->forward_add(ctx, x, attn, h);  // h = x + attn
   attn = Tensor{};
-  Tensor ffn = moe_->forward(ctx, ffn_norm_->forward(ctx, h));
+  Tensor ffn = moe_->forward(ctx, normed);
+  normed = Tensor{};
   Tensor out = new_act(ctx, x.rows, x.cols);
   d.set_label(op_label("fwd", "residual"));
   d.add(ctx.compute, out.data, h.data, ffn.data, ctx.act_dtype, out.numel());
@@ -418,19 +428,12 @@ void MoeTransformerBlock::drop_own_saved(ActivationCheckpoint what) {
 }
 
 Tensor MoeTransformerBlock::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
-  Device& d = *ctx.device;
   // A norm output that a selective checkpoint dropped is made again just before its
   // branch's backward.
   ffn_norm_->remake_output_for(ctx, moe_->router());
-  Tensor g = ffn_norm_->backward(ctx, moe_->backward(ctx, dy));
-  Tensor dh = new_act(ctx, dy.rows, dy.cols);
-  d.set_label(op_label("bwd", "residual"));
-  d.add(ctx.compute, dh.data, dy.data, g.data, ctx.act_dtype, dh.numel());
+  Tensor dh = ffn_norm_->backward_add(ctx, moe_->backward(ctx, dy), dy);
   attention_norm_->remake_output_for(ctx, attention_->input_projection());
-  g = attention_norm_->backward(ctx, attention_->backward(ctx, dh));
-  Tensor dx = new_act(ctx, dy.rows, dy.cols);
-  d.set_label(op_label("bwd", "residual"));
-  d.add(ctx.compute, dx.data, dh.data, g.data, ctx.act_dtype, dx.numel());
+  Tensor dx = attention_norm_->backward_add(ctx, attention_->backward(ctx, dh), dh);
   // Dense group first (MoeGradOrder::DenseFirst): the experts' grads were held until now.
   if (moe_->experts().hold_grads && !defer_expert_grads_to_root) moe_->experts().release_held_grads(ctx);
   return dx;

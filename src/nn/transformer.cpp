@@ -384,8 +384,8 @@ void TransformerBlock::set_input_grad_reader(const Param* w) {
   attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), w);
 }
 
-const Param& TransformerBlock::output_projection_weight() const {
-  return feed_forward_->output_projection().weight();
+const Param* TransformerBlock::output_projection_weight() const {
+  return &feed_forward_->output_projection().weight();
 }
 
 Tensor TransformerBlock::forward_impl(RunContext& ctx, const Tensor& x) {

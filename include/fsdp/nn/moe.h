@@ -180,9 +180,11 @@ class MoeFeedForward : public Module {
 // h = x + attention(attention_norm(x)); out = h + moe(ffn_norm(h)). Selective checkpointing
 // (Note [Activation checkpointing]) drops the two norms' outputs and the experts' SwiGLU
 // output; the dispatched rows stay, so its recompute exchanges nothing over ep.
-class MoeTransformerBlock : public Module {
+class MoeTransformerBlock : public Module, public DecoderBlock {
  public:
   MoeTransformerBlock(const TransformerConfig& c, const MoeConfig& m, int layer);
+  void set_input_grad_reader(const Param* w) override;
+  const Param* output_projection_weight() const override { return nullptr; }  // the combine
   MoeFeedForward& moe() const { return *moe_; }
   // With the experts holding their grads: hand them over from the root (Model::backward)
   // instead of at the end of this block's backward.

@@ -219,20 +219,31 @@ class FeedForward : public Module {
   Tensor saved_h13_;
 };
 
+// Note [Fused amax]: what a decoder's builder links between neighbouring blocks, so that a
+// block's input gradient (made by its attention_norm's backward) carries the amax the block
+// before it needs for its last GEMM's dY.
+class DecoderBlock {
+ public:
+  virtual ~DecoderBlock() = default;
+  // The weight of the GEMM that reads this block's input gradient as its dY.
+  virtual void set_input_grad_reader(const Param* w) = 0;
+  // The weight of the Linear whose dY is this block's output gradient; null where the block
+  // ends in something else (an MoE layer's combine).
+  virtual const Param* output_projection_weight() const = 0;
+};
+
 // h = x + attention(attention_norm(x)); out = h + feed_forward(ffn_norm(h)). The first residual
 // add runs fused into ffn_norm, and both backward residual adds into the norms' backward.
 // Selective checkpointing (Note [Activation checkpointing]) drops the two norms' outputs (the
 // attention's and the FFN's inputs) and SwiGLU's output, and keeps the GEMMs' and attention's
 // outputs, the residual sum and the block's input (docs/memory.md).
 // Its forward_cached (Note [KV cache]) is the same block with the attention's cached forward.
-class TransformerBlock : public Module, public CachedBlock {
+class TransformerBlock : public Module, public CachedBlock, public DecoderBlock {
  public:
   TransformerBlock(const TransformerConfig& c, int layer);
   int64_t kv_width() const override { return attention_->kv_width(); }
-  // Note [Fused amax]: the weight of the GEMM that reads the block's input gradient as dY
-  // (the block before it's w2; set by the decoder's builder), and the block's own w2.
-  void set_input_grad_reader(const Param* w);
-  const Param& output_projection_weight() const;
+  void set_input_grad_reader(const Param* w) override;
+  const Param* output_projection_weight() const override;  // w2's
   Tensor forward_cached(RunContext& ctx, const Tensor& x, LayerKvCache& cache,
                         int64_t position) override;
 
