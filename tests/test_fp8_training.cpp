@@ -166,6 +166,37 @@ TEST(Fp8Training, TheWeightGradReusesTheForwardsAmaxAndTheInputGradsCodes) {
   }
 }
 
+// Note [Activation checkpointing] under fp8: the recompute runs the same casts on the same
+// values, so full and selective checkpointing train bitwise as without, on 2 ranks with the
+// float8 all-gather. Full's recompute stops before w2: its fp8 GEMM (and its cast) run once a
+// step, as without checkpointing, and its weight grad takes X's amax itself.
+TEST(Fp8Training, CheckpointedBlocksTrainBitwiseAndTheRecomputeSkipsW2) {
+  for (Fp8Recipe recipe : {Fp8Recipe::Tensorwise, Fp8Recipe::Rowwise}) {
+    runtime::TrainConfig c = fp8_config(recipe, 3);
+    c.warmup = 1;
+    c.timeline = true;
+    const auto none = run_fsdp(2, c);
+    auto count = [](const runtime::RankResult& r, const std::string& label) {
+      return std::count_if(r.timeline.ops.begin(), r.timeline.ops.end(), [&](const TimelineOp& op) {
+        return op.kind == OpKind::Kernel && op.label == label;
+      });
+    };
+    const std::string w2 = "fwd layers.0.feed_forward.w2 fp8 gemm";
+    const std::string w13 = "fwd layers.0.feed_forward.w13 fp8 gemm";
+    ASSERT_GT(count(none[0], w2), 0) << fp8_recipe_name(recipe);
+    for (const char* mode : {"full", "selective"}) {
+      runtime::TrainConfig checkpointed = c;
+      checkpointed.activation_checkpoint = nn::parse_activation_checkpoint(mode);
+      const auto got = run_fsdp(2, checkpointed);
+      const std::string what = std::string(fp8_recipe_name(recipe)) + ", " + mode;
+      for (int r = 0; r < 2; ++r) expect_bitwise(got[r], none[r], what);
+      EXPECT_EQ(count(got[0], w2), count(none[0], w2)) << what;
+      EXPECT_EQ(count(got[0], w13), (mode == std::string("full") ? 2 : 1) * count(none[0], w13))
+          << what;
+    }
+  }
+}
+
 // The float8 all-gather changes the bytes, not the values: on 1 to 4 ranks the run is
 // bitwise the one that gathers bf16 and casts after.
 TEST(Fp8Training, Float8AllGatherGivesTheBf16GathersBits) {

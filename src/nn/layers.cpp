@@ -103,13 +103,15 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
 }
 
 void Linear::recompute_impl(RunContext& ctx, const Tensor& x) {
-  if (fused_relu || weight().fp8 == Fp8Recipe::Tensorwise) {
+  if (fused_relu) {
     (void)forward_impl(ctx, x);
     return;
   }
   FSDP_CHECK(x.cols == in_, "Linear ", fqn(), " expects ", in_, " features, got ", x.cols);
   saved_x_ = x;
-  fp8_x_scales_.reset();  // as the rowwise forward leaves it
+  // fp8: no forward scales to reuse, so the weight grad takes X's amax itself (X's fused one
+  // where its producer took it: Note [Fused amax]), the same value, so the same codes.
+  fp8_x_scales_.reset();
 }
 
 void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy,

@@ -54,8 +54,7 @@ class Linear : public Module {
   Tensor backward_impl(RunContext& ctx, const Tensor& dy, bool input_grad) override;
   void drop_own_saved(ActivationCheckpoint what) override;
   // Keeps the input and skips the GEMM, whose output backward does not read (unless it is
-  // the fused ReLU's mask, or a tensorwise fp8 GEMM whose cast made the scale the weight
-  // grad reuses).
+  // the fused ReLU's mask).
   void recompute_impl(RunContext& ctx, const Tensor& x) override;
 
  private:
