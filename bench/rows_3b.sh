@@ -14,27 +14,15 @@ set -u
 part=${1:?usage: bench/rows_3b.sh memory|fp8}
 source bench/gpu_call.sh
 gpu_call_begin "rows-3b-$part" fsdp_tool fsdp_gpu_tests
-SHAPE="--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn-dim 8192 --seq-len 8192 --vocab 32000"
-RECIPE="--lr 3e-4 --min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 4"
 gpu_tests() {  # FILTER
   timeout 170 build-gpu/fsdp_gpu_tests --gtest_filter="$1" > "$R/gpu_tests.log" 2>&1
   echo "gpu tests rc=$? at $((SECONDS - T0)) s: $(grep -E '^\[  (PASSED|FAILED)' "$R/gpu_tests.log" | tr '\n' ' ')"
 }
-ours() {  # NAME FLAGS...
-  local name=$1
-  shift
-  local cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --model transformer $SHAPE --tokens 16384
-             --steps 12 --warmup 4 --param-dtype bf16 --data data/pydocs-4k --eval-every 0 $RECIPE
-             --optimizer-in-backward 0 "$@" --quiet --json "$R/$name.json")
-  echo "${cmd[*]}" > "$R/$name.cmd"
-  timeout 100 "${cmd[@]}" > "$R/$name.log" 2>&1
-  echo "$name rc=$? at $((SECONDS - T0)) s: $(tail -1 "$R/$name.log")"
-}
 torch_row() {  # NAME FLAGS...
   local name=$1
   shift
-  local cmd=(python3 bench/torch_llama.py --data data/pydocs-4k/train.bin $SHAPE --batch 2
-             --steps 12 --bench-warmup 4 $RECIPE --param-dtype bf16 --log-every 4 "$@"
+  local cmd=(python3 bench/torch_llama.py --data data/pydocs-4k/train.bin $SHAPE_3B --batch 2
+             --steps 12 --bench-warmup 4 $RECIPE_3B --param-dtype bf16 --log-every 4 "$@"
              --out "$R/$name.json")
   echo "${cmd[*]}" > "$R/$name.cmd"
   timeout 150 "${cmd[@]}" > "$R/$name.log" 2>&1
@@ -43,15 +31,15 @@ torch_row() {  # NAME FLAGS...
 case $part in
   memory)
     gpu_tests '*Checkpoint*:*checkpoint*:*FusedAmax*:*RmsNorm*'
-    ours ours_none --activation-checkpointing none
-    ours ours_full --activation-checkpointing full
-    ours ours_selective --activation-checkpointing selective
+    run_3b ours_none --activation-checkpointing none
+    run_3b ours_full --activation-checkpointing full
+    run_3b ours_selective --activation-checkpointing selective
     torch_row torch_full --activation-checkpointing full
     rows="ours_none ours_full ours_selective torch_full" ;;
   fp8)
     gpu_tests '*Fp8*:*fp8*:*FusedAmax*:*RmsNorm*:*Swiglu*'
-    ours b3_none --fp8 none
-    ours b3_tensorwise --fp8 tensorwise
+    run_3b b3_none --fp8 none
+    run_3b b3_tensorwise --fp8 tensorwise
     run_llama l1b_none --tokens 8192 --fp8 none
     run_llama l1b_tensorwise --tokens 8192 --fp8 tensorwise
     torch_row torch_bf16
