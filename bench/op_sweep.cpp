@@ -2,8 +2,8 @@
 // the shapes of the models the simulation backend predicts (docs/simulate.md): every Linear of
 // llama1b, Llama-3.1-8B and -70B shapes and mlp16 (forward y = x W^T, dX = dy W, dW = dy^T x,
 // as nn::Linear issues them) and their causal GQA attention, at 2048, 4096 and 8192 tokens.
-// Also the Llama-3.2-1B shape, and the 3.0B shape at 16384 tokens (2 sequences of 8192); then
-// the MoE transformer's grouped expert GEMMs (8 experts, top 2 of 8192 tokens, balanced) and
+// Also the Llama-3.2-1B shape, the 3.0B shape at 16384 tokens (2 sequences of 8192) and the
+// MoE transformer's dense Linears at 8192 tokens; then the MoE transformer's grouped expert GEMMs (8 experts, top 2 of 8192 tokens, balanced) and
 // its row kernels. Then the memory-bound kernels alone at the llama1b shape at 8192 tokens,
 // each with the bytes the simulator counts for it (src/backend/sim/sim_device_ops.cpp). One
 // JSON line per op, in the calibration file's terms (Note [Calibration file]):
@@ -273,8 +273,12 @@ int main(int argc, char** argv) {
           if (tokens % seq == 0) sweep.attention(tokens / seq, seq, m.heads, m.kv_heads, hd);
       }
     }
-    const Shape llama32_1b{2048, 8192, 32, 8, 128256}, shape_3b{3072, 8192, 24, 8, 32000};
-    for (const auto& [m, tokens, seq] : {std::tuple{llama32_1b, 8192, 2048}, std::tuple{shape_3b, 16384, 8192}}) {
+    // The MoE transformer's dense Linears too (FFN 5504, 16/4 heads of 128, vocab 4096): timed
+    // by interpolation between other shapes, they came 6-13% over its traced step's GEMMs.
+    const Shape llama32_1b{2048, 8192, 32, 8, 128256}, shape_3b{3072, 8192, 24, 8, 32000},
+        moe_dense{2048, 5504, 16, 4, 4096};
+    for (const auto& [m, tokens, seq] : {std::tuple{llama32_1b, 8192, 2048}, std::tuple{shape_3b, 16384, 8192},
+                                         std::tuple{moe_dense, 8192, 2048}}) {
       const int64_t hd = m.dim / m.heads;
       sweep.linear(tokens, m.dim, (m.heads + 2 * m.kv_heads) * hd);
       sweep.linear(tokens, m.dim, m.dim);
