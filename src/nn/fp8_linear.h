@@ -47,6 +47,10 @@ Fp8Operand fp8_quantize(RunContext& ctx, const Tensor& x, Device::Fp8Axis axis, 
 // same codes, one pass fewer. attach_fused_amax gives `out` its buffer when the GEMM that reads
 // it has a tensorwise fp8 weight `w`, and returns where its kernel writes the amax (null: none).
 float* attach_fused_amax(RunContext& ctx, const Param& w, Tensor& out);
+// The same for a GEMM that may not be there (w null: none reads `out` in fp8).
+inline float* attach_fused_amax(RunContext& ctx, const Param* w, Tensor& out) {
+  return w ? attach_fused_amax(ctx, *w, out) : nullptr;
+}
 
 // y = x W^T, dx = dy W, dw = dy^T x, all three in fp8 (E4M3 for x and W, E5M2 for dy). The
 // weight comes from FSDP's float8 all-gather when it brought one (tensorwise), else it is

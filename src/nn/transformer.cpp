@@ -227,7 +227,7 @@ Tensor RMSNorm::forward_impl(RunContext& ctx, const Tensor& x) {
   Tensor y = new_act(ctx, x.rows, dim_);
   Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, x.rows, 1, MemTag::Activation);
   d.set_label(op_label("fwd", "rmsnorm"));
-  float* amax = output_reader_ ? attach_fused_amax(ctx, *output_reader_, y) : nullptr;
+  float* amax = attach_fused_amax(ctx, output_reader_, y);
   d.rms_norm_forward(ctx.compute, x.data, weight().value.data, ctx.act_dtype, x.rows, dim_, eps_,
                      y.data, rstd.as<float>(), amax);
   saved_x_ = x;
@@ -245,7 +245,7 @@ Tensor RMSNorm::forward_add(RunContext& ctx, const Tensor& x, const Tensor& resi
   Tensor y = new_act(ctx, x.rows, dim_);
   Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, x.rows, 1, MemTag::Activation);
   d.set_label(op_label("fwd", "residual+rmsnorm"));
-  float* amax = output_reader_ ? attach_fused_amax(ctx, *output_reader_, y) : nullptr;
+  float* amax = attach_fused_amax(ctx, output_reader_, y);
   d.add_rms_norm_forward(ctx.compute, x.data, residual.data, weight().value.data, ctx.act_dtype,
                          x.rows, dim_, eps_, h.data, y.data, rstd.as<float>(), amax);
   saved_x_ = h;
@@ -267,7 +267,7 @@ void RMSNorm::remake_output_for(RunContext& ctx, Linear& consumer) {
   Tensor y = new_act(ctx, saved_x_.rows, dim_);
   Tensor rstd = empty_tensor(d, ctx.compute, DType::F32, saved_x_.rows, 1, MemTag::Activation);
   d.set_label(op_label("recompute", "rmsnorm"));
-  float* amax = output_reader_ ? attach_fused_amax(ctx, *output_reader_, y) : nullptr;
+  float* amax = attach_fused_amax(ctx, output_reader_, y);
   d.rms_norm_forward(ctx.compute, saved_x_.data, weight().value.data, ctx.act_dtype,
                      saved_x_.rows, dim_, eps_, y.data, rstd.as<float>(), amax);
   saved_rstd_ = std::move(rstd);  // the same values as the one it replaces
@@ -292,7 +292,7 @@ Tensor RMSNorm::backward_common(RunContext& ctx, const Tensor& dy, const Tensor*
   Device& d = *ctx.device;
   Tensor dx = new_act(ctx, dy.rows, dim_);
   Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, dim_, 1, MemTag::Grad);
-  float* amax = input_grad_reader_ ? attach_fused_amax(ctx, *input_grad_reader_, dx) : nullptr;
+  float* amax = attach_fused_amax(ctx, input_grad_reader_, dx);
   if (dresidual) {
     d.set_label(op_label("bwd", "rmsnorm+residual"));
     d.rms_norm_backward_add(ctx.compute, saved_x_.data, weight().value.data,
