@@ -35,7 +35,7 @@ void add_decoder_head(nn::Model& root, const nn::TransformerConfig& c) {
     block->set_input_grad_reader(reader);
     reader = block->output_projection_weight();
   }
-  norm->set_fp8_readers(nullptr, reader);
+  norm->set_fp8_input_grad_reader(reader);
   root.set_final_norm("norm", std::move(norm));
   if (c.tie_embeddings)
     root.set_head("output", std::make_unique<nn::TiedHead>(

@@ -397,12 +397,12 @@ MoeTransformerBlock::MoeTransformerBlock(const TransformerConfig& c, const MoeCo
   moe_ = &add_child("moe", std::make_unique<MoeFeedForward>(c, m, layer));
   // Note [Fused amax]: wqkv reads attention_norm's output; wo reads ffn_norm's input gradient
   // dh as its dY (the router, ffn_norm's reader, is not an fp8 GEMM).
-  attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), nullptr);
-  ffn_norm_->set_fp8_readers(nullptr, &attention_->output_projection().weight());
+  attention_norm_->set_fp8_output_reader(&attention_->input_projection().weight());
+  ffn_norm_->set_fp8_input_grad_reader(&attention_->output_projection().weight());
 }
 
 void MoeTransformerBlock::set_input_grad_reader(const Param* w) {
-  attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), w);
+  attention_norm_->set_fp8_input_grad_reader(w);
 }
 
 // As the dense block: the first residual add runs fused into ffn_norm, and both backward

@@ -375,13 +375,13 @@ TransformerBlock::TransformerBlock(const TransformerConfig& c, int layer)
                                                            residual_projection_init_std(layer)));
   // Note [Fused amax]: wqkv reads attention_norm's output, w13 ffn_norm's; wo reads ffn_norm's
   // input gradient dh (the residual's gradient) as its dY.
-  attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), nullptr);
-  ffn_norm_->set_fp8_readers(&feed_forward_->input_projection().weight(),
-                             &attention_->output_projection().weight());
+  attention_norm_->set_fp8_output_reader(&attention_->input_projection().weight());
+  ffn_norm_->set_fp8_output_reader(&feed_forward_->input_projection().weight());
+  ffn_norm_->set_fp8_input_grad_reader(&attention_->output_projection().weight());
 }
 
 void TransformerBlock::set_input_grad_reader(const Param* w) {
-  attention_norm_->set_fp8_readers(&attention_->input_projection().weight(), w);
+  attention_norm_->set_fp8_input_grad_reader(w);
 }
 
 const Param* TransformerBlock::output_projection_weight() const {

@@ -119,11 +119,8 @@ class RMSNorm : public Module {
   // Note [Fused amax]: the weights of the GEMMs that read this norm's output (as X) and its
   // input gradient (as dY). Where one is a tensorwise fp8 GEMM, the norm's kernel takes the
   // amax of what it writes, and the GEMM's cast reads it instead of passing over the tensor.
-  void set_fp8_readers(const Param* output_reader, const Param* input_grad_reader) {
-    output_reader_ = output_reader;
-    input_grad_reader_ = input_grad_reader;
-  }
-  const Param* input_grad_reader() const { return input_grad_reader_; }
+  void set_fp8_output_reader(const Param* w) { output_reader_ = w; }
+  void set_fp8_input_grad_reader(const Param* w) { input_grad_reader_ = w; }
 
  protected:
   Tensor forward_impl(RunContext& ctx, const Tensor& x) override;
