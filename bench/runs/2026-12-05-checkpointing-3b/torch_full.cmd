@@ -1,0 +1,1 @@
+python3 bench/torch_llama.py --data data/pydocs-4k/train.bin --layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn-dim 8192 --seq-len 8192 --vocab 32000 --batch 2 --steps 12 --bench-warmup 4 --lr 3e-4 --min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 4 --param-dtype bf16 --log-every 4 --activation-checkpointing full --out /tmp/rows-3b-memory/torch_full.json
