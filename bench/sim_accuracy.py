@@ -71,6 +71,16 @@ ROWS = [
     ("MoE transformer, k 1, S 1", 1, 90.47, "2026-12-01-moe-transformer", f"{MOE} --separate-rs-group 1"),
     ("MoE transformer, k 2, S 1", 1, 90.18, "2026-12-01-moe-transformer",
      f"{MOE} --rs-max-input-buffers 2 --separate-rs-group 1"),
+    # After the early-stopping recompute, the norms' fused amaxes and the MoE residuals fused
+    # into its norms.
+    *checkpointing_3b("2026-12-05-checkpointing-3b", 652.47, 798.41, 661.56),
+    ("3.0B shape, no checkpointing", 1, 647.45, "2026-12-05-fp8-3b", SHAPE_3B),
+    ("llama1b, 4 seqs, eager", 1, 113.09, "2026-12-05-fp8-3b", f"{LLAMA1B} --tokens 8192"),
+    ("MoE transformer, k 1, S 0", 1, 93.0, "2026-12-05-moe-gpu-tests-sweep", f"{MOE} --rs-max-input-buffers 1"),
+    ("MoE transformer, k 2, S 0", 1, 93.3, "2026-12-05-moe-gpu-tests-sweep", f"{MOE} --rs-max-input-buffers 2"),
+    ("MoE transformer, k 1, S 1", 1, 93.4, "2026-12-05-moe-gpu-tests-sweep", f"{MOE} --separate-rs-group 1"),
+    ("MoE transformer, k 2, S 1", 1, 93.6, "2026-12-05-moe-gpu-tests-sweep",
+     f"{MOE} --rs-max-input-buffers 2 --separate-rs-group 1"),
     ("MoE transformer, ep 2, k 1, S 0", 2, 102.26, "2026-12-01-h200x2-launch-moe", f"{MOE} --ep 2"),
     ("MoE transformer, ep 2, k 2, S 1", 2, 101.24, "2026-12-01-h200x2-launch-moe",
      f"{MOE} --ep 2 --rs-max-input-buffers 2 --separate-rs-group 1"),

@@ -16,16 +16,17 @@ namespace fsdp::runtime {
 namespace {
 
 // ---- the cost model's rates: an H200's, as measured (bench/calibrations/h200.json and
-// bench/runs/2026-12-02-activation-checkpointing). Only the ratios between the terms decide a
+// bench/runs/2026-12-05-checkpointing-3b). Only the ratios between the terms decide a
 // plan, so another GPU's rates move the choice only where compute and the link trade places.
 constexpr double kBf16FlopsPerS = 650e12;  // a step's GEMMs and attention: ours ran at 65-67% MFU
 constexpr double kFp32FlopsPerS = 50e12;   // fp32 GEMMs (the calibration's default)
 constexpr double kLinkBytesPerS = 200e9;   // NCCL's bus bandwidth over NVLink, 32-64 MiB messages
 constexpr double kCollectiveBaseS = 12.6e-6;  // once per collective
 // What recomputing costs, as a share of the step without it: full checkpointing on every block
-// ran at 1.29x, selective at 1.02x (3.0B shape, 2 x 8192 tokens, one H200).
-constexpr double kFullRecomputeShare = 0.29;
-constexpr double kSelectiveRecomputeShare = 0.02;
+// ran at 1.224x (its recompute stopping early), selective at 1.014x (3.0B shape, 2 x 8192
+// tokens, one H200).
+constexpr double kFullRecomputeShare = 0.224;
+constexpr double kSelectiveRecomputeShare = 0.014;
 // The fixed cost of a unit's forward and backward per micro-batch (hooks, the small kernels'
 // launches that the GEMMs do not hide): what makes m micro-batches cost more than one.
 constexpr double kUnitPassS = 60e-6;
