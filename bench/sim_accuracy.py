@@ -47,6 +47,14 @@ def checkpointing_3b(run, none_ms, full_ms, selective_ms):
                                    ("selective", "selective", selective_ms))]
 
 
+def moe_one_gpu(run, *ms):
+    """The MoE transformer's four one-GPU rows of one run: k 1 and 2, the separate RS group off and on."""
+    settings = ((1, 0, "--rs-max-input-buffers 1"), (2, 0, "--rs-max-input-buffers 2"),
+                (1, 1, "--separate-rs-group 1"), (2, 1, "--rs-max-input-buffers 2 --separate-rs-group 1"))
+    return [(f"MoE transformer, k {k}, S {s}", 1, step, run, f"{MOE} {flags}")
+            for (k, s, flags), step in zip(settings, ms, strict=True)]
+
+
 # (row, GPUs, measured step ms, run folder, simulate arguments)
 ROWS = [
     ("llama1b, 1 seq, eager", 1, 40.40, "2026-12-02-model-layer", f"{LLAMA1B} --tokens 2048"),
@@ -66,21 +74,13 @@ ROWS = [
     *checkpointing_3b("2026-12-04-grads-set-to-none", 662.91, 849.36, 670.65),
     ("3.0B shape, no checkpointing", 1, 645.54, "2026-12-04-fp8-fused-amax", SHAPE_3B),
     ("llama1b, 4 seqs, eager", 1, 112.36, "2026-12-04-fp8-fused-amax", f"{LLAMA1B} --tokens 8192"),
-    ("MoE transformer, k 1, S 0", 1, 91.36, "2026-12-01-moe-transformer", f"{MOE} --rs-max-input-buffers 1"),
-    ("MoE transformer, k 2, S 0", 1, 90.34, "2026-12-01-moe-transformer", f"{MOE} --rs-max-input-buffers 2"),
-    ("MoE transformer, k 1, S 1", 1, 90.47, "2026-12-01-moe-transformer", f"{MOE} --separate-rs-group 1"),
-    ("MoE transformer, k 2, S 1", 1, 90.18, "2026-12-01-moe-transformer",
-     f"{MOE} --rs-max-input-buffers 2 --separate-rs-group 1"),
+    *moe_one_gpu("2026-12-01-moe-transformer", 91.36, 90.34, 90.47, 90.18),
     # After the early-stopping recompute, the norms' fused amaxes and the MoE residuals fused
     # into its norms.
     *checkpointing_3b("2026-12-05-checkpointing-3b", 652.47, 798.41, 661.56),
     ("3.0B shape, no checkpointing", 1, 647.45, "2026-12-05-fp8-3b", SHAPE_3B),
     ("llama1b, 4 seqs, eager", 1, 113.09, "2026-12-05-fp8-3b", f"{LLAMA1B} --tokens 8192"),
-    ("MoE transformer, k 1, S 0", 1, 93.0, "2026-12-05-moe-gpu-tests-sweep", f"{MOE} --rs-max-input-buffers 1"),
-    ("MoE transformer, k 2, S 0", 1, 93.3, "2026-12-05-moe-gpu-tests-sweep", f"{MOE} --rs-max-input-buffers 2"),
-    ("MoE transformer, k 1, S 1", 1, 93.4, "2026-12-05-moe-gpu-tests-sweep", f"{MOE} --separate-rs-group 1"),
-    ("MoE transformer, k 2, S 1", 1, 93.6, "2026-12-05-moe-gpu-tests-sweep",
-     f"{MOE} --rs-max-input-buffers 2 --separate-rs-group 1"),
+    *moe_one_gpu("2026-12-05-moe-gpu-tests-sweep", 93.0, 93.3, 93.4, 93.6),
     ("MoE transformer, ep 2, k 1, S 0", 2, 102.26, "2026-12-01-h200x2-launch-moe", f"{MOE} --ep 2"),
     ("MoE transformer, ep 2, k 2, S 1", 2, 101.24, "2026-12-01-h200x2-launch-moe",
      f"{MOE} --ep 2 --rs-max-input-buffers 2 --separate-rs-group 1"),
