@@ -53,7 +53,7 @@ run_llama8b_offload() {  # TIMEOUT: 6 steps after 2 with --offload optimizer, tr
 # The 3.0B Llama shape (dim 3072, 28 layers, 24/8 heads, FFN 8192, vocab 32000), bf16, AdamW,
 # clipping. run_3b NAME FLAGS... trains it for 12 steps after 4 at SHAPE_3B_TOKENS tokens (2 x
 # 8192 by default: the CLI refuses a flag given twice, so FLAGS must not repeat --tokens),
-# writing R/NAME.{cmd,json,log}.
+# writing R/NAME.{cmd,json,log}; under the environment FSDP_RUN_ENV names, as run_llama.
 SHAPE_3B="--layers 28 --dim 3072 --heads 24 --kv-heads 8 --ffn-dim 8192 --seq-len 8192 --vocab 32000"
 RECIPE_3B="--lr 3e-4 --min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 4"
 run_3b() {  # NAME FLAGS...
@@ -63,7 +63,7 @@ run_3b() {  # NAME FLAGS...
              --tokens "${SHAPE_3B_TOKENS:-16384}" --steps 12 --warmup 4 --param-dtype bf16
              --data data/pydocs-4k --eval-every 0 $RECIPE_3B --optimizer-in-backward 0 "$@" --quiet
              --json "$R/$name.json")
-  echo "${cmd[*]}" > "$R/$name.cmd"
-  timeout "${ROW_TIMEOUT:-100}" "${cmd[@]}" > "$R/$name.log" 2>&1
+  echo "${FSDP_RUN_ENV:-}${FSDP_RUN_ENV:+ }${cmd[*]}" > "$R/$name.cmd"
+  env ${FSDP_RUN_ENV:-} timeout "${ROW_TIMEOUT:-100}" "${cmd[@]}" > "$R/$name.log" 2>&1
   echo "$name rc=$? at $((SECONDS - T0)) s: $(tail -1 "$R/$name.log")"
 }

@@ -17,7 +17,8 @@
 # $NPROC GPUs (default 1); $EP expert-parallel ranks (default: 2 when NPROC >= 2, else 1: on one
 # GPU ep is 1 and every row says so). $STEPS (default 100: the peak at step 100 is a column).
 # $ROWS picks rows (default: all, in this order): ours_k1_sep0 ours_k2_sep0 ours_k1_sep1
-# ours_k2_sep1 torch
+# ours_k2_sep1 torch. $OURS_FLAGS adds flags to our rows (--fp8 tensorwise: not the torch row's
+# recipe, so such a table is no comparison with it).
 #
 # Model: dim 2048, 16 layers (blocks 1, 3, ..., 15 MoE), 16 heads and 4 kv heads
 # (head dim 128), dense FFN 5504 (8 dim / 3 rounded up to 64, our default), 8 experts, top-2,
@@ -105,7 +106,7 @@ ours() {  # NAME K SEPARATE_RS
   run_row "$1" "${ROW_TIMEOUT:-240}" "$FSDP_BIN" train --backend cuda --nproc "$NPROC" --world-size "$NPROC" \
     --model moe-transformer $MODEL $MOE --tokens $((SEQS * SEQ)) --steps "$STEPS" --warmup $TIMED_FROM \
     --param-dtype bf16 --optimizer adamw $RECIPE --lr-schedule cosine --data "$DATA" --eval-every 0 \
-    --optimizer-in-backward 0 --rs-max-input-buffers "$2" --separate-rs-group "$3" --quiet \
+    --optimizer-in-backward 0 --rs-max-input-buffers "$2" --separate-rs-group "$3" ${OURS_FLAGS:-} --quiet \
     --json "$OUTDIR/$1.json"
 }
 

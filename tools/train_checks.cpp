@@ -328,11 +328,15 @@ void check_fp8_sizes_for_cuda(const runtime::TrainConfig& c) {
   std::unique_ptr<nn::Model> model = models::build_model(models::resolved(c.model));
   nn::enable_fp8(*model, c.fp8);
   model->visit([](Module& m) {
-    for (const auto& p : m.params())
-      FSDP_USER_CHECK(p->fp8 == Fp8Recipe::None || (p->rows() % 16 == 0 && p->cols() % 16 == 0),
+    for (const auto& p : m.params()) {
+      // A GEMM's weight is the last two dims: a grouped expert's [E, out, in] is E of them.
+      const std::vector<int64_t>& shape = p->shape();
+      const int64_t out = shape.size() >= 2 ? shape[shape.size() - 2] : p->rows();
+      const int64_t in = shape.empty() ? 1 : shape.back();
+      FSDP_USER_CHECK(p->fp8 == Fp8Recipe::None || (out % 16 == 0 && in % 16 == 0),
                       "--fp8 on CUDA needs every fp8 weight's sizes to be multiples of 16 "
-                      "(cuBLASLt's fp8 GEMMs); ", m.fqn(), ".", p->name(), " is ", p->rows(),
-                      "x", p->cols());
+                      "(cuBLASLt's fp8 GEMMs); ", m.fqn(), ".", p->name(), " is ", out, "x", in);
+    }
   });
 }
 

@@ -3,6 +3,7 @@
 #include "fsdp/error.h"
 #include "fsdp/nn/layers.h"
 #include "fsdp/nn/model.h"
+#include "fsdp/nn/moe.h"
 
 namespace fsdp::nn {
 
@@ -20,17 +21,25 @@ Axis b_axis(Fp8Recipe r, bool trans) {
 }
 
 // The weight as the GEMM's operand: FSDP's fp8 copy when it gathered one (tensorwise: one
-// scale serves both layouts), else a cast of the gathered value.
-Fp8Operand weight_operand(RunContext& ctx, const Param& w, Axis axis) {
-  if (w.fp8_value) {
-    FSDP_CHECK(axis == Axis::Tensor, "param ", w.name(), ": a float8-gathered weight has one scale");
+// scale serves both layouts, and every block of a grouped param), else a cast of the gathered
+// value.
+Fp8Operand weight_operand(RunContext& ctx, const Fp8Weight& w, Axis axis) {
+  const Param& p = *w.param;
+  FSDP_CHECK(w.first >= 0 && w.rows >= 0 && w.cols >= 0 && w.first + w.rows * w.cols <= p.numel(),
+             "param ", p.name(), ": a block of ", w.rows, "x", w.cols, " at ", w.first,
+             " outside its ", p.numel(), " elements");
+  if (p.fp8_value) {
+    FSDP_CHECK(axis == Axis::Tensor, "param ", p.name(), ": a float8-gathered weight has one scale");
     Fp8Operand op;
-    op.data = w.fp8_value;
-    op.scale_inv = w.fp8_scale_inv;
+    op.data = p.fp8_value + w.first;
+    op.scale_inv = p.fp8_scale_inv;
     return op;
   }
-  FSDP_CHECK(w.value.defined(), "param ", w.name(), " is not gathered");
-  return fp8_quantize(ctx, w.value, axis, Fp8Format::E4M3);
+  FSDP_CHECK(p.value.defined(), "param ", p.name(), " is not gathered");
+  const Tensor block = view_tensor(static_cast<char*>(p.value.data) +
+                                       static_cast<size_t>(w.first) * dtype_size(p.value.dtype),
+                                   p.value.dtype, w.rows, w.cols);
+  return fp8_quantize(ctx, block, axis, Fp8Format::E4M3);
 }
 
 void gemm(RunContext& ctx, Fp8Recipe r, bool trans_a, bool trans_b, int64_t m, int64_t n,
@@ -94,35 +103,36 @@ float* attach_fused_amax(RunContext& ctx, const Param& w, Tensor& out) {
   return static_cast<float*>(out.fp8_amax->data());
 }
 
-std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x,
-                                               Tensor& y) {
-  const Fp8Recipe r = w.fp8;
+std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Fp8Weight& w,
+                                               const Tensor& x, Tensor& y) {
+  const Fp8Recipe r = w.recipe();
   auto qx = std::make_shared<Fp8Operand>(
       fp8_quantize(ctx, x, a_axis(r, false), Fp8Format::E4M3));
   const Fp8Operand qw = weight_operand(ctx, w, b_axis(r, true));
-  gemm(ctx, r, false, true, x.rows, w.rows(), w.cols(), *qx, qw, y);
+  gemm(ctx, r, false, true, x.rows, w.rows, w.cols, *qx, qw, y);
   // Note [Fp8 operands reused by the weight grad]: X's tensorwise amax, not its codes.
   if (r != Fp8Recipe::Tensorwise) return nullptr;
   qx->drop_plain_codes();
   return qx;
 }
 
-std::shared_ptr<Fp8Operand> fp8_linear_input_grad(RunContext& ctx, const Param& w,
+std::shared_ptr<Fp8Operand> fp8_linear_input_grad(RunContext& ctx, const Fp8Weight& w,
                                                   const Tensor& dy, Tensor& dx) {
-  const Fp8Recipe r = w.fp8;
+  const Fp8Recipe r = w.recipe();
   const bool tensorwise = r == Fp8Recipe::Tensorwise;
   auto qdy = std::make_shared<Fp8Operand>(fp8_quantize(
       ctx, dy, a_axis(r, false), Fp8Format::E5M2, tensorwise ? Fp8Codes::Both : Fp8Codes::Plain));
   const Fp8Operand qw = weight_operand(ctx, w, b_axis(r, false));
-  gemm(ctx, r, false, false, dy.rows, w.cols(), w.rows(), *qdy, qw, dx);
+  gemm(ctx, r, false, false, dy.rows, w.cols, w.rows, *qdy, qw, dx);
   if (!tensorwise) return nullptr;
   qdy->drop_plain_codes();  // the weight grad reads dY^T
   return qdy;
 }
 
-void fp8_linear_weight_grad(RunContext& ctx, const Param& w, const Tensor& x, const Tensor& dy,
-                            Tensor& dw, const Fp8Operand* x_scales, const Fp8Operand* dy_codes) {
-  const Fp8Recipe r = w.fp8;
+void fp8_linear_weight_grad(RunContext& ctx, const Fp8Weight& w, const Tensor& x,
+                            const Tensor& dy, Tensor& dw, const Fp8Operand* x_scales,
+                            const Fp8Operand* dy_codes) {
+  const Fp8Recipe r = w.recipe();
   // dW = dY^T X: A = dY^T [out, tokens] and B with op(B) = X, i.e. X^T [in, tokens] in the
   // [n, k] layout: both are the transposed codes, so the GEMM transposes nothing.
   Fp8Operand qdy;
@@ -133,7 +143,7 @@ void fp8_linear_weight_grad(RunContext& ctx, const Param& w, const Tensor& x, co
   const bool reuse = x_scales && x_scales->amax && r == Fp8Recipe::Tensorwise;
   const Fp8Operand qx = fp8_quantize(ctx, x, b_axis(r, false), Fp8Format::E4M3,
                                      Fp8Codes::Transposed, reuse ? x_scales : nullptr);
-  ctx.device->fp8_gemm(ctx.compute, false, true, w.rows(), w.cols(), x.rows, qdy.device_t(),
+  ctx.device->fp8_gemm(ctx.compute, false, true, w.rows, w.cols, x.rows, qdy.device_t(),
                        qx.device_t(), r == Fp8Recipe::Rowwise, dw.data, dw.dtype);
 }
 
@@ -142,6 +152,11 @@ int enable_fp8(Model& model, Fp8Recipe recipe) {
   int marked = 0;
   for (Module* block : model.blocks())
     block->visit([&](Module& m) {
+      if (auto* experts = dynamic_cast<GroupedExperts*>(&m)) {  // Note [Fp8 experts]
+        for (const auto& p : experts->params()) p->fp8 = recipe;
+        ++marked;
+        return;
+      }
       auto* linear = dynamic_cast<Linear*>(&m);
       if (!linear) return;
       const std::string& fqn = linear->fqn();

@@ -52,6 +52,22 @@ inline float* attach_fused_amax(RunContext& ctx, const Param* w, Tensor& out) {
   return w ? attach_fused_amax(ctx, *w, out) : nullptr;
 }
 
+// A weight as the fp8 GEMMs read it: a Linear's whole weight, or one expert's [rows, cols]
+// block of a grouped param (experts one after another along dim 0). Its values are the
+// gathered `value`'s rows or, when FSDP's float8 all-gather brought the param, its E4M3 codes
+// at the same offset with the param's one inverse scale (Note [Float8 all-gather]).
+struct Fp8Weight {
+  const Param* param = nullptr;  // the recipe, and the name for errors
+  int64_t first = 0;             // its first element in the param
+  int64_t rows = 0, cols = 0;
+  Fp8Recipe recipe() const { return param->fp8; }
+};
+inline Fp8Weight fp8_weight(const Param& w) { return {&w, 0, w.rows(), w.cols()}; }
+// Block `index` of a param that holds equal [rows, cols] blocks (a grouped expert's weight).
+inline Fp8Weight fp8_weight_block(const Param& w, int64_t index, int64_t rows, int64_t cols) {
+  return {&w, index * rows * cols, rows, cols};
+}
+
 // y = x W^T, dx = dy W, dw = dy^T x, all three in fp8 (E4M3 for x and W, E5M2 for dy). The
 // weight comes from FSDP's float8 all-gather when it brought one (tensorwise), else it is
 // cast from w.value.
@@ -66,11 +82,12 @@ inline float* attach_fused_amax(RunContext& ctx, const Param* w, Tensor& out) {
 // fp8_linear_forward returns x's scales for the weight grad (empty when it cannot reuse them);
 // fp8_linear_input_grad returns dy's codes likewise; fp8_linear_weight_grad takes either, or
 // null.
-std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Param& w, const Tensor& x,
-                                               Tensor& y);
-std::shared_ptr<Fp8Operand> fp8_linear_input_grad(RunContext& ctx, const Param& w,
+std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Fp8Weight& w,
+                                               const Tensor& x, Tensor& y);
+std::shared_ptr<Fp8Operand> fp8_linear_input_grad(RunContext& ctx, const Fp8Weight& w,
                                                   const Tensor& dy, Tensor& dx);
-void fp8_linear_weight_grad(RunContext& ctx, const Param& w, const Tensor& x, const Tensor& dy,
-                            Tensor& dw, const Fp8Operand* x_scales, const Fp8Operand* dy_codes);
+void fp8_linear_weight_grad(RunContext& ctx, const Fp8Weight& w, const Tensor& x,
+                            const Tensor& dy, Tensor& dw, const Fp8Operand* x_scales,
+                            const Fp8Operand* dy_codes);
 
 }  // namespace fsdp::nn

@@ -87,7 +87,7 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
   }
   if (weight().fp8 != Fp8Recipe::None) {
     d.set_label(op_label("fwd", "fp8 gemm"));
-    fp8_x_scales_ = fp8_linear_forward(ctx, weight(), x, y);
+    fp8_x_scales_ = fp8_linear_forward(ctx, fp8_weight(weight()), x, y);
   } else {
     d.set_label(op_label("fwd", "gemm"));
     d.gemm(ctx.compute, false, true, x.rows, out_, in_, 1.0f, x.data, weight().value.data,
@@ -120,7 +120,7 @@ void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy,
   Tensor dw = empty_tensor(d, ctx.compute, ctx.act_dtype, out_, in_, MemTag::Grad);
   if (weight().fp8 != Fp8Recipe::None) {
     d.set_label(op_label("bwd", "fp8 gemm dW"));
-    fp8_linear_weight_grad(ctx, weight(), x, dy, dw, fp8_x, fp8_dy);
+    fp8_linear_weight_grad(ctx, fp8_weight(weight()), x, dy, dw, fp8_x, fp8_dy);
   } else {
     d.set_label(op_label("bwd", "gemm dW"));
     d.gemm(ctx.compute, true, false, out_, in_, x.rows, 1.0f, dy.data, x.data, ctx.act_dtype,
@@ -154,7 +154,7 @@ Tensor Linear::backward_impl(RunContext& ctx, const Tensor& dy_out, bool input_g
     dx = new_act(ctx, dy.rows, in_);
     if (weight().fp8 != Fp8Recipe::None) {
       d.set_label(op_label("bwd", "fp8 gemm dX"));
-      fp8_dy = fp8_linear_input_grad(ctx, weight(), dy, dx);
+      fp8_dy = fp8_linear_input_grad(ctx, fp8_weight(weight()), dy, dx);
     } else {
       d.set_label(op_label("bwd", "gemm dX"));
       d.gemm(ctx.compute, false, false, dy.rows, in_, out_, 1.0f, dy.data, weight().value.data,

@@ -69,6 +69,7 @@ Tensor GroupedExperts::forward_impl(RunContext& ctx, const Tensor& x) {
   const DType t = ctx.act_dtype;
   FSDP_CHECK(static_cast<int>(counts.size()) == local_, "GroupedExperts ", fqn(), ": ",
              counts.size(), " counts for ", local_, " local experts");
+  if (fp8()) return forward_fp8(ctx, x);  // Note [Fp8 experts]
   const int64_t rows = x.rows;
   Tensor h = new_act(ctx, rows, 2 * ffn_), act = new_act(ctx, rows, ffn_), out = new_act(ctx, rows, dim_);
   void* w13 = params()[0]->value.data;
@@ -118,37 +119,45 @@ Tensor GroupedExperts::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
     d.set_label(op_label("recompute", "expert swiglu"));
     d.swiglu_forward(ctx.compute, saved_h_.data, t, rows, ffn_, saved_act_.data, nullptr);
   }
-  Tensor dact = new_act(ctx, rows, ffn_), dh = new_act(ctx, rows, 2 * ffn_), dx = new_act(ctx, rows, dim_);
-  // Weight grads: one group per local expert, k = its rows (0 rows: a zero grad, which FSDP
-  // reduces like any other). Input grads: m = its rows.
-  std::vector<Device::GemmGroup> dw(static_cast<size_t>(local_)), dx_groups(static_cast<size_t>(local_));
-  int64_t off = 0;
-  for (int l = 0; l < local_; ++l) {
-    const int64_t n = saved_counts_[l];
-    const void* dout = at(dy.data, off * dim_, t);
-    dw[l] = {dim_, ffn_, n, dout, at(saved_act_.data, off * ffn_, t), at(dw2.data, l * dim_ * ffn_, t)};
-    dx_groups[l] = {n, ffn_, dim_, dout, at(p2.value.data, l * dim_ * ffn_, t), at(dact.data, off * ffn_, t)};
-    off += n;
+  Tensor dx, dact, dh;  // held to the end, as the memory estimate assumes
+  if (fp8()) {
+    dx = backward_fp8(ctx, dy, dw13, dw2);  // Note [Fp8 experts]
+  } else {
+    dact = new_act(ctx, rows, ffn_);
+    dh = new_act(ctx, rows, 2 * ffn_);
+    dx = new_act(ctx, rows, dim_);
+    // Weight grads: one group per local expert, k = its rows (0 rows: a zero grad, which FSDP
+    // reduces like any other). Input grads: m = its rows.
+    std::vector<Device::GemmGroup> dw(static_cast<size_t>(local_)), dx_groups(static_cast<size_t>(local_));
+    int64_t off = 0;
+    for (int l = 0; l < local_; ++l) {
+      const int64_t n = saved_counts_[l];
+      const void* dout = at(dy.data, off * dim_, t);
+      dw[l] = {dim_, ffn_, n, dout, at(saved_act_.data, off * ffn_, t), at(dw2.data, l * dim_ * ffn_, t)};
+      dx_groups[l] = {n, ffn_, dim_, dout, at(p2.value.data, l * dim_ * ffn_, t), at(dact.data, off * ffn_, t)};
+      off += n;
+    }
+    d.set_label(op_label("bwd", "expert gemm"));
+    d.grouped_gemm(ctx.compute, true, false, dw.data(), local_, t, t);
+    if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
+    if (rows > 0) {
+      d.set_label(op_label("bwd", "expert swiglu"));
+      d.swiglu_backward(ctx.compute, saved_h_.data, dact.data, t, rows, ffn_, dh.data, nullptr);
+    }
+    off = 0;
+    for (int l = 0; l < local_; ++l) {
+      const int64_t n = saved_counts_[l];
+      const void* dhl = at(dh.data, off * 2 * ffn_, t);
+      dw[l] = {2 * ffn_, dim_, n, dhl, at(saved_x_.data, off * dim_, t), at(dw13.data, l * 2 * ffn_ * dim_, t)};
+      dx_groups[l] = {n, dim_, 2 * ffn_, dhl, at(p13.value.data, l * 2 * ffn_ * dim_, t), at(dx.data, off * dim_, t)};
+      off += n;
+    }
+    d.set_label(op_label("bwd", "expert gemm"));
+    d.grouped_gemm(ctx.compute, true, false, dw.data(), local_, t, t);
+    if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
   }
-  d.set_label(op_label("bwd", "expert gemm"));
-  d.grouped_gemm(ctx.compute, true, false, dw.data(), local_, t, t);
-  if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
-  if (rows > 0) {
-    d.set_label(op_label("bwd", "expert swiglu"));
-    d.swiglu_backward(ctx.compute, saved_h_.data, dact.data, t, rows, ffn_, dh.data, nullptr);
-  }
-  off = 0;
-  for (int l = 0; l < local_; ++l) {
-    const int64_t n = saved_counts_[l];
-    const void* dhl = at(dh.data, off * 2 * ffn_, t);
-    dw[l] = {2 * ffn_, dim_, n, dhl, at(saved_x_.data, off * dim_, t), at(dw13.data, l * 2 * ffn_ * dim_, t)};
-    dx_groups[l] = {n, dim_, 2 * ffn_, dhl, at(p13.value.data, l * 2 * ffn_ * dim_, t), at(dx.data, off * dim_, t)};
-    off += n;
-  }
-  d.set_label(op_label("bwd", "expert gemm"));
-  d.grouped_gemm(ctx.compute, true, false, dw.data(), local_, t, t);
-  if (rows > 0) d.grouped_gemm(ctx.compute, false, false, dx_groups.data(), local_, t, t);
   saved_x_ = saved_h_ = saved_act_ = Tensor{};
+  saved_padded_.clear();
   if (hold_grads) {
     held_.push_back(std::move(dw2));
     held_.push_back(std::move(dw13));
@@ -160,8 +169,10 @@ Tensor GroupedExperts::backward_impl(RunContext& ctx, const Tensor& dy, bool) {
 }
 
 void GroupedExperts::drop_own_saved(ActivationCheckpoint what) {
-  if (what == ActivationCheckpoint::Selective) saved_act_ = Tensor{};
-  if (what == ActivationCheckpoint::Full) saved_x_ = saved_h_ = saved_act_ = Tensor{};
+  // fp8: X's amaxes go with the values; the weight grads take those of the remade ones.
+  if (what == ActivationCheckpoint::Selective) saved_act_ = Tensor{}, fp8_x2_.clear();
+  if (what == ActivationCheckpoint::Full)
+    saved_x_ = saved_h_ = saved_act_ = Tensor{}, fp8_x13_.clear(), fp8_x2_.clear();
 }
 
 void GroupedExperts::release_held_grads(RunContext& ctx) {

@@ -124,8 +124,9 @@ class Model : public Module {
 };
 
 // fp8 training (docs/fp8.md): marks the weight of every Linear inside the blocks (Param::fp8)
-// with `recipe`, except MoE routers, whose softmax wants the param dtype; the embedding, the
-// head, the norms and attention stay as they are. Returns how many weights it marked. A
+// with `recipe`, and the grouped experts' w13 and w2 (Note [Fp8 experts]), except MoE
+// routers, whose softmax wants the param dtype; the embedding, the head, the norms and
+// attention stay as they are. Returns how many modules it marked. A
 // Linear with a fused ReLU cannot take it: a one-line OptionError.
 int enable_fp8(Model& model, Fp8Recipe recipe);
 

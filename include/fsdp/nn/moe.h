@@ -111,9 +111,12 @@ class ExpertDispatcher {
   int64_t static_key_[3] = {0, 0, 0};  // plan_static's (ep size, experts, slots) when built
 };
 
+struct Fp8Operand;  // src/nn/fp8_linear.h
+
 // The local experts: w13 [E_local, 2 * F, dim] (rows per expert: gate, then up) and
 // w2 [E_local, dim, F], expert-major input rows with `counts` rows per local expert. Init by
-// global expert index, so every ep layout starts from the same global weights.
+// global expert index, so every ep layout starts from the same global weights. With fp8
+// (Param::fp8 on both) each expert's GEMMs run in fp8 (Note [Fp8 experts]).
 class GroupedExperts : public Module {
  public:
   GroupedExperts(const TransformerConfig& c, const MoeConfig& m, int layer);
@@ -130,10 +133,16 @@ class GroupedExperts : public Module {
   void drop_own_saved(ActivationCheckpoint what) override;
 
  private:
+  Tensor forward_fp8(RunContext& ctx, const Tensor& x);  // grouped_experts_fp8.cpp
+  Tensor backward_fp8(RunContext& ctx, const Tensor& dy, Tensor& dw13, Tensor& dw2);
+  bool fp8() const;
+
   int64_t dim_, ffn_;
   int local_;
-  Tensor saved_x_, saved_h_, saved_act_;
-  std::vector<int64_t> saved_counts_;
+  Tensor saved_x_, saved_h_, saved_act_;  // fp8: each expert's rows padded (saved_padded_)
+  std::vector<int64_t> saved_counts_, saved_padded_;
+  // fp8, tensorwise: each expert's X amaxes of the forward, for its weight grads (w13's, w2's).
+  std::vector<std::shared_ptr<Fp8Operand>> fp8_x13_, fp8_x2_;
   std::vector<Tensor> held_;  // dw2, dw13
 };
 
