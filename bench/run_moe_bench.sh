@@ -128,6 +128,8 @@ done
 (( TABLE_ONLY )) || echo "rows done in $((SECONDS - T0)) s"
 
 # ---- the rows: tokens/s per GPU (median step), MFU on active params, peaks (all, step 3, step 100)
+export GPU_NAME=${GPU_NAME:-$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)}
+export OURS_FLAGS=${OURS_FLAGS:-}
 "$PYTHON" - "$OUTDIR" "$ROWS" "$NPROC" "$EP" "$VOCAB" "$STEPS" <<'EOF'
 import json, os, sys
 
@@ -197,7 +199,8 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 base = next((r for r in result if not r["source"].startswith("ours")), None)
-lines = [f"## moe-llama on {world} x H200 (world_size {world}, ep {ep})", "",
+gpu = os.environ.get("GPU_NAME") or "GPU (name unknown)"
+lines = [f"## moe-llama on {world} x {gpu} (world_size {world}, ep {ep})", "",
          f"dim {D}, {L} layers (blocks 1, 3, ..., 15 MoE), {H} heads / {KV} kv heads, dense FFN {F}, "
          f"{E} experts top-{K} of FFN {FE} (dropless, aux 0.01), seq {T}, vocab {V}, {SEQS} sequences per GPU; "
          f"{total / 1e9:.2f}B params, {(active + V * D) / 1e9:.2f}B active. bf16 params, fp32 reduce, AdamW, "
@@ -212,6 +215,9 @@ for r in result:
                  f"{fmt(r['step_ms'], '.1f')} | {fmt(r['tokens_per_s_per_gpu'], '.0f')} | {fmt(r['mfu'], '.1%')} | "
                  f"{fmt(r['peak_mem_gib'], '.2f')} | {fmt(r['peak_mem_gib_step3'], '.3f')} | "
                  f"{fmt(r['peak_mem_gib_step100'], '.3f')} | {fmt(speed, '.2f') + ('x' if speed else '')} | {r['status']} |")
+if os.environ.get("OURS_FLAGS"):
+    lines += ["", f"Our rows add `{os.environ['OURS_FLAGS']}` (bench/run_moe_bench.sh's OURS_FLAGS), which the "
+              "FSDP2 row's recipe does not have."]
 if world == 1:
     lines += ["", "One GPU: ep 1 (dp 1, efsdp 1), so no all-to-all runs; the 2-GPU rows (ep 2) need a 2-GPU machine."]
 lines += ["", "Commands (bench/run_moe_bench.sh):"]
