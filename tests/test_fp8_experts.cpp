@@ -13,10 +13,10 @@
 #include "backend/cpu/cpu_backend.h"
 #include "cpu_test_util.h"
 #include "fp8_test_util.h"
+#include "grouped_experts_case.h"
 #include "fsdp/nn/moe.h"
 #include "nn/fp8_linear.h"
 #include "test_util.h"
-#include "tools/train_command.h"
 
 namespace fsdp::testing {
 namespace {
@@ -53,13 +53,8 @@ class GroupedExpertsFp8 : public ::testing::TestWithParam<Fp8Recipe> {
 // The module's forward, input grad and weight grads are those of each expert's own fp8
 // Linears on its unpadded rows, bit for bit; the empty expert's weight grads are zeros.
 TEST_P(GroupedExpertsFp8, EachExpertIsAnFp8LinearOfItsUnpaddedRows) {
-  nn::TransformerConfig tc;
-  tc.dim = kDim;
-  tc.seed = 5;
-  nn::MoeConfig mc;
-  mc.experts = 4;
-  mc.expert_ffn_dim = kFfn;
-  nn::GroupedExperts experts(tc, mc, 1);
+  const std::unique_ptr<nn::GroupedExperts> made = four_experts(kDim, kFfn, 5);
+  nn::GroupedExperts& experts = *made;
   Param& w13 = *experts.params()[0];
   Param& w2 = *experts.params()[1];
   w13.value = tensor(cpu::cpu_test::values(w13.numel(), 0.3f, 1), w13.rows(), w13.cols());
@@ -179,27 +174,6 @@ TEST(Fp8Experts, TheExpertsGatherHalfTheBytes) {
   EXPECT_EQ(gathers_of(fp8[0], 768), steps * 2);
   EXPECT_EQ(gathers_of(fp8[0], 1536), 0);
   EXPECT_EQ(only(fp8[0], CollectiveKind::AllGather).size(), only(bf16[0], CollectiveKind::AllGather).size());
-}
-
-// On CUDA a grouped expert's GEMMs are its [out, in] blocks: 4 local experts (dim 0) are fine,
-// an expert FFN of 12 is not.
-TEST(Fp8Experts, CudaSizesAreTheExpertsBlocks) {
-  runtime::TrainConfig c = moe_fp8_config(Fp8Recipe::Tensorwise);
-  c.model.dim = 32;
-  c.model.heads = 2;
-  c.model.ffn_dim = 32;
-  c.model.expert_ffn_dim = 16;
-  c.tokens = 16;
-  EXPECT_NO_THROW(tools::check_fp8_sizes_for_cuda(c));
-  c.model.expert_ffn_dim = 12;
-  try {
-    tools::check_fp8_sizes_for_cuda(c);
-    ADD_FAILURE() << "an expert FFN of 12 passed";
-  } catch (const UserError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "--fp8 on CUDA needs every fp8 weight's sizes to be multiples of 16 (cuBLASLt's "
-              "fp8 GEMMs); layers.1.moe.experts.w13 is 24x32");
-  }
 }
 
 }  // namespace

@@ -419,24 +419,38 @@ TEST(Fp8Refusals, BadCombinationsInOneLineEach) {
 }
 
 // On CUDA the fp8 GEMMs need sizes in multiples of 16: refused before the run, in one line.
+// A grouped expert's GEMMs are its [out, in] blocks: 4 local experts (dim 0) are fine.
 TEST(Fp8Refusals, CudaSizesThatCuBlasLtCannotTake) {
+  auto cuda_refusal = [](const runtime::TrainConfig& c) -> std::string {
+    try {
+      tools::check_fp8_sizes_for_cuda(c);
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  const std::string sizes = "--fp8 on CUDA needs every fp8 weight's sizes to be multiples of "
+                            "16 (cuBLASLt's fp8 GEMMs); ";
   runtime::TrainConfig c = fp8_config(Fp8Recipe::Tensorwise);
   c.model.ffn_dim = 48;
-  EXPECT_NO_THROW(tools::check_fp8_sizes_for_cuda(c));  // dim 32, ffn 48, 16 tokens
+  EXPECT_EQ(cuda_refusal(c), "");  // dim 32, ffn 48, 16 tokens
   c.model.ffn_dim = 36;
-  try {
-    tools::check_fp8_sizes_for_cuda(c);
-    ADD_FAILURE() << "w13 [72, 32] passed";
-  } catch (const UserError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              "--fp8 on CUDA needs every fp8 weight's sizes to be multiples of 16 (cuBLASLt's "
-              "fp8 GEMMs); layers.0.feed_forward.w13.weight is 72x32");
-  }
+  EXPECT_EQ(cuda_refusal(c), sizes + "layers.0.feed_forward.w13.weight is 72x32");
   c.model.ffn_dim = 48;
   c.tokens = 24;
-  EXPECT_THROW(tools::check_fp8_sizes_for_cuda(c), UserError);
+  EXPECT_NE(cuda_refusal(c), "");
   c.fp8 = Fp8Recipe::None;
-  EXPECT_NO_THROW(tools::check_fp8_sizes_for_cuda(c));
+  EXPECT_EQ(cuda_refusal(c), "");
+  runtime::TrainConfig moe = tiny_moe_transformer_config(/*ep=*/1, /*experts=*/4, 1);
+  moe.param_dtype = DType::BF16;
+  moe.fp8 = Fp8Recipe::Tensorwise;
+  moe.model.dim = 32;
+  moe.model.ffn_dim = 32;
+  moe.model.expert_ffn_dim = 16;
+  moe.tokens = 16;
+  EXPECT_EQ(cuda_refusal(moe), "");
+  moe.model.expert_ffn_dim = 12;
+  EXPECT_EQ(cuda_refusal(moe), sizes + "layers.1.moe.experts.w13 is 24x32");
 }
 
 // The command line names its flags.

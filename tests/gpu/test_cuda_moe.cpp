@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "../grouped_experts_case.h"
 #include "../moe_routing_cases.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
@@ -141,13 +142,8 @@ TEST(CudaMoe, Fp8ExpertsMatchTheCpuBackend) {
   auto run_on = [&](Device& d, Fp8Recipe recipe) {
     const Stream s = d.create_stream("compute", StreamPriority::Normal);
     RunContext ctx{&d, s, DType::BF16};
-    nn::TransformerConfig tc;
-    tc.dim = dim;
-    tc.seed = 9;
-    nn::MoeConfig mc;
-    mc.experts = 4;
-    mc.expert_ffn_dim = ffn;
-    nn::GroupedExperts experts(tc, mc, 1);
+    const std::unique_ptr<nn::GroupedExperts> made = testing::four_experts(dim, ffn, 9);
+    nn::GroupedExperts& experts = *made;
     uint64_t seed = 40;
     auto random = [&](int64_t r, int64_t c, float scale) {
       Tensor t = empty_tensor(d, s, DType::BF16, r, c, MemTag::Other);
