@@ -285,6 +285,55 @@ TEST(MemoryPlanner, TheThreeBillionShapeOnOneGpuFitsWithMicroBatches) {
   EXPECT_LT(p.relative_step_time, 1.01);
 }
 
+// Note [Out of memory]: a device that refuses an allocation short of its capacity (on one H100
+// the 3.0B shape failed with 74.3 GiB in use of 79.2 GiB: the CUDA context, libraries'
+// workspaces and the pool's fragments hold the rest) is not advised to use the whole capacity.
+// The settings it had are predicted at 74.8 GiB, under the capacity: advice planned for the
+// capacity named them again.
+TEST(MemoryPlannerOutOfMemory, PlansForWhatTheRunCouldHoldWhereTheDeviceRefusedShortOfItsCapacity) {
+  runtime::TrainConfig c = three_billion(2 * 8192);
+  c.zero_grad_set_to_none = true;  // as `fsdp train` resolves it for this run
+  const double gib = 1024.0 * 1024 * 1024;
+  const auto live = static_cast<int64_t>(74.3 * gib);
+  const uint64_t requested = 512u << 20;
+  const auto capacity = static_cast<int64_t>(79.2 * gib);
+  const int64_t own = runtime::estimate_rank_memory(c, 1).device_bytes;
+  ASSERT_LT(static_cast<double>(own) * (1 + runtime::kPlanMargin), static_cast<double>(capacity));
+  ASSERT_GT(own, live);
+  const int64_t peak = live + static_cast<int64_t>(requested);
+  const std::string advice = runtime::out_of_memory_advice(c, 1, peak, capacity, live, requested);
+  EXPECT_NE(advice.find("(the device's, of which the run's allocations could hold less than "
+                        "74.8 GiB)"),
+            std::string::npos)
+      << advice;
+  const std::string fit = "what would fit: ";
+  const size_t from = advice.find(fit);
+  ASSERT_NE(from, std::string::npos) << advice;
+  // Its predicted peak is within what the run held (the margin kept), so not its own settings.
+  const runtime::MemoryPlan p = runtime::plan_memory(c, 1, live);
+  ASSERT_TRUE(p.fits);
+  EXPECT_LE(static_cast<double>(p.predicted_peak_bytes) * (1 + runtime::kPlanMargin),
+            static_cast<double>(live));
+  EXPECT_NE(advice.find(fit + p.settings(option_spelling)), std::string::npos) << advice;
+  EXPECT_EQ(advice.find(fit + "--activation-checkpointing none --micro-batches 1"),
+            std::string::npos)
+      << advice;
+}
+
+// Where the device had room for the whole capacity, the advice plans for all of it.
+TEST(MemoryPlannerOutOfMemory, PlansForTheWholeCapacityWhereTheRunReachedIt) {
+  const runtime::TrainConfig c = three_billion(6 * 8192);
+  const double gib = 1024.0 * 1024 * 1024;
+  const auto capacity = static_cast<int64_t>(139.8 * gib);
+  const uint64_t requested = 2u << 30;
+  const int64_t live = capacity - static_cast<int64_t>(requested) + 1;
+  const std::string advice =
+      runtime::out_of_memory_advice(c, 1, live + static_cast<int64_t>(requested), capacity, live,
+                                    requested);
+  EXPECT_NE(advice.find("; the budget: 139.8 GiB (the device's); what would fit: "),
+            std::string::npos)
+      << advice;
+}
 
 // ---- fsdp train --memory-budget
 

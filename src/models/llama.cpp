@@ -80,6 +80,16 @@ double swiglu_backward_bytes_per_token(double swiglu_width, DType act) {
   return 3 * swiglu_width * static_cast<double>(dtype_size(act));
 }
 
+double decoder_fp8_saved_delta_per_token(const nn::TransformerConfig& c, bool dense_ffn,
+                                         DType act, ActivationCheckpoint mode) {
+  if (mode == ActivationCheckpoint::Full) return 0;
+  const double wo_codes = static_cast<double>(c.heads * c.head_dim());
+  if (mode == ActivationCheckpoint::Selective) return wo_codes;  // the others were dropped
+  const double d = static_cast<double>(c.dim), f = static_cast<double>(c.ffn_dim);
+  const double replaced = d + (dense_ffn ? d + f : 0);
+  return wo_codes - replaced * (static_cast<double>(dtype_size(act)) - 1);
+}
+
 double selective_dropped_bytes_per_token(const nn::TransformerConfig& c, double swiglu_width,
                                          DType act) {
   return (2 * static_cast<double>(c.dim) + swiglu_width) * static_cast<double>(dtype_size(act));
@@ -204,6 +214,10 @@ struct LlamaFamily final : ModelFamily {
     const nn::TransformerConfig c = nn::transformer_config(m);
     return dense_block_saved_bytes_per_token(c, act) -
            selective_dropped_bytes_per_token(c, static_cast<double>(c.ffn_dim), act);
+  }
+  double block_fp8_saved_delta_per_token(const nn::ModelConfig& m, int, DType act,
+                                         ActivationCheckpoint mode) const override {
+    return decoder_fp8_saved_delta_per_token(nn::transformer_config(m), true, act, mode);
   }
   double block_backward_bytes_per_token(const nn::ModelConfig& m, int, DType act) const override {
     return swiglu_backward_bytes_per_token(static_cast<double>(nn::transformer_config(m).ffn_dim),

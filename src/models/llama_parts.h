@@ -18,6 +18,12 @@ double decoder_attention_flops_per_token(const nn::TransformerConfig& c);
 double attention_saved_bytes_per_token(const nn::TransformerConfig& c, DType act);
 // A dense decoder block's (attention, then the SwiGLU FFN).
 double dense_block_saved_bytes_per_token(const nn::TransformerConfig& c, DType act);
+// ModelFamily::block_fp8_saved_delta_per_token of a decoder block: wo's codes beside the
+// attention output, which attention keeps too, and, for each Linear input only its Linear
+// keeps (wqkv's and, with a dense FFN, w13's and w2's), one byte in place of an element,
+// unless the mode dropped them. MoE layers' experts keep their inputs (Note [Fp8 experts]).
+double decoder_fp8_saved_delta_per_token(const nn::TransformerConfig& c, bool dense_ffn,
+                                         DType act, ActivationCheckpoint mode);
 // What selective checkpointing drops from a decoder block, per token (Note [Activation
 // checkpointing]): the two norms' outputs and SwiGLU's output, `swiglu_width` wide (ffn_dim,
 // or top_k x an expert's for an MoE layer's routed copies).

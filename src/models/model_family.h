@@ -92,6 +92,14 @@ class ModelFamily {
   // family's selective policy keeps.
   virtual double block_saved_bytes_per_token(const nn::ModelConfig& config, int layer, DType act,
                                              ActivationCheckpoint mode) const;
+  // Tensorwise fp8 (Note [Fp8 operands reused by the weight grad] in src/nn/fp8_linear.h):
+  // what block `layer` keeps per token beyond block_saved_bytes_per_token, where an fp8
+  // Linear keeps its input's one-byte transposed codes in place of its input (less, where no
+  // other module keeps that input); 0 for a family without fp8 Linears in its blocks.
+  virtual double block_fp8_saved_delta_per_token(const nn::ModelConfig&, int /*layer*/,
+                                                 DType /*act*/, ActivationCheckpoint) const {
+    return 0;
+  }
   // What block `layer`'s backward holds at once beyond the block's saved set, per token (the
   // gradients it makes of its own activations), for the estimate's peak inside the last
   // block's backward; by default half the block's saved bytes and three of its width (the

@@ -79,6 +79,11 @@ struct MoeLlamaFamily final : ModelFamily {
       sum += block_saved_bytes_per_token(config, i, act, ActivationCheckpoint::None);
     return sum / config.layers;
   }
+  double block_fp8_saved_delta_per_token(const nn::ModelConfig& config, int layer, DType act,
+                                         ActivationCheckpoint mode) const override {
+    return decoder_fp8_saved_delta_per_token(nn::transformer_config(config),
+                                             !nn::is_moe_layer(layer, config.moe_every), act, mode);
+  }
   double block_saved_bytes_per_token(const nn::ModelConfig& config, int layer, DType act,
                                      ActivationCheckpoint mode) const override {
     if (mode == ActivationCheckpoint::Full)

@@ -104,14 +104,17 @@ float* attach_fused_amax(RunContext& ctx, const Param& w, Tensor& out) {
 }
 
 std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Fp8Weight& w,
-                                               const Tensor& x, Tensor& y) {
+                                               const Tensor& x, Tensor& y, bool keep_x_codes) {
   const Fp8Recipe r = w.recipe();
-  auto qx = std::make_shared<Fp8Operand>(
-      fp8_quantize(ctx, x, a_axis(r, false), Fp8Format::E4M3));
+  const bool tensorwise = r == Fp8Recipe::Tensorwise;
+  auto qx = std::make_shared<Fp8Operand>(fp8_quantize(
+      ctx, x, a_axis(r, false), Fp8Format::E4M3,
+      tensorwise && keep_x_codes ? Fp8Codes::Both : Fp8Codes::Plain));
   const Fp8Operand qw = weight_operand(ctx, w, b_axis(r, true));
   gemm(ctx, r, false, true, x.rows, w.rows, w.cols, *qx, qw, y);
-  // Note [Fp8 operands reused by the weight grad]: X's tensorwise amax, not its codes.
-  if (r != Fp8Recipe::Tensorwise) return nullptr;
+  // Note [Fp8 operands reused by the weight grad]: X's tensorwise amax, and X^T's codes when
+  // asked.
+  if (!tensorwise) return nullptr;
   qx->drop_plain_codes();
   return qx;
 }
@@ -141,9 +144,16 @@ void fp8_linear_weight_grad(RunContext& ctx, const Fp8Weight& w, const Tensor& x
   else
     qdy = fp8_quantize(ctx, dy, a_axis(r, true), Fp8Format::E5M2, Fp8Codes::Transposed);
   const bool reuse = x_scales && x_scales->amax && r == Fp8Recipe::Tensorwise;
-  const Fp8Operand qx = fp8_quantize(ctx, x, b_axis(r, false), Fp8Format::E4M3,
-                                     Fp8Codes::Transposed, reuse ? x_scales : nullptr);
-  ctx.device->fp8_gemm(ctx.compute, false, true, w.rows, w.cols, x.rows, qdy.device_t(),
+  Fp8Operand qx;
+  if (reuse && x_scales->data_t) {
+    qx = *x_scales;  // the forward's X^T codes
+  } else {
+    FSDP_CHECK(x.defined() && x.rows == dy.rows, "fp8 weight grad of ", w.param->name(),
+               ": no kept input for its ", dy.rows, " rows");
+    qx = fp8_quantize(ctx, x, b_axis(r, false), Fp8Format::E4M3, Fp8Codes::Transposed,
+                      reuse ? x_scales : nullptr);
+  }
+  ctx.device->fp8_gemm(ctx.compute, false, true, w.rows, w.cols, dy.rows, qdy.device_t(),
                        qx.device_t(), r == Fp8Recipe::Rowwise, dw.data, dw.dtype);
 }
 

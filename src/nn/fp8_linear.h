@@ -73,17 +73,22 @@ inline Fp8Weight fp8_weight_block(const Param& w, int64_t index, int64_t rows, i
 // cast from w.value.
 //
 // Note [Fp8 operands reused by the weight grad]: the weight grad reads dY^T and X^T, which
-// cuBLASLt takes only as transposed codes. Tensorwise, dY's scale is the same for dX and dW,
-// so the input grad casts dY once into both layouts and hands them on; X's amax is the
-// forward's, kept (a few bytes, not the codes), so the weight grad casts X^T in one pass.
-// Rowwise scales run along other axes there, so the weight grad takes its own amaxes, still
-// writing the transposed codes directly. Either way no separate transpose pass is left.
+// cuBLASLt takes only as transposed codes. Tensorwise, the scales are the same for the forward
+// or dX and for dW, so each operand is cast once: the forward casts X into both layouts and
+// keeps X^T's codes for the weight grad (one byte an element, where the bf16 X it replaces is
+// two: a Linear that keeps them keeps no X, Linear::has_saved_input), and the input grad casts
+// dY once into both layouts and hands them on. Without the codes (keep_x_codes false, or a
+// checkpoint dropped them) the weight grad casts X^T with the forward's amax, kept, in one
+// pass. Rowwise scales run along other axes there, so the weight grad takes its own amaxes,
+// still writing the transposed codes directly. Either way no separate transpose pass is left.
 //
-// fp8_linear_forward returns x's scales for the weight grad (empty when it cannot reuse them);
-// fp8_linear_input_grad returns dy's codes likewise; fp8_linear_weight_grad takes either, or
-// null.
+// fp8_linear_forward returns x's scales (and, with keep_x_codes, its transposed codes) for
+// the weight grad (empty when it cannot reuse them); fp8_linear_input_grad returns dy's codes
+// likewise; fp8_linear_weight_grad takes either, or null, and x may then be empty (its rows are
+// dy's).
 std::shared_ptr<Fp8Operand> fp8_linear_forward(RunContext& ctx, const Fp8Weight& w,
-                                               const Tensor& x, Tensor& y);
+                                               const Tensor& x, Tensor& y,
+                                               bool keep_x_codes = false);
 std::shared_ptr<Fp8Operand> fp8_linear_input_grad(RunContext& ctx, const Fp8Weight& w,
                                                   const Tensor& dy, Tensor& dx);
 void fp8_linear_weight_grad(RunContext& ctx, const Fp8Weight& w, const Tensor& x,

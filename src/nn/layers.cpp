@@ -85,9 +85,11 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     saved_y_ = y;
     return y;
   }
+  bool x_as_codes = false;
   if (weight().fp8 != Fp8Recipe::None) {
     d.set_label(op_label("fwd", "fp8 gemm"));
-    fp8_x_scales_ = fp8_linear_forward(ctx, fp8_weight(weight()), x, y);
+    fp8_x_scales_ = fp8_linear_forward(ctx, fp8_weight(weight()), x, y, /*keep_x_codes=*/true);
+    x_as_codes = fp8_x_scales_ && fp8_x_scales_->data_t;
   } else {
     d.set_label(op_label("fwd", "gemm"));
     d.gemm(ctx.compute, false, true, x.rows, out_, in_, 1.0f, x.data, weight().value.data,
@@ -98,8 +100,13 @@ Tensor Linear::forward_impl(RunContext& ctx, const Tensor& x) {
     d.gemm(ctx.compute, false, false, x.rows, out_, 1, 1.0f, one.data, b->value.data,
            ctx.act_dtype, 1.0f, y.data, y.dtype);
   }
-  saved_x_ = x;
+  // Note [Fp8 operands reused by the weight grad]: X^T's codes stand for X.
+  saved_x_ = x_as_codes ? Tensor{} : x;
   return y;
+}
+
+bool Linear::has_saved_input() const {
+  return saved_x_.defined() || (fp8_x_scales_ && fp8_x_scales_->data_t);
 }
 
 void Linear::recompute_impl(RunContext& ctx, const Tensor& x) {
@@ -128,8 +135,8 @@ void Linear::weight_grads(RunContext& ctx, const Tensor& x, const Tensor& dy,
   }
   if (Param* b = bias()) {
     Tensor db = empty_tensor(d, ctx.compute, ctx.act_dtype, 1, out_, MemTag::Grad);
-    Tensor one = ones(ctx, x.rows);
-    d.gemm(ctx.compute, false, false, 1, out_, x.rows, 1.0f, one.data, dy.data, ctx.act_dtype,
+    Tensor one = ones(ctx, dy.rows);
+    d.gemm(ctx.compute, false, false, 1, out_, dy.rows, 1.0f, one.data, dy.data, ctx.act_dtype,
            0.0f, db.data, db.dtype);
     weight().set_grad(ctx, std::move(dw));
     b->set_grad(ctx, std::move(db));

@@ -94,9 +94,17 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
   const int layers = std::min(m.layers, blocks);
   std::vector<double> kept(layers);
   double all_kept = 0;
+  // Tensorwise fp8: some inputs kept as one-byte codes (ModelFamily::block_fp8_saved_delta...).
+  const bool fp8_codes = c.fp8 == Fp8Recipe::Tensorwise;
+  auto codes = [&](int i) {
+    return fp8_codes ? family.block_fp8_saved_delta_per_token(
+                           m, i, c.param_dtype, c.activation_checkpoint.of_block(i))
+                     : 0.0;
+  };
   for (int i = 0; i < layers; ++i)
-    all_kept += kept[i] = family.block_saved_bytes_per_token(m, i, c.param_dtype,
-                                                            c.activation_checkpoint.of_block(i));
+    all_kept += kept[i] = family.block_saved_bytes_per_token(
+                              m, i, c.param_dtype, c.activation_checkpoint.of_block(i)) +
+                          codes(i);
   // The peak comes at one of two moments (docs/memory.md):
   // - the loss: every block's saved set, the logits and their gradient, the final norm's
   //   output; the root gathered and the last block prefetched for its backward (every unit,
@@ -131,8 +139,10 @@ MemoryEstimate RankMemoryModel::estimate(const TrainConfig& c) const {
                                 ceil_div(units_[j + 1] - block_experts_[j + 1], world) +
                                 ceil_div(block_experts_[j + 1], expert_world_));
     }
+    // A recompute keeps its Linears' bf16 inputs, not codes: only the codes its forward kept.
     const double whole =
-        family.block_saved_bytes_per_token(m, j, c.param_dtype, ActivationCheckpoint::None);
+        family.block_saved_bytes_per_token(m, j, c.param_dtype, ActivationCheckpoint::None) +
+        codes(j);
     const double work = family.block_backward_bytes_per_token(m, j, c.param_dtype);
     double held = gathered_bytes.back() + gathered_bytes[j];  // bytes
     if (c.reshard_after_forward) {

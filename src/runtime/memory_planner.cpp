@@ -239,7 +239,7 @@ MemoryPlan plan_memory(const TrainConfig& config, int shard_ranks, int64_t budge
 }
 
 std::string out_of_memory_advice(const TrainConfig& config, int shard_ranks, int64_t peak,
-                                 int64_t capacity) {
+                                 int64_t capacity, int64_t live, uint64_t requested) {
   const auto size = [](int64_t bytes) { return byte_size_text(static_cast<uint64_t>(bytes)); };
   const std::string peak_text = "; the run's peak so far: " + size(peak);
   const bool planned = config.memory_budget_bytes > 0;
@@ -249,9 +249,18 @@ std::string out_of_memory_advice(const TrainConfig& config, int shard_ranks, int
                      option_spelling("micro_batches"), " or ",
                      option_spelling("activation_checkpointing"));
   if (budget <= 0) return peak_text + "; " + try_less;
-  std::string out = detail::concat(peak_text, "; the budget: ", size(budget),
-                                   planned ? " (" + option_spelling("memory_budget") + ")"
-                                           : std::string(" (the device's)"));
+  // A device that refused below the budget holds the rest outside the run's allocations (the
+  // CUDA context, libraries' workspaces, the pool's fragments): the run had at most `live`
+  // plus the request, so advice for the whole budget would name settings that fail again.
+  const int64_t reached = live + static_cast<int64_t>(requested);
+  const bool short_of_budget = live > 0 && reached < budget;
+  std::string out = detail::concat(
+      peak_text, "; the budget: ", size(budget),
+      planned ? " (" + option_spelling("memory_budget") : std::string(" (the device's"),
+      short_of_budget ? ", of which the run's allocations could hold less than " + size(reached)
+                      : std::string(),
+      ")");
+  const int64_t usable = short_of_budget ? live : budget;
   try {
     // What the model predicts for these settings against what they reached: a model that fell
     // short plans for a budget as much smaller.
@@ -260,7 +269,7 @@ std::string out_of_memory_advice(const TrainConfig& config, int shard_ranks, int
     if (peak > predicted && predicted > 0)
       scale = static_cast<double>(predicted) / static_cast<double>(peak);
     const MemoryPlan plan = plan_memory(
-        config, shard_ranks, static_cast<int64_t>(static_cast<double>(budget) * scale));
+        config, shard_ranks, static_cast<int64_t>(static_cast<double>(usable) * scale));
     if (plan.fits)
       return out + "; what would fit: " + plan.settings(option_spelling) +
              " (a predicted peak of " + size(plan.predicted_peak_bytes) + ")";

@@ -68,8 +68,10 @@ MemoryPlan plan_memory(const TrainConfig& config, int shard_ranks, int64_t budge
 // the run's peak so far (`peak`), the budget (the plan's, else the device's `capacity`; 0:
 // unknown) and the planner's answer for it with every setting free, in the front end's
 // spelling of the options (option_spelling). When the run's own settings were predicted to fit
-// yet did not, the budget is planned for as much smaller as the prediction fell short.
+// yet did not, the budget is planned for as much smaller as the prediction fell short; when the
+// device refused `requested` bytes beside `live` in use, short of the budget, the plan is for
+// `live` (the rest of the device is not the run's to use).
 std::string out_of_memory_advice(const TrainConfig& config, int shard_ranks, int64_t peak,
-                                 int64_t capacity);
+                                 int64_t capacity, int64_t live, uint64_t requested);
 
 }  // namespace fsdp::runtime

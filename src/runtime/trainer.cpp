@@ -409,7 +409,8 @@ RankResult train_rank(Device& device, std::shared_ptr<Comm> world, const TrainCo
     // what this allocation would have made it), the budget, and what would fit in it.
     const int64_t peak = std::max<int64_t>(device.memory_stats().peak_bytes,
                                            e.live() + static_cast<int64_t>(e.requested()));
-    throw e.followed_by(out_of_memory_advice(config, shard_ranks, peak, e.capacity()));
+    throw e.followed_by(
+        out_of_memory_advice(config, shard_ranks, peak, e.capacity(), e.live(), e.requested()));
   }
 }
 

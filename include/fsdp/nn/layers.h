@@ -39,10 +39,11 @@ class Linear : public Module {
   // the output instead of three. No bias.
   bool fused_relu = false;
   void flush_deferred_grads(RunContext& ctx);
-  // The input forward kept for the weight grad. A selective checkpoint (Note [Activation
-  // checkpointing]) drops it when its producer is cheap to run again, and hands the remade
-  // input back before this backward.
-  bool has_saved_input() const { return saved_x_.defined(); }
+  // The input forward kept for the weight grad (or, tensorwise fp8, its transposed codes in
+  // its place: Note [Fp8 operands reused by the weight grad]). A selective checkpoint (Note
+  // [Activation checkpointing]) drops it when its producer is cheap to run again, and hands
+  // the remade input back before this backward.
+  bool has_saved_input() const;
   void drop_saved_input() {
     saved_x_ = Tensor{};
     fp8_x_scales_.reset();
