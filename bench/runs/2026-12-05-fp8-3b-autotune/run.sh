@@ -3,7 +3,8 @@
 # 3.0B shape in bf16 and with --fp8 tensorwise, with the heuristic's GEMM algorithms and with
 # FSDP_GEMM_AUTOTUNE=1 (fp8 plans now autotune too); the MoE benchmark's ours_k1_sep0 row in
 # bf16 and with --fp8 tensorwise (its experts in fp8); the fp8 and MoE GPU tests; and the 3.0B
-# rows again with --reshard-after-forward 0.
+# rows again with --reshard-after-forward 0; llama1b at 4 x 2048 tokens in bf16 and with
+# --fp8 tensorwise. Tensorwise fp8's forward now keeps X^T's codes for the weight grad.
 #   bash bench/runs/2026-12-05-fp8-3b-autotune/run.sh
 set -u
 source bench/gpu_call.sh
@@ -25,6 +26,8 @@ for recipe in none tensorwise; do
     "$R/moe_$recipe" > "$R/moe_$recipe.log" 2>&1
   echo "moe $recipe rc=$? at $((SECONDS - T0)) s"
 done
-for f in b3_none b3_tensorwise b3_none_autotune b3_tensorwise_autotune b3_none_raf0 b3_tensorwise_raf0 moe_none/ours_k1_sep0 moe_tensorwise/ours_k1_sep0; do
+run_llama l1b_none --tokens 8192 --fp8 none
+run_llama l1b_tensorwise --tokens 8192 --fp8 tensorwise
+for f in l1b_none l1b_tensorwise b3_none b3_tensorwise b3_none_autotune b3_tensorwise_autotune b3_none_raf0 b3_tensorwise_raf0 moe_none/ours_k1_sep0 moe_tensorwise/ours_k1_sep0; do
   python3 -c "import json; j=json.load(open('$R/$f.json')); print('$f', {k: j.get(k) for k in ('step_ms_median', 'peak_mem_bytes', 'mfu', 'loss_last')})" 2>&1 | tail -1
 done
