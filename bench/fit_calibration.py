@@ -26,11 +26,13 @@ costs, the network, the kernel minimum). The inputs:
                       in-step factor (measured / the table's time) and, where no sweep gave them,
                       attention rows.
   --sharing MEASURED GPUS "ARGS"  (with --fsdp BIN)
-                      kernel_sharing and memory_kernel_sharing (Note [Shared channels]): the
-                      pair of (0, 0.25, ... 1) x (0.5, 1, ... 4) whose
+                      kernel_sharing, memory_kernel_sharing, memory_kernel_yield and
+                      memory_kernel_lead (Note [Shared channels]): the setting (fit_sharing's
+                      search over SHARING_VALUES) whose
                       simulated in-step op times of these commands (`fsdp simulate --gpus GPUS
-                      ARGS --trace`) are nearest the measured ones, op kind by op kind (the sum
-                      of |simulated - measured| over the measured device time).
+                      ARGS --trace`) are nearest the measured ones, op kind by op kind (per
+                      command the sum of |simulated - measured| over its measured device time,
+                      averaged over the commands).
   --collectives FILE  bench/collective_sweep lines: links.nvlink's base, per-step latency and
                       bus bandwidth by size.
   --collectives-trace TRACE COSTLOG
@@ -157,6 +159,75 @@ def gemm_us(cal, m, n, k, layout):
         eff = sum(e / d ** 2 for d, e in near) / sum(1 / d ** 2 for d, _ in near)
     us = max(flops / eff, (m * k + k * n + m * n) * 2 / (cal["memory"]["gbps"] * 1e3))
     return max(cal["kernel_min_us"], us) * cal["gemm"].get("in_step_factor", {}).get(layout, 1.0)
+
+
+# The sharing factors (Note [Shared channels]) and the values each may take; None: the
+# memory sharing's own (a yield or a lead no different from the plain split).
+SHARING_VALUES = {
+    "kernel_sharing": (0.0, 0.25, 0.5, 0.75, 1.0),
+    "memory_kernel_sharing": (0.5, 1.0, 1.5, 2.0, 3.0, 4.0),
+    "memory_kernel_yield": (None, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0),
+    "memory_kernel_lead": (None, 0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0),
+}
+
+
+def fit_sharing(a, cal, sources, log):
+    """The sharing factors whose simulated in-step op times of the --sharing commands are
+    nearest the measured ones (per command the sum of |simulated - measured| over its measured
+    device time, averaged over the commands): kernel_sharing and memory_kernel_sharing over
+    their whole grid with no yield or lead, then each factor in turn over its values, the others
+    held, until none moves (coordinate descent; each setting is simulated once)."""
+    measured = [(measured_ops(m), gpus, args) for m, gpus, args in a.sharing]
+    errors = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        def error(setting):
+            if setting in errors:
+                return errors[setting]
+            for key, value in zip(SHARING_VALUES, setting):
+                cal.pop(key, None)
+                if value is not None:
+                    cal[key] = value
+            path = os.path.join(tmp, "cal.json")
+            with open(path, "w") as f:
+                json.dump(cal, f)
+            per_trace = []
+            for ops, gpus, args in measured:
+                trace = os.path.join(tmp, "t.json")
+                subprocess.run([a.fsdp, "simulate", "--gpus", gpus, "--calibration", path,
+                                "--trace", trace] + shlex.split(args), check=True,
+                               stdout=subprocess.DEVNULL)
+                sim = measured_ops(trace)
+                err = total = 0.0
+                for kind, (us, _, _) in ops.items():
+                    # Kernels only: a collective's span is its link's, not the device's.
+                    if kind in sim and kind not in ("AG", "RS") and "all-" not in kind:
+                        err += abs(sim[kind][0] - us)
+                        total += us
+                if total:
+                    per_trace.append(err / total)
+            # Each traced step counts alike, so a short step's ops weigh as much as a long one's.
+            errors[setting] = statistics.mean(per_trace) if per_trace else 0
+            log(", ".join(f"{k} {v}" for k, v in zip(SHARING_VALUES, setting) if v is not None) +
+                f": in-step op times off by {100 * errors[setting]:.1f}% of the measured")
+            return errors[setting]
+
+        best = min(((s, m, None, None) for s in SHARING_VALUES["kernel_sharing"]
+                    for m in SHARING_VALUES["memory_kernel_sharing"]), key=error)
+        moved = True
+        while moved:
+            moved = False
+            for i, values in enumerate(SHARING_VALUES.values()):
+                candidate = min((best[:i] + (v,) + best[i + 1:] for v in values), key=error)
+                if error(candidate) < error(best):
+                    best, moved = candidate, True
+    for key, value in zip(SHARING_VALUES, best):
+        cal.pop(key, None)
+        if value is not None:
+            cal[key] = value
+    log(", ".join(f"{k} = {v}" for k, v in zip(SHARING_VALUES, best) if v is not None) +
+        f" (in-step op times off by {100 * errors[best]:.1f}%)")
+    sources.append(", ".join(SHARING_VALUES) + ": the in-step op times of " +
+                   ", ".join(shown(m) for m, _, _ in a.sharing))
 
 
 def main():
@@ -343,36 +414,7 @@ def main():
             log(f"links.nvlink.busbw_gbps = {link['busbw_gbps']}")
 
     if a.sharing:
-        best = None
-        with tempfile.TemporaryDirectory() as tmp:
-            for sharing in (0.0, 0.25, 0.5, 0.75, 1.0):
-                for memory_sharing in (0.5, 1.0, 1.5, 2.0, 3.0, 4.0):
-                    cal["kernel_sharing"] = sharing
-                    cal["memory_kernel_sharing"] = memory_sharing
-                    path = os.path.join(tmp, "cal.json")
-                    with open(path, "w") as f:
-                        json.dump(cal, f)
-                    total_err = total = 0.0
-                    for measured_path, gpus, args in a.sharing:
-                        trace = os.path.join(tmp, "t.json")
-                        subprocess.run([a.fsdp, "simulate", "--gpus", gpus, "--calibration", path,
-                                        "--trace", trace] + shlex.split(args), check=True,
-                                       stdout=subprocess.DEVNULL)
-                        sim = measured_ops(trace)
-                        for kind, (us, _, _) in measured_ops(measured_path).items():
-                            # Kernels only: a collective's span is its link's, not the device's.
-                            if kind in sim and kind not in ("AG", "RS") and "all-" not in kind:
-                                total_err += abs(sim[kind][0] - us)
-                                total += us
-                    err = total_err / total if total else 0
-                    log(f"kernel_sharing {sharing}, memory_kernel_sharing {memory_sharing}: in-step "
-                        f"op times off by {100 * err:.1f}% of the measured")
-                    if best is None or err < best[2]:
-                        best = (sharing, memory_sharing, err)
-        cal["kernel_sharing"], cal["memory_kernel_sharing"] = best[0], best[1]
-        log(f"kernel_sharing = {best[0]}, memory_kernel_sharing = {best[1]}")
-        sources.append("kernel_sharing, memory_kernel_sharing: the in-step op times of " +
-                       ", ".join(shown(m) for m, _, _ in a.sharing))
+        fit_sharing(a, cal, sources, log)
 
     cal["sources"] = sources
     with open(a.out, "w") as f:

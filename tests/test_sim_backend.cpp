@@ -85,7 +85,8 @@ TEST(SimBackend, AGroupedGemmTakesItsGroupsTimesAtTheGroupedFactor) {
   EXPECT_NEAR(world.flops_done(), 2 * 2 * 2.0 * 1024 * 2048 * 4096, 1.0);
   const Calibration c = parse_calibration(R"({"format": "fsdp-sim-calibration", "version": 1,
     "peak_tflops": 989, "host": {"kernel_launch_us": 0, "gemm_launch_us": 0, "collective_launch_us": 0},
-    "kernel_min_us": 0, "memory_kernel_sharing": 2, "memory": {"gbps": 4000, "host_copy_gbps": 25},
+    "kernel_min_us": 0, "memory_kernel_sharing": 2, "memory_kernel_yield": 5,
+    "memory_kernel_lead": 0.25, "memory": {"gbps": 4000, "host_copy_gbps": 25},
     "gemm": {"default_tflops": {"bf16": 700}, "grouped_factor": {"tn": 1.5}},
     "attention": {"default_tflops_forward": 300, "default_tflops_backward": 250},
     "links": {"nvlink": {"latency_us": 5, "busbw_gbps": [[1, 100]]},
@@ -93,6 +94,8 @@ TEST(SimBackend, AGroupedGemmTakesItsGroupsTimesAtTheGroupedFactor) {
   EXPECT_EQ(c.grouped_gemm_factor[2], 1.5);
   EXPECT_EQ(c.grouped_gemm_factor[1], 1.0);
   EXPECT_EQ(c.memory_kernel_sharing, 2.0);
+  EXPECT_EQ(c.memory_kernel_yield, 5.0);
+  EXPECT_EQ(c.memory_kernel_lead, 0.25);
   dev->free(a, s);
 }
 
@@ -216,6 +219,47 @@ TEST(SimBackend, AMemoryBoundKernelSharesAtItsOwnFactor) {
   EXPECT_NEAR(op_named(tl, "copy").end_us, 800, kExact);
   EXPECT_NEAR(op_named(tl, "gemm").end_us, 1000, kExact);
   dev->free(buf, a);
+}
+
+// Memory-bound kernels share by their streams' priorities (memory_kernel_yield and _lead):
+// two 200 us copies start together, one on a normal and one on a high-priority stream, at
+// memory_kernel_sharing 1.
+//  - yield 3: the high one runs at 1 / 2 (the normal one adds 1 to it), the normal one at 1 / 4,
+//    so the high one ends at 400 us, when the normal one has done 100 us, which it then does
+//    alone by 500 us;
+//  - yield 3 and lead 0: the high one runs at full speed and ends at 200 us, the normal one has
+//    done 50 us by then and ends at 350 us;
+//  - neither given: an even split, both end at 400 us.
+// A GEMM on the normal stream after its copy shares nothing (kernel_sharing 0): memory-bound
+// kernels only.
+TEST(SimBackend, MemoryBoundKernelsShareByTheirStreamsPriorities) {
+  struct Case {
+    double yield, lead, high_end, normal_end;
+  };
+  for (const Case& c : {Case{3, -1, 400, 500}, Case{3, 0, 200, 350}, Case{-1, -1, 400, 400}}) {
+    SimOptions o = ideal(1, 1, 100, 1000);
+    o.calibration.kernel_sharing = 0;
+    o.calibration.memory_kernel_sharing = 1;
+    o.calibration.memory_kernel_yield = c.yield;
+    o.calibration.memory_kernel_lead = c.lead;
+    SimWorld world(o);
+    auto dev = world.make_device();
+    Stream normal = dev->create_stream("normal", StreamPriority::Normal);
+    Stream high = dev->create_stream("high", StreamPriority::High);
+    void* buf = dev->alloc(1 << 20, normal, MemTag::Other);
+    dev->enable_timeline(true);
+    dev->set_label("normal copy");  // 2 x 100 MB at 1000 GB/s = 200 us
+    dev->copy(normal, buf, buf, 100000000);
+    dev->set_label("high copy");
+    dev->copy(high, buf, buf, 100000000);
+    dev->set_label("gemm");  // 1000 us
+    dev->gemm(normal, false, true, 1000, 1000, 50000, 1, buf, buf, DType::BF16, 0, buf, DType::BF16);
+    const Timeline tl = dev->take_timeline();
+    EXPECT_NEAR(op_named(tl, "high copy").end_us, c.high_end, kExact) << c.yield << " " << c.lead;
+    EXPECT_NEAR(op_named(tl, "normal copy").end_us, c.normal_end, kExact) << c.yield << " " << c.lead;
+    EXPECT_NEAR(op_named(tl, "gemm").end_us, c.normal_end + 1000, kExact) << c.yield << " " << c.lead;
+    dev->free(buf, normal);
+  }
 }
 
 // Compute waits for an all-gather that ends after its own work: the wait is the difference.

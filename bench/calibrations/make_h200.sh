@@ -71,7 +71,7 @@ cal["notes"] = [
     f"({', '.join(sorted(k for k in by_op if k not in from_seed))}).",
     "NVLink (links.nvlink base_us and busbw_gbps) from the fastest collectives of the 2-GPU mlp16 "
     "trace bench/runs/2026-11-30-mlp16-traces (no collective was timed on the 1-GPU machine).",
-    "kernel_sharing and memory_kernel_sharing: fitted on the in-step op times of traced steps (the sources list them).",
+    "kernel_sharing, memory_kernel_sharing, memory_kernel_yield and memory_kernel_lead: fitted on the in-step op times of traced steps (the sources list them).",
     "From h200_seed.json, which nothing measured replaces (its notes say where each comes "
     f"from): host launch costs, kernel_min_us, memory.gbps, memory.host_copy_gbps, memory.by_op "
     f"{', '.join(from_seed)}, attention's default TFLOP/s, gemm.fp8, links.nvlink.latency_us and "

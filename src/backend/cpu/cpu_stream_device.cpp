@@ -48,13 +48,14 @@ bool StreamDevice::on_host_thread() const {
 
 // ---- streams
 
-Stream StreamDevice::create_stream(const std::string& name, StreamPriority /*priority*/) {
+Stream StreamDevice::create_stream(const std::string& name, StreamPriority priority) {
   std::lock_guard<std::mutex> lock(stream_create_mutex_);
   const int id = num_streams_.load(std::memory_order_relaxed);
   FSDP_CHECK(id < kMaxStreams, "too many streams on ", this->name(), " (at most ", kMaxStreams,
              ")");
   StreamHost host{rank_, world_, &error_, &timeline_, &cancellation_, this->name()};
   streams_[id] = std::make_unique<StreamWorker>(std::move(host), id, name);
+  priorities_[id] = priority;
   num_streams_.store(id + 1, std::memory_order_release);
   return Stream{id};
 }
@@ -64,6 +65,11 @@ StreamWorker& StreamDevice::worker(Stream s) {
   FSDP_CHECK(s.id >= 0 && s.id < n, "stream ", s.id, " does not exist on ", name(), " (it has ", n,
              ")");
   return *streams_[s.id];
+}
+
+StreamPriority StreamDevice::stream_priority(Stream s) {
+  worker(s);  // validates the stream
+  return priorities_[s.id];
 }
 
 void StreamDevice::enqueue(Stream s, OpKind kind, std::function<void()> run) {

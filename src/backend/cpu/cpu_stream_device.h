@@ -58,6 +58,9 @@ class StreamDevice : public Device {
   void enqueue_bookkeeping(Stream s, std::function<void()> run);
   // The label set_label last gave (the ops enqueued now carry it).
   const char* current_label() const { return label_.load(std::memory_order_relaxed); }
+  // The priority create_stream gave s (the CPU backend runs every stream alike; the
+  // simulation backend's kernels share the device by it, Note [Shared channels]).
+  StreamPriority stream_priority(Stream s);
   // Whether the calling thread is the one that drives this device (its host).
   bool on_host_thread() const;
   // The host's participant in the world's clock (Note [Virtual clock]).
@@ -108,6 +111,7 @@ class StreamDevice : public Device {
   // creates one; num_streams_ publishes a new entry after it is built.
   std::mutex stream_create_mutex_;
   std::array<std::unique_ptr<StreamWorker>, kMaxStreams> streams_;
+  std::array<StreamPriority, kMaxStreams> priorities_{};
   std::atomic<int> num_streams_{0};
 };
 

@@ -113,19 +113,32 @@ void VirtualClock::sleep_for(ClockParticipant& p, double us, const Cancellation*
 }
 
 void VirtualClock::sleep_on_channel(ClockParticipant& p, SharedChannel& channel, double work_us,
-                                    const Cancellation* cancel, double sharing) {
+                                    const Cancellation* cancel, ChannelShare share) {
   if (!(work_us > 0)) return;
+  FSDP_CHECK(share.priority >= 0 && share.priority < kChannelPriorities,
+             "virtual clock: channel priority ", share.priority, " is not 0 or 1");
   std::unique_lock<std::mutex> lock(mutex_);
   FSDP_CHECK(p.state == ClockParticipant::State::Running, "virtual clock: a timed op on a thread "
              "that is not running");
   p.state = ClockParticipant::State::Sleeping;
   p.channel = &channel;
   p.remaining_us = work_us;
-  p.sharing = sharing >= 0 ? sharing : channel.sharing;
+  if (share.sharing < 0) share.sharing = channel.sharing;
+  if (share.yield < 0) share.yield = share.sharing;
+  if (share.lead < 0) share.lead = share.sharing;
+  p.share = share;
   ++channel.active;
+  ++channel.active_at[share.priority];
   --running_;
   advance_if_idle();
   wait_asleep(lock, p, cancel);
+}
+
+void VirtualClock::leave_channel(ClockParticipant& p) {
+  if (!p.channel) return;
+  --p.channel->active;
+  --p.channel->active_at[p.share.priority];
+  p.channel = nullptr;
 }
 
 void VirtualClock::wait_asleep(std::unique_lock<std::mutex>& lock, ClockParticipant& p,
@@ -142,10 +155,7 @@ void VirtualClock::wait_asleep(std::unique_lock<std::mutex>& lock, ClockParticip
                   " rank(s) of the world have not made their device after ", start_timeout_s_,
                   " s");
     } catch (...) {
-      if (p.channel) {
-        --p.channel->active;
-        p.channel = nullptr;
-      }
+      leave_channel(p);
       p.state = ClockParticipant::State::Running;
       ++running_;
       throw;
@@ -201,7 +211,7 @@ void VirtualClock::advance_if_idle() {
 void VirtualClock::advance() {
   // When each sleeper would wake at the rates of now (Note [Shared channels]).
   auto wake_time = [this](const ClockParticipant* p) {
-    return p->channel ? now_us_ + p->remaining_us * p->channel->stretch(p->sharing) : p->wake_at_us;
+    return p->channel ? now_us_ + p->remaining_us * stretch_of(*p) : p->wake_at_us;
   };
   double next = std::numeric_limits<double>::infinity();
   for (const ClockParticipant* p : participants_)
@@ -217,7 +227,7 @@ void VirtualClock::advance() {
     if (p->state != ClockParticipant::State::Sleeping) continue;
     if (p->channel) {
       const double w = wake_time(p);
-      p->remaining_us -= (next - now_us_) / p->channel->stretch(p->sharing);
+      p->remaining_us -= (next - now_us_) / stretch_of(*p);
       if (w <= next || p->remaining_us <= 1e-9 * std::max(1.0, next)) done.push_back(p);
     } else if (p->wake_at_us <= next) {
       done.push_back(p);
@@ -226,8 +236,7 @@ void VirtualClock::advance() {
   now_us_ = next;
   for (ClockParticipant* p : done) {
     if (p->channel) {
-      --p->channel->active;
-      p->channel = nullptr;
+      leave_channel(*p);
       p->remaining_us = 0;
     }
     p->state = ClockParticipant::State::Running;

@@ -2,6 +2,8 @@
 // cpu_virtual_clock.cpp.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -16,6 +18,16 @@ class VirtualClock;
 class Cancellation;
 struct SharedChannel;
 
+// How a job shares its channel (Note [Shared channels]): its factor for each other active job
+// of its own priority (< 0: the channel's), of a higher one (`yield`) and of a lower one
+// (`lead`) (< 0: its own factor for both), and its priority (0 or 1).
+struct ChannelShare {
+  double sharing = -1;
+  double yield = -1;
+  double lead = -1;
+  int priority = 0;
+};
+
 // A thread whose progress simulated time waits for: a stream worker, or the host thread that
 // drives a device. Its state is guarded by its clock's mutex.
 struct ClockParticipant {
@@ -27,7 +39,7 @@ struct ClockParticipant {
   // capacity) still to do.
   SharedChannel* channel = nullptr;
   double remaining_us = 0;
-  double sharing = 1.0;  // this job's share factor on its channel (Note [Shared channels])
+  ChannelShare share;  // how this job shares its channel (Note [Shared channels])
 };
 
 // Note [Shared channels]
@@ -42,14 +54,28 @@ struct ClockParticipant {
 // from one such event to the next, so the sharing is exact (a fluid model, not a sampled one).
 // A job may bring its own factor instead of the channel's (its rate is then 1 / (1 + s (n - 1))
 // with its own s, up to 4): the simulated GPU gives memory-bound kernels their own, as they lose
-// more to the kernels beside them than a GEMM does. Guarded by the clock's mutex.
+// more to the kernels beside them than a GEMM does. A job may also bring a priority (0 or 1) and
+// factors for the jobs above and below it (ChannelShare): each other active job then adds
+// s (its own priority), y (a higher one) or l (a lower one) to its stretch, as a GPU's block
+// scheduler hands free SMs to the high-priority stream's kernels first: a normal-priority
+// kernel beside them waits for what they leave (y > s) and they lose little to it (l < s).
+// y = l = s (the default) is the plain split. Guarded by the clock's mutex.
+constexpr int kChannelPriorities = 2;
 struct SharedChannel {
   int active = 0;        // participants sleeping on it now
+  std::array<int, kChannelPriorities> active_at{};  // of them, at each priority
   double sharing = 1.0;  // in [0, 1]
-  // How much longer a job takes while `active` share the channel.
-  double stretch() const { return stretch(sharing); }
-  // The same for a job of share factor s.
-  double stretch(double s) const { return 1.0 + s * (active > 1 ? active - 1 : 0); }
+  // How much longer a job of these (resolved) factors takes while it and the others share the
+  // channel.
+  double stretch(const ChannelShare& job) const {
+    int above = 0, below = 0;
+    for (int q = 0; q < kChannelPriorities; ++q) {
+      if (q > job.priority) above += active_at[q];
+      if (q < job.priority) below += active_at[q];
+    }
+    const int same = std::max(active_at[job.priority] - 1, 0);  // the others of its priority
+    return 1.0 + job.sharing * same + job.yield * above + job.lead * below;
+  }
 };
 
 class VirtualClock {
@@ -74,10 +100,9 @@ class VirtualClock {
   // the clock reaches it. Throws fsdp::Error if `cancel` fires first (p is Running again).
   void sleep_for(ClockParticipant& p, double us, const Cancellation* cancel);
   // The same for `work_us` of work on a shared channel (Note [Shared channels]): it ends once
-  // the work is done at the share the channel gives p from moment to moment; `sharing` >= 0 is
-  // this job's share factor, else the channel's.
+  // the work is done at the share the channel gives p from moment to moment, by `share`.
   void sleep_on_channel(ClockParticipant& p, SharedChannel& channel, double work_us,
-                        const Cancellation* cancel, double sharing = -1);
+                        const Cancellation* cancel, ChannelShare share = {});
   // For a host that asks about progress (query_event): returns once no other participant is
   // Running, so everything due at the current simulated time has happened and the answer is
   // the same on every run. p is Running again, and alone, so nothing moves until it waits.
@@ -89,6 +114,12 @@ class VirtualClock {
  private:
   void advance_if_idle();  // mutex_ held
   void advance();          // mutex_ held, nobody Running: on to the next wake-up, if any
+  // mutex_ held: how much longer p's channel job takes at the shares of now.
+  static double stretch_of(const ClockParticipant& p) {
+    return p.channel->stretch(p.share);
+  }
+  // mutex_ held: p's channel job is over (or cancelled).
+  static void leave_channel(ClockParticipant& p);
   // mutex_ held: sleeps p (state Sleeping already) until something wakes it.
   void wait_asleep(std::unique_lock<std::mutex>& lock, ClockParticipant& p,
                    const Cancellation* cancel);

@@ -205,6 +205,10 @@ Calibration parse_calibration(const std::string& text, const std::string& source
     c.kernel_sharing = r.number(j["kernel_sharing"], "kernel_sharing", 0, 1);
   if (j.contains("memory_kernel_sharing"))
     c.memory_kernel_sharing = r.number(j["memory_kernel_sharing"], "memory_kernel_sharing", 0, 4);
+  if (j.contains("memory_kernel_yield"))
+    c.memory_kernel_yield = r.number(j["memory_kernel_yield"], "memory_kernel_yield", 0, 16);
+  if (j.contains("memory_kernel_lead"))
+    c.memory_kernel_lead = r.number(j["memory_kernel_lead"], "memory_kernel_lead", 0, 16);
   const json& mem = r.object(Reader::member(j, "memory"), "memory");
   c.memory_gbps = r.number(Reader::member(mem, "gbps"), "memory.gbps", 0, kMaxGbps, true);
   c.host_copy_gbps = r.number(Reader::member(mem, "host_copy_gbps"), "memory.host_copy_gbps", 0,

@@ -14,7 +14,11 @@
 //    overlap (Note [Shared channels]), so that op timings measured alone add up in a step;
 //    "memory_kernel_sharing" (optional, in [0, 4], kernel_sharing when absent): the same for
 //    memory-bound kernels (those Note [Op costs] times by bytes), which lose more to a GEMM
-//    beside them than the GEMM loses to them;
+//    beside them than the GEMM loses to them; "memory_kernel_yield" and "memory_kernel_lead"
+//    (optional, in [0, 16], memory_kernel_sharing when absent): what each kernel of a
+//    higher-priority stream adds in its place to a memory-bound kernel beside it, and each
+//    kernel of a lower-priority one (the engine's all-gather and reduce-scatter streams are
+//    high, compute normal), as the GPU hands free SMs to the high-priority streams first;
 //  - "memory": {"gbps": copy bandwidth (bytes read + written per second, in GB/s),
 //    "host_copy_gbps": host <-> device, "by_op": {op class: GB/s}} for memory-bound kernels
 //    whose measured bandwidth differs from a copy's (Note [Op costs] names the classes);
@@ -85,6 +89,8 @@ struct Calibration {
   double kernel_min_us = 0;
   double kernel_sharing = 1.0;  // Note [Shared channels]: how overlapping kernels share the GPU
   double memory_kernel_sharing = -1;  // the same for memory-bound kernels; < 0: kernel_sharing
+  double memory_kernel_yield = -1;    // beside a higher-priority kernel; < 0: as above
+  double memory_kernel_lead = -1;     // beside a lower-priority kernel; < 0: as above
   double memory_gbps = 3000;
   double host_copy_gbps = 25;
   std::map<std::string, double> op_gbps;  // memory-bound op class -> GB/s

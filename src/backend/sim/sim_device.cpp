@@ -8,7 +8,9 @@
 //    Kernels of different streams that overlap share the device (Note [Shared channels], at
 //    the calibration's kernel_sharing: 1 splits it equally, as a GPU's SMs and memory are
 //    shared), so a memory-bound kernel beside a GEMM slows both; collectives' transfers run on
-//    their links, beside the kernels. Priorities are accepted and ignored (the share is equal).
+//    their links, beside the kernels. A memory-bound kernel shares by its stream's priority
+//    too (the calibration's memory_kernel_yield and memory_kernel_lead), as the GPU hands free
+//    SMs to the high-priority streams' kernels first.
 //  - Ops do no arithmetic. Each costs device time from the calibration (Note [Op costs]):
 //    GEMMs and attention by shape from measured tables, memory-bound kernels by their bytes
 //    at measured bandwidths, plus, on the host, a launch cost per call (none for a captured
@@ -141,11 +143,17 @@ void SimDevice::timed(Stream s, OpKind kind, const char* op, double us, double l
     enqueue(s, kind, [this, us] { world()->pass_time(us, &cancellation()); });
     return;
   }
-  const double sharing = memory_bound ? calibration().memory_kernel_sharing : -1;
-  enqueue(s, kind, [this, us, sharing] {
+  cpu::ChannelShare share;  // a GEMM's or attention's: the channel's kernel_sharing
+  share.priority = stream_priority(s) == StreamPriority::High ? 1 : 0;
+  if (memory_bound) {
+    share.sharing = calibration().memory_kernel_sharing;
+    share.yield = calibration().memory_kernel_yield;
+    share.lead = calibration().memory_kernel_lead;
+  }
+  enqueue(s, kind, [this, us, share] {
     cpu::ClockParticipant* self = cpu::this_thread_participant();
     FSDP_CHECK(self != nullptr, "a simulated kernel outside a stream");
-    world()->clock->sleep_on_channel(*self, shared_->kernels, us, &cancellation(), sharing);
+    world()->clock->sleep_on_channel(*self, shared_->kernels, us, &cancellation(), share);
   });
 }
 

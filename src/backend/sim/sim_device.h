@@ -45,7 +45,9 @@ class SimDevice final : public cpu::StreamDevice {
   // the call (`launch_us`); `op` names its cost class for the cost log.
   // A kernel shares the device with the kernels of the other streams while they overlap;
   // `alone` (Device::spin) takes exactly its time whatever runs beside it; a `memory_bound`
-  // kernel shares at the calibration's memory_kernel_sharing.
+  // kernel shares at the calibration's memory_kernel_sharing, with the kernels of a stream of
+  // a higher or a lower priority at its memory_kernel_yield and memory_kernel_lead (Note
+  // [Shared channels]).
   void timed(Stream s, OpKind kind, const char* op, double us, double launch_us, double bytes = 0,
              double flops = 0, bool alone = false, bool memory_bound = false);
   // A memory-bound kernel of class `op` moving `bytes`.
