@@ -33,6 +33,8 @@ SHAPE_3B = ("--model transformer --layers 28 --dim 3072 --heads 24 --kv-heads 8 
             "--seq-len 8192 --vocab 32000 --tokens 16384 --param-dtype bf16 --lr 3e-4 --min-lr 3e-5 "
             "--weight-decay 0.1 --clip-grad-norm 1.0 --warmup-steps 5 --optimizer-in-backward 0")
 
+SHAPE_3B_6X = SHAPE_3B.replace("--tokens 16384", "--tokens 49152")
+
 
 def mlp(tokens, oib):
     clip = "--clip-grad-norm 0" if oib else "--clip-grad-norm 0 --optimizer-in-backward 0"
@@ -45,6 +47,16 @@ def checkpointing_3b(run, none_ms, full_ms, selective_ms):
              f"{SHAPE_3B} --activation-checkpointing {mode}")
             for name, mode, ms in (("no", "none", none_ms), ("full", "full", full_ms),
                                    ("selective", "selective", selective_ms))]
+
+
+def optimizer_in_forward(run, graph, s1_after, s1_in_forward, s4_after, s4_in_forward):
+    """llama1b at 1 and 4 sequences with the optimizer step after backward and in forward."""
+    kind = "graph" if graph else "eager"
+    return [(f"llama1b, {seqs}, {kind}, optimizer {where}", 1, ms, run,
+             f"{LLAMA1B} --tokens {tokens}{graph} --optimizer-in-forward {oif}")
+            for seqs, tokens, where, oif, ms in (
+                ("1 seq", 2048, "after backward", 0, s1_after), ("1 seq", 2048, "in forward", 1, s1_in_forward),
+                ("4 seqs", 8192, "after backward", 0, s4_after), ("4 seqs", 8192, "in forward", 1, s4_in_forward))]
 
 
 def moe_one_gpu(run, *ms):
@@ -64,6 +76,16 @@ ROWS = [
     ("llama1b, 1 seq, graph", 1, 41.89, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 2048 --cuda-graph"),
     ("llama1b, 2 seqs, graph", 1, 65.52, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 4096 --cuda-graph"),
     ("llama1b, 4 seqs, graph", 1, 113.32, "2026-12-01-llama1b-graph-vs-eager", f"{LLAMA1B} --tokens 8192 --cuda-graph"),
+    ("llama1b, 1 seq, eager", 1, 42.61, "2026-12-01-llama1b-graphs", f"{LLAMA1B} --tokens 2048"),
+    ("llama1b, 4 seqs, eager", 1, 113.37, "2026-12-01-llama1b-graph-vs-eager", f"{LLAMA1B} --tokens 8192"),
+    ("llama1b, 4 seqs, eager", 1, 118.34, "2026-12-01-llama1b-vs-fsdp2", f"{LLAMA1B} --tokens 8192"),
+    ("llama1b, 1 seq, eager", 1, 43.71, "2026-12-01-llama1b-vs-fsdp2", f"{LLAMA1B} --tokens 2048"),
+    *optimizer_in_forward("2026-12-01-optimizer-in-forward", "", 42.27, 41.16, 113.74, 112.48),
+    *optimizer_in_forward("2026-12-01-optimizer-in-forward-graphs", " --cuda-graph", 42.12, 41.17, 116.08, 115.14),
+    ("llama1b, 4 seqs, eager, optimizer in forward, no reshard", 1, 112.35, "2026-12-01-llama1b-copy-ins",
+     f"{LLAMA1B} --tokens 8192 --optimizer-in-forward 1 --reshard-after-forward 0"),
+    ("llama1b, 4 seqs, graph, optimizer in forward, no reshard", 1, 112.25, "2026-12-01-llama1b-copy-ins",
+     f"{LLAMA1B} --tokens 8192 --cuda-graph --optimizer-in-forward 1 --reshard-after-forward 0"),
     ("mlp16, 2048 tokens, eager", 1, 7.06, "2026-12-01-labels-on-device", mlp(2048, True)),
     ("mlp16, 8192 tokens, eager", 1, 20.33, "2026-12-01-labels-on-device", mlp(8192, True)),
     ("mlp16, 2048 tokens, graph", 1, 7.04, "2026-12-01-labels-on-device", mlp(2048, True) + " --cuda-graph"),
@@ -72,7 +94,17 @@ ROWS = [
     *checkpointing_3b("2026-12-02-activation-checkpointing", 638.60, 825.02, 650.04),
     # The grads freed after each step (the default since; it costs no time).
     *checkpointing_3b("2026-12-04-grads-set-to-none", 662.91, 849.36, 670.65),
+    ("3.0B shape, no checkpointing", 1, 642.18, "2026-12-03-fp8-3b", SHAPE_3B),
+    ("3.0B shape, no checkpointing", 1, 650.17, "2026-12-04-fp8-3b-trace", SHAPE_3B),
     ("3.0B shape, no checkpointing", 1, 645.54, "2026-12-04-fp8-fused-amax", SHAPE_3B),
+    # 6 x 8192 tokens, which does not fit one H200 in one batch: the planner's choice and two
+    # settings by hand.
+    ("3.0B shape, 6 x 8192, 2 micro-batches (the plan)", 1, 1961.86, "2026-12-03-memory-planner",
+     f"{SHAPE_3B_6X} --micro-batches 2 --activation-checkpointing none"),
+    ("3.0B shape, 6 x 8192, 3 micro-batches", 1, 1966.33, "2026-12-03-memory-planner",
+     f"{SHAPE_3B_6X} --micro-batches 3 --activation-checkpointing none"),
+    ("3.0B shape, 6 x 8192, selective, 2 micro-batches", 1, 1989.53, "2026-12-03-memory-planner",
+     f"{SHAPE_3B_6X} --micro-batches 2 --activation-checkpointing selective"),
     ("llama1b, 4 seqs, eager", 1, 112.36, "2026-12-04-fp8-fused-amax", f"{LLAMA1B} --tokens 8192"),
     *moe_one_gpu("2026-12-01-moe-transformer", 91.36, 90.34, 90.47, 90.18),
     # After the early-stopping recompute, the norms' fused amaxes and the MoE residuals fused
