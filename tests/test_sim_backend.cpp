@@ -4,6 +4,7 @@
 // 1024-GPU 70B-shape step. Every time is the virtual clock's, so the values are exact.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 
 #include "backend/sim/sim_backend.h"
@@ -170,31 +171,53 @@ TEST(SimBackend, OverlappingCollectivesShareTheirLink) {
   dev->free(buf2, b);
 }
 
+// One simulated GPU (100 TFLOP/s, 1000 GB/s) with a normal- and a high-priority stream, a
+// scratch buffer and the timeline on, for the sharing cases below; `gemm` takes 1000 us alone
+// (2 x 1000 x 1000 x 50000 flops at 1e8 a us) and `copy` 200 us (2 x 100 MB at 1000 GB/s).
+struct TwoStreams {
+  explicit TwoStreams(const SimOptions& o) : world(o), dev(world.make_device()) {
+    normal = dev->create_stream("normal", StreamPriority::Normal);
+    high = dev->create_stream("high", StreamPriority::High);
+    buf = dev->alloc(1 << 20, normal, MemTag::Other);
+    dev->enable_timeline(true);
+  }
+  ~TwoStreams() { dev->free(buf, normal); }
+  void gemm(Stream s, const char* label) {
+    dev->set_label(label);
+    dev->gemm(s, false, true, 1000, 1000, 50000, 1, buf, buf, DType::BF16, 0, buf, DType::BF16);
+  }
+  void copy(Stream s, const char* label) {
+    dev->set_label(label);
+    dev->copy(s, buf, buf, 100000000);
+  }
+  SimWorld world;
+  std::unique_ptr<Device> dev;
+  Stream normal, high;
+  void* buf = nullptr;
+};
+
+SimOptions sharing_options(double kernel_sharing, double memory_sharing = -1) {
+  SimOptions o = ideal(1, 1, 100, 1000);
+  o.calibration.kernel_sharing = kernel_sharing;
+  o.calibration.memory_kernel_sharing = memory_sharing;
+  return o;
+}
+
 // Kernels of two streams that overlap share the device (Note [Shared channels]): at sharing 1
 // a 200 us kernel beside a 1000 us one ends at 400 and the long one at 1200; at 0.5 each runs
 // at 2/3 while both do, so 300 and 1100. A spin (a forced duration) shares nothing.
 TEST(SimBackend, OverlappingKernelsShareTheDevice) {
   for (double sharing : {1.0, 0.5}) {
-    SimOptions o = ideal(1, 1, 100, 1000);
-    o.calibration.kernel_sharing = sharing;
-    SimWorld world(o);
-    auto dev = world.make_device();
-    Stream a = dev->create_stream("a", StreamPriority::Normal);
-    Stream b = dev->create_stream("b", StreamPriority::High);
-    void* buf = dev->alloc(1 << 20, a, MemTag::Other);
-    dev->enable_timeline(true);
-    dev->set_label("gemm");  // 2 x 1000 x 1000 x 50000 flops at 1e8 a us: 1000 us
-    dev->gemm(a, false, true, 1000, 1000, 50000, 1, buf, buf, DType::BF16, 0, buf, DType::BF16);
-    dev->set_label("copy");  // 2 x 100 MB at 1000 GB/s = 200 us
-    dev->copy(b, buf, buf, 100000000);
-    dev->set_label("spin");
-    dev->spin(b, 50);
-    const Timeline tl = dev->take_timeline();
+    TwoStreams t(sharing_options(sharing));
+    t.gemm(t.normal, "gemm");
+    t.copy(t.high, "copy");
+    t.dev->set_label("spin");
+    t.dev->spin(t.high, 50);
+    const Timeline tl = t.dev->take_timeline();
     const double t_short = sharing == 1.0 ? 400 : 300, t_long = sharing == 1.0 ? 1200 : 1100;
     EXPECT_NEAR(op_named(tl, "copy").end_us, t_short, kExact) << sharing;
     EXPECT_NEAR(op_named(tl, "gemm").end_us, t_long, kExact) << sharing;
     EXPECT_NEAR(length(op_named(tl, "spin")), 50, kExact) << sharing;
-    dev->free(buf, a);
   }
 }
 
@@ -202,23 +225,12 @@ TEST(SimBackend, OverlappingKernelsShareTheDevice) {
 // GEMM's at 0, the 200 us copy beside the 1000 us GEMM runs at 1 / (1 + 3) and ends at 800 us,
 // and the GEMM keeps its full speed and ends at 1000 us.
 TEST(SimBackend, AMemoryBoundKernelSharesAtItsOwnFactor) {
-  SimOptions o = ideal(1, 1, 100, 1000);
-  o.calibration.kernel_sharing = 0;
-  o.calibration.memory_kernel_sharing = 3;
-  SimWorld world(o);
-  auto dev = world.make_device();
-  Stream a = dev->create_stream("a", StreamPriority::Normal);
-  Stream b = dev->create_stream("b", StreamPriority::High);
-  void* buf = dev->alloc(1 << 20, a, MemTag::Other);
-  dev->enable_timeline(true);
-  dev->set_label("gemm");
-  dev->gemm(a, false, true, 1000, 1000, 50000, 1, buf, buf, DType::BF16, 0, buf, DType::BF16);
-  dev->set_label("copy");
-  dev->copy(b, buf, buf, 100000000);
-  const Timeline tl = dev->take_timeline();
+  TwoStreams t(sharing_options(0, 3));
+  t.gemm(t.normal, "gemm");
+  t.copy(t.high, "copy");
+  const Timeline tl = t.dev->take_timeline();
   EXPECT_NEAR(op_named(tl, "copy").end_us, 800, kExact);
   EXPECT_NEAR(op_named(tl, "gemm").end_us, 1000, kExact);
-  dev->free(buf, a);
 }
 
 // Memory-bound kernels share by their streams' priorities (memory_kernel_yield and _lead):
@@ -237,28 +249,17 @@ TEST(SimBackend, MemoryBoundKernelsShareByTheirStreamsPriorities) {
     double yield, lead, high_end, normal_end;
   };
   for (const Case& c : {Case{3, -1, 400, 500}, Case{3, 0, 200, 350}, Case{-1, -1, 400, 400}}) {
-    SimOptions o = ideal(1, 1, 100, 1000);
-    o.calibration.kernel_sharing = 0;
-    o.calibration.memory_kernel_sharing = 1;
+    SimOptions o = sharing_options(0, 1);
     o.calibration.memory_kernel_yield = c.yield;
     o.calibration.memory_kernel_lead = c.lead;
-    SimWorld world(o);
-    auto dev = world.make_device();
-    Stream normal = dev->create_stream("normal", StreamPriority::Normal);
-    Stream high = dev->create_stream("high", StreamPriority::High);
-    void* buf = dev->alloc(1 << 20, normal, MemTag::Other);
-    dev->enable_timeline(true);
-    dev->set_label("normal copy");  // 2 x 100 MB at 1000 GB/s = 200 us
-    dev->copy(normal, buf, buf, 100000000);
-    dev->set_label("high copy");
-    dev->copy(high, buf, buf, 100000000);
-    dev->set_label("gemm");  // 1000 us
-    dev->gemm(normal, false, true, 1000, 1000, 50000, 1, buf, buf, DType::BF16, 0, buf, DType::BF16);
-    const Timeline tl = dev->take_timeline();
+    TwoStreams t(o);
+    t.copy(t.normal, "normal copy");
+    t.copy(t.high, "high copy");
+    t.gemm(t.normal, "gemm");
+    const Timeline tl = t.dev->take_timeline();
     EXPECT_NEAR(op_named(tl, "high copy").end_us, c.high_end, kExact) << c.yield << " " << c.lead;
     EXPECT_NEAR(op_named(tl, "normal copy").end_us, c.normal_end, kExact) << c.yield << " " << c.lead;
     EXPECT_NEAR(op_named(tl, "gemm").end_us, c.normal_end + 1000, kExact) << c.yield << " " << c.lead;
-    dev->free(buf, normal);
   }
 }
 
