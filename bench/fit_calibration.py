@@ -33,6 +33,13 @@ costs, the network, the kernel minimum). The inputs:
                       ARGS --trace`) are nearest the measured ones, op kind by op kind (per
                       command the sum of |simulated - measured| over its measured device time,
                       averaged over the commands).
+  --fp8-step TRACE COSTLOG
+                      gemm.fp8 in-step: one real tensorwise step's fp8 GEMM kernels (in an `fsdp
+                      train --trace` file, the last kernel of each run of one fp8 Linear's
+                      kernels is its GEMM, the ones before it its casts) beside `fsdp simulate
+                      --fp8 tensorwise --cost-log` of the same command with this fit's
+                      calibration: both recipes' ratios scale by the measured GEMMs' time over
+                      the simulated ones', so rowwise keeps its measured relation to tensorwise.
   --collectives FILE  bench/collective_sweep lines: links.nvlink's base, per-step latency and
                       bus bandwidth by size.
   --collectives-trace TRACE COSTLOG
@@ -115,6 +122,22 @@ def cost_log(path):
         for i, key in enumerate(("ops", "bytes", "flops", "us")):
             e[i] += row[key] / steps
     return per
+
+
+def fp8_gemm_us_per_step(trace_path):
+    """A traced tensorwise step's fp8 GEMM kernel time per step: each fp8 Linear runs its casts
+    and then its GEMM as kernels of one label, so the last kernel of each run of one label on
+    one stream is the GEMM."""
+    d = load_json(trace_path)
+    entry = d["otherData"]["fsdp"]["ranks"][0]
+    kernels = sorted((e for e in d["traceEvents"] if e.get("ph") == "X" and e.get("pid") == entry["rank"]
+                      and e.get("cat") == "kernel"), key=lambda e: (e["tid"], e["ts"]))
+    total = 0.0
+    for i, e in enumerate(kernels):
+        last = i + 1 == len(kernels) or (kernels[i + 1]["name"], kernels[i + 1]["tid"]) != (e["name"], e["tid"])
+        if last and "fp8 gemm" in e["name"]:
+            total += e["dur"]
+    return total / (entry["metrics"]["steps"] or 1)
 
 
 def gemm_rows(path):
@@ -238,6 +261,7 @@ def main():
     ap.add_argument("--memory", action="append", default=[])
     ap.add_argument("--grouped", action="append", default=[])
     ap.add_argument("--step", nargs=2, action="append", default=[], metavar=("MEASURED", "COSTLOG"))
+    ap.add_argument("--fp8-step", nargs=2, action="append", default=[], metavar=("TRACE", "COSTLOG"))
     ap.add_argument("--collectives", action="append", default=[])
     ap.add_argument("--collectives-trace", nargs=2, action="append", default=[],
                     metavar=("TRACE", "COSTLOG"))
@@ -415,6 +439,22 @@ def main():
 
     if a.sharing:
         fit_sharing(a, cal, sources, log)
+
+    # ---- gemm.fp8 from a traced tensorwise step's GEMM kernels
+    measured = simulated = 0.0
+    for trace_path, costs_path in a.fp8_step:
+        measured += fp8_gemm_us_per_step(trace_path)
+        simulated += sum(v[3] for ops in cost_log(costs_path).values()
+                         for op, v in ops.items() if op.startswith("fp8_gemm"))
+        sources.append(f"gemm.fp8: the fp8 GEMM kernels of {shown(trace_path)} in-step")
+    if simulated > 0:
+        fp8 = cal["gemm"]["fp8"]
+        scale = measured / simulated
+        for recipe in ("tensorwise", "rowwise"):
+            before = fp8[recipe]
+            fp8[recipe] = round(before * scale, 4)
+            log(f"gemm.fp8.{recipe} = {fp8[recipe]} (was {before}: the traced fp8 GEMMs took "
+                f"{measured / 1e3:.2f} ms a step against {simulated / 1e3:.2f} simulated, x{scale:.4f})")
 
     cal["sources"] = sources
     with open(a.out, "w") as f:

@@ -8,8 +8,10 @@
 #     single-row scatter-add, not what a step does);
 #  2. NVLink from the fastest collectives of the committed 2-GPU mlp16 trace (the sweep's
 #     machine had 1 GPU);
-#  3. kernel_sharing from the op times of traced real steps: the MoE transformer and the 3.0B
-#     shape of the sweep's call, llama1b at 1 and 4 sequences and mlp16 at 2048 tokens.
+#  3. the sharing factors from the op times of traced real steps: the MoE transformer and the
+#     3.0B shape of the sweep's call, llama1b at 1 and 4 sequences and mlp16 at 2048 tokens;
+#  4. gemm.fp8 scaled by the fp8 GEMM kernels of a traced tensorwise step of the 3.0B shape
+#     (bench/runs/2026-12-04-fp8-fused-amax) against their simulated time.
 # What nothing measured stays h200_seed.json's. Run from the repository root after building
 # build/fsdp:   bash bench/calibrations/make_h200.sh [build] [OP_SWEEP.jsonl]
 # bench/calibrate_gpu.sh measures a whole calibration on a GPU machine instead.
@@ -56,7 +58,14 @@ python3 bench/fit_calibration.py --seed "$T/links.json" --fsdp "$B" \
   --sharing $RUNS/2026-12-01-graph-timeline/mlp16_t2048_eager.ops.txt 1 "$MLP16 --tokens 2048 --optimizer-in-backward 1 --clip-grad-norm 0" \
   --out "$T/h200.json" --log "$T/sharing.log"
 
-# 4. The notes say where each value comes from.
+# 4. gemm.fp8 from the fp8 GEMM kernels of a traced tensorwise step of the 3.0B shape.
+F8=bench/runs/2026-12-04-fp8-fused-amax/b3_tensorwise_traced
+$B simulate --calibration "$T/h200.json" --cost-log "$T/b3_fp8.jsonl" $S3B --fp8 tensorwise \
+  --gpus 1 --steps 4 --warmup 1 > "$T/b3_fp8.log"
+python3 bench/fit_calibration.py --seed "$T/h200.json" --fp8-step "$F8.trace.json.gz" "$T/b3_fp8.jsonl" \
+  --out "$T/h200.json" --log "$T/fp8.log"
+
+# 5. The notes say where each value comes from.
 python3 - "$T/h200.json" "$SWEEP" bench/calibrations/h200_seed.json <<'PY'
 import json, sys
 out, sweep, seed = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -72,9 +81,10 @@ cal["notes"] = [
     "NVLink (links.nvlink base_us and busbw_gbps) from the fastest collectives of the 2-GPU mlp16 "
     "trace bench/runs/2026-11-30-mlp16-traces (no collective was timed on the 1-GPU machine).",
     "kernel_sharing, memory_kernel_sharing, memory_kernel_yield and memory_kernel_lead: fitted on the in-step op times of traced steps (the sources list them).",
+    "gemm.fp8: h200_seed.json's ratios (GEMM floors alone at llama1b's shapes) scaled by the in-step fp8 GEMM kernels of the traced tensorwise 3.0B step bench/runs/2026-12-04-fp8-fused-amax against their simulated time (h200.log).",
     "From h200_seed.json, which nothing measured replaces (its notes say where each comes "
     f"from): host launch costs, kernel_min_us, memory.gbps, memory.host_copy_gbps, memory.by_op "
-    f"{', '.join(from_seed)}, attention's default TFLOP/s, gemm.fp8, links.nvlink.latency_us and "
+    f"{', '.join(from_seed)}, attention's default TFLOP/s, links.nvlink.latency_us and "
     "links.network.",
 ]
 with open(out, "w") as f:
@@ -82,5 +92,5 @@ with open(out, "w") as f:
     f.write("\n")
 PY
 cp "$T/h200.json" bench/calibrations/h200.json
-cat "$T/table.log" "$T/links.log" "$T/sharing.log" > bench/calibrations/h200.log
+cat "$T/table.log" "$T/links.log" "$T/sharing.log" "$T/fp8.log" > bench/calibrations/h200.log
 echo "wrote bench/calibrations/h200.json (fit: bench/calibrations/h200.log)"
