@@ -30,6 +30,15 @@ constexpr double kSelectiveRecomputeShare = 0.014;
 // The fixed cost of a unit's forward and backward per micro-batch (hooks, the small kernels'
 // launches that the GEMMs do not hide): what makes m micro-batches cost more than one.
 constexpr double kUnitPassS = 60e-6;
+// With m > 1 micro-batches every unit keeps fp32 unsharded grads across them: the compute
+// stream zeroes them once (4 bytes a param), accumulates each micro-batch's grads into them
+// (reads the grad and the accumulator, writes the accumulator: param dtype + 8 bytes a param,
+// m times) and the reduce-scatter's copy-in reads them in fp32 instead of the grad (4 - param
+// dtype bytes more), all memory-bound, at the calibration's accumulate bandwidth. Measured on
+// one H100, the 3.0B shape at 2 x 8192 tokens: 2 micro-batches 714.62 ms against selective
+// checkpointing's 689.48 (bench/runs/2026-12-07-memory-budget-h100), which the fixed cost per
+// pass alone put the other way round.
+constexpr double kMemoryBytesPerS = 3.3e12;
 constexpr int kMaxMicroBatches = 1024;
 constexpr int kMaxRingBuffers = 4;  // past the ring's usual 2, more buffers only cost memory
 
@@ -88,6 +97,11 @@ class StepCostModel {
     const double stall = static_cast<double>(units_.size()) *
                          std::max(0.0, rs_largest - c.rs_max_input_buffers * per_block_bwd);
     double total = 0;
+    if (m > 1) {
+      double params = 0;
+      for (int64_t u : units_) params += static_cast<double>(u);
+      total += params * (4 + (4 - p) + m * (p + 8)) / kMemoryBytesPerS;
+    }
     for (int i = 0; i < m; ++i) {
       const double last_rs = i + 1 == m ? rs : 0;
       total += std::max(fwd, ag_fwd);
