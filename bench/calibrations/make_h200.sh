@@ -9,7 +9,8 @@
 #  2. NVLink from the fastest collectives of the committed 2-GPU mlp16 trace (the sweep's
 #     machine had 1 GPU);
 #  3. the sharing factors from the op times of traced real steps: the MoE transformer and the
-#     3.0B shape of the sweep's call, llama1b at 1 and 4 sequences and mlp16 at 2048 tokens;
+#     3.0B shape of the sweep's call, llama1b at 1 and 4 sequences (and at 4 with the optimizer
+#     in forward) and mlp16 at 2048 tokens;
 #  4. gemm.fp8 scaled by the fp8 GEMM kernels of a traced tensorwise step of the 3.0B shape
 #     (bench/runs/2026-12-04-fp8-fused-amax) against their simulated time.
 # What nothing measured stays h200_seed.json's. Run from the repository root after building
@@ -56,6 +57,7 @@ python3 bench/fit_calibration.py --seed "$T/links.json" --fsdp "$B" \
   --sharing $RUNS/2026-12-01-llama1b-graph-vs-eager/eager.ops.txt 1 "$LLAMA1B --tokens 8192" \
   --sharing $RUNS/2026-12-01-graph-timeline/llama1b_s1_eager.ops.txt 1 "$LLAMA1B --tokens 2048" \
   --sharing $RUNS/2026-12-01-graph-timeline/mlp16_t2048_eager.ops.txt 1 "$MLP16 --tokens 2048 --optimizer-in-backward 1 --clip-grad-norm 0" \
+  --sharing $RUNS/2026-12-01-optimizer-in-forward/s4_oif1.ops.txt 1 "$LLAMA1B --tokens 8192 --optimizer-in-forward 1" \
   --out "$T/h200.json" --log "$T/sharing.log"
 
 # 4. gemm.fp8 from the fp8 GEMM kernels of a traced tensorwise step of the 3.0B shape.
