@@ -6,7 +6,8 @@ them:
                                      [--out bench/calibrations/h200_predictions.md]
 
 1. Llama-3.1-8B and -70B shapes on 8 to 1024 H200s (8 a node, the calibration's NVLink and
-   network), FSDP and HSDP: each the best setting of `fsdp simulate --sweep` that fits in memory.
+   network), FSDP and HSDP: each the best setting of `fsdp simulate --sweep` that fits in memory;
+   70B at 4096-token sequences, and at 8192 with full activation checkpointing.
 2. The MoE transformer with its experts on ep 8 sub-meshes on 64 and 512 GPUs, the bounded RS
    ring beside PyTorch 2.12's drain-by-the-last-group policy: step time, RS inputs in flight and
    peak memory over 100 steps, for k 1, 2 and the separate RS group.
@@ -23,6 +24,11 @@ MODELS = {
                     "--vocab 128256 --seq-len 8192 --tokens 8192 --param-dtype bf16",
     "Llama-3.1-70B": "--model transformer --layers 80 --dim 8192 --heads 64 --kv-heads 8 --ffn-dim 28672 "
                      "--vocab 128256 --seq-len 4096 --tokens 4096 --param-dtype bf16",
+    # At its own sequence length 70B's activations need checkpointing (the sweep keeps the
+    # command's --activation-checkpointing).
+    "Llama-3.1-70B, seq 8192, full activation checkpointing":
+        "--model transformer --layers 80 --dim 8192 --heads 64 --kv-heads 8 --ffn-dim 28672 "
+        "--vocab 128256 --seq-len 8192 --tokens 8192 --param-dtype bf16 --activation-checkpointing full",
 }
 MOE = ("--model moe-transformer --layers 16 --dim 2048 --heads 16 --kv-heads 4 --ffn-dim 5504 --seq-len 2048 "
        "--vocab 4096 --experts 8 --top-k 2 --expert-ffn-dim 1408 --capacity-factor 0 --aux-loss-weight 0.01 "
