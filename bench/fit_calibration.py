@@ -202,14 +202,18 @@ def fit_sharing(a, cal, sources, log):
     held, until none moves (coordinate descent; each setting is simulated once)."""
     measured = [(measured_ops(m), gpus, args) for m, gpus, args in a.sharing]
     errors = {}
+
+    def apply(setting):  # a factor of None is left out of the calibration
+        for key, value in zip(SHARING_VALUES, setting):
+            cal.pop(key, None)
+            if value is not None:
+                cal[key] = value
+
     with tempfile.TemporaryDirectory() as tmp:
         def error(setting):
             if setting in errors:
                 return errors[setting]
-            for key, value in zip(SHARING_VALUES, setting):
-                cal.pop(key, None)
-                if value is not None:
-                    cal[key] = value
+            apply(setting)
             path = os.path.join(tmp, "cal.json")
             with open(path, "w") as f:
                 json.dump(cal, f)
@@ -243,10 +247,7 @@ def fit_sharing(a, cal, sources, log):
                 candidate = min((best[:i] + (v,) + best[i + 1:] for v in values), key=error)
                 if error(candidate) < error(best):
                     best, moved = candidate, True
-    for key, value in zip(SHARING_VALUES, best):
-        cal.pop(key, None)
-        if value is not None:
-            cal[key] = value
+    apply(best)
     log(", ".join(f"{k} = {v}" for k, v in zip(SHARING_VALUES, best) if v is not None) +
         f" (in-step op times off by {100 * errors[best]:.1f}%)")
     sources.append(", ".join(SHARING_VALUES) + ": the in-step op times of " +

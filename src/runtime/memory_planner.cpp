@@ -56,6 +56,7 @@ class StepCostModel {
       : world_(memory.shard_ranks()), units_(memory.unit_params()) {
     flops_per_token_ = models::flops_per_token(memory.model());
     layers_ = memory.model().layers;
+    for (int64_t u : units_) params_ += static_cast<double>(u);
     rate_ = c.param_dtype == DType::F32 ? kFp32FlopsPerS : kBf16FlopsPerS;
   }
 
@@ -97,11 +98,7 @@ class StepCostModel {
     const double stall = static_cast<double>(units_.size()) *
                          std::max(0.0, rs_largest - c.rs_max_input_buffers * per_block_bwd);
     double total = 0;
-    if (m > 1) {
-      double params = 0;
-      for (int64_t u : units_) params += static_cast<double>(u);
-      total += params * (4 + (4 - p) + m * (p + 8)) / kMemoryBytesPerS;
-    }
+    if (m > 1) total += params_ * (4 + (4 - p) + m * (p + 8)) / kMemoryBytesPerS;
     for (int i = 0; i < m; ++i) {
       const double last_rs = i + 1 == m ? rs : 0;
       total += std::max(fwd, ag_fwd);
@@ -116,6 +113,7 @@ class StepCostModel {
   int world_;
   std::vector<int64_t> units_;
   double flops_per_token_ = 0, rate_ = kBf16FlopsPerS;
+  double params_ = 0;  // every unit's, unsharded: what the micro-batches' accumulators hold
   int layers_ = 1;
 };
 

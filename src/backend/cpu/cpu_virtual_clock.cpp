@@ -127,7 +127,6 @@ void VirtualClock::sleep_on_channel(ClockParticipant& p, SharedChannel& channel,
   if (share.yield < 0) share.yield = share.sharing;
   if (share.lead < 0) share.lead = share.sharing;
   p.share = share;
-  ++channel.active;
   ++channel.active_at[share.priority];
   --running_;
   advance_if_idle();
@@ -136,7 +135,6 @@ void VirtualClock::sleep_on_channel(ClockParticipant& p, SharedChannel& channel,
 
 void VirtualClock::leave_channel(ClockParticipant& p) {
   if (!p.channel) return;
-  --p.channel->active;
   --p.channel->active_at[p.share.priority];
   p.channel = nullptr;
 }

@@ -62,8 +62,7 @@ struct ClockParticipant {
 // y = l = s (the default) is the plain split. Guarded by the clock's mutex.
 constexpr int kChannelPriorities = 2;
 struct SharedChannel {
-  int active = 0;        // participants sleeping on it now
-  std::array<int, kChannelPriorities> active_at{};  // of them, at each priority
+  std::array<int, kChannelPriorities> active_at{};  // participants sleeping on it, by priority
   double sharing = 1.0;  // in [0, 1]
   // How much longer a job of these (resolved) factors takes while it and the others share the
   // channel.
