@@ -18,8 +18,10 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMaxBudgetGiB = 1 << 20;  // a PiB: beyond any device
-// On a GPU, what `auto` leaves outside the pool the run allocates from: the CUDA context,
-// NCCL's and cuBLAS's buffers.
+// On a GPU, what `auto` leaves of the memory a fresh process finds free (its context and
+// other processes' memory already taken) for what the run allocates outside its pool:
+// cuBLAS's, cuDNN's and NCCL's workspaces. The pool's own fragments are the plan's margin's
+// (docs/memory.md).
 constexpr int64_t kGpuReservedBytes = int64_t{1} << 30;
 
 // The budget `--memory-budget` names, in bytes, and where `auto`'s came from ("" for a number).
@@ -40,11 +42,20 @@ int64_t budget_bytes(const TrainOptions& o, const TrainRun& run, int64_t capacit
       source = "auto: the calibration's " + byte_size_text(static_cast<uint64_t>(capacity));
       return capacity;
     }
-    if (capacity <= 0) capacity = visible_gpu_memory_bytes();
-    FSDP_USER_CHECK(capacity > kGpuReservedBytes, "--memory-budget auto: the GPU's memory could "
-                    "not be read; give a budget in GiB");
-    source = "auto: the GPU's " + byte_size_text(static_cast<uint64_t>(capacity)) + " less " +
-             byte_size_text(kGpuReservedBytes) + " outside the pool";
+    std::string of_total;
+    if (capacity <= 0) {
+      const GpuMemory m = visible_gpu_memory();
+      capacity = m.free_bytes;
+      of_total = " (of " + byte_size_text(static_cast<uint64_t>(m.total_bytes)) + ")";
+    }
+    FSDP_USER_CHECK(capacity > 0, "--memory-budget auto: the GPU's memory could not be read; "
+                    "give a budget in GiB");
+    FSDP_USER_CHECK(capacity > kGpuReservedBytes, "--memory-budget auto: the GPU has only ",
+                    byte_size_text(static_cast<uint64_t>(capacity)), " free, less than the ",
+                    byte_size_text(kGpuReservedBytes), " auto keeps for the libraries' "
+                    "workspaces; free the GPU or give a budget in GiB");
+    source = "auto: the GPU's " + byte_size_text(static_cast<uint64_t>(capacity)) + " free" +
+             of_total + " less " + byte_size_text(kGpuReservedBytes) + " for the libraries' workspaces";
     return capacity - kGpuReservedBytes;
   }
   double gib = 0;

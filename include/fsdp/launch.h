@@ -87,9 +87,14 @@ bool cuda_backend_built();
 // GPUs this process could use, counted without initializing CUDA here (so it can still
 // fork one process per GPU afterwards). 0 without the CUDA backend or without a GPU.
 int visible_gpu_count();
-// The first visible GPU's memory in bytes, asked the same way (a child process); 0 when
-// unknown.
-int64_t visible_gpu_memory_bytes();
+// The first visible GPU's memory in bytes, asked the same way (a child process): what a
+// fresh process finds free there (its own context and other processes' memory taken), and the
+// card's total. Both 0 when unknown.
+struct GpuMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+GpuMemory visible_gpu_memory();
 // True when an external launcher started this process as one rank: torchrun (RANK and
 // WORLD_SIZE set), srun (SLURM_PROCID, SLURM_NTASKS) or mpirun (OMPI_COMM_WORLD_RANK/SIZE,
 // PMI_RANK/PMI_SIZE). See docs/launch.md.

@@ -152,24 +152,27 @@ int visible_gpu_count() {
   return WEXITSTATUS(status);
 }
 
-int64_t visible_gpu_memory_bytes() {
-  if (!cuda::compiled_with_cuda()) return 0;
+GpuMemory visible_gpu_memory() {
+  if (!cuda::compiled_with_cuda()) return {};
   int fds[2];
-  if (::pipe(fds) != 0) return 0;
+  if (::pipe(fds) != 0) return {};
   pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
-    const int64_t bytes = cuda::device_memory_bytes(0);
-    const bool written = ::write(fds[1], &bytes, sizeof bytes) == sizeof bytes;
+    const cuda::DeviceMemory m = cuda::device_memory(0);
+    const int64_t bytes[2] = {m.free_bytes, m.total_bytes};
+    const bool written = ::write(fds[1], bytes, sizeof bytes) == sizeof bytes;
     _exit(written ? 0 : 1);
   }
   ::close(fds[1]);
-  int64_t bytes = 0;
-  const bool read_all = pid > 0 && ::read(fds[0], &bytes, sizeof bytes) == sizeof bytes;
+  int64_t bytes[2] = {0, 0};
+  const bool read_all = pid > 0 && ::read(fds[0], bytes, sizeof bytes) == sizeof bytes;
   ::close(fds[0]);
   int status = 0;
   if (pid > 0) ::waitpid(pid, &status, 0);
-  return read_all && bytes > 0 ? bytes : 0;
+  // A child that read nothing sensible (free beyond total) answers "unknown".
+  if (!read_all || bytes[0] <= 0 || bytes[1] < bytes[0]) return {};
+  return {bytes[0], bytes[1]};
 }
 
 bool under_external_launcher() {

@@ -22,9 +22,14 @@ std::string build_versions();
 // Note: this initializes CUDA in the calling process; a launcher that forks one process per
 // GPU must not call it before fork() (ask the environment, or a child process, instead).
 int device_count();
-// GPU `gpu`'s memory in bytes (cudaMemGetInfo's total); 0 when unknown. Never throws; it
-// initializes CUDA as device_count does.
-int64_t device_memory_bytes(int gpu);
+// GPU `gpu`'s memory in bytes, as cudaMemGetInfo gives it: free (after this process's
+// context) and total; both 0 when unknown. Never throws; it initializes CUDA as device_count
+// does.
+struct DeviceMemory {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+DeviceMemory device_memory(int gpu);
 
 struct UniqueId {
   std::array<char, 128> bytes{};

@@ -374,14 +374,14 @@ int device_count() {
   return count;
 }
 
-int64_t device_memory_bytes(int gpu) {
+DeviceMemory device_memory(int gpu) {
   size_t free_bytes = 0, total_bytes = 0;
   if (gpu < 0 || gpu >= device_count() || cudaSetDevice(gpu) != cudaSuccess ||
       cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {
     (void)cudaGetLastError();
-    return 0;
+    return {};
   }
-  return static_cast<int64_t>(total_bytes);
+  return {static_cast<int64_t>(free_bytes), static_cast<int64_t>(total_bytes)};
 }
 
 std::unique_ptr<Device> make_device(int local_rank) {
