@@ -16,3 +16,6 @@ for f in b3_none b3_tensorwise; do
 done
 run_llama l1b_none --tokens 8192 --fp8 none
 run_llama l1b_tensorwise --tokens 8192 --fp8 tensorwise
+# --memory-budget auto's budget, from the memory a fresh process finds free on the card.
+run_llama l1b_auto --tokens 8192 --memory-budget auto
+grep -h "memory plan" "$R/l1b_auto.log"
