@@ -67,3 +67,19 @@ run_3b() {  # NAME FLAGS...
   env ${FSDP_RUN_ENV:-} timeout "${ROW_TIMEOUT:-100}" "${cmd[@]}" > "$R/$name.log" 2>&1
   echo "$name rc=$? at $((SECONDS - T0)) s: $(tail -1 "$R/$name.log")"
 }
+
+# The convergence recipe (bench/runs/*-fp8-convergence*): 1000 steps at 2 x 2048 tokens on the
+# corpus, 50 warm-up steps of the learning rate, then cosine to 3e-5; the validation loss every
+# 50 steps over 8 batches. run_convergence TIMEOUT NAME MODEL_FLAGS... writes R/NAME.{cmd,json,log}.
+CONVERGENCE="--seq-len 2048 --vocab 32000 --param-dtype bf16 --data data/pydocs-4k --lr 3e-4 \
+--min-lr 3e-5 --weight-decay 0.1 --clip-grad-norm 1.0 --optimizer-in-backward 0 --tokens 4096 \
+--warmup-steps 50 --eval-every 50 --eval-batches 8"
+run_convergence() {  # TIMEOUT NAME ARGS...
+  local limit=$1 name=$2
+  shift 2
+  local cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 1000 --warmup 5 --quiet "$@"
+             $CONVERGENCE --json "$R/$name.json")
+  echo "${cmd[*]}" > "$R/$name.cmd"
+  timeout "$limit" "${cmd[@]}" > "$R/$name.log" 2>&1
+  echo "$name rc=$? at $((SECONDS - T0)) s: $(tail -1 "$R/$name.log")"
+}

@@ -9,32 +9,8 @@
 set -u
 source bench/gpu_call.sh
 gpu_call_begin fp8-convergence fsdp_tool
-# LLAMA1B with its learning-rate warm-up and evaluation set for 1000 steps (a flag given twice
-# is refused, so they are spelled out here).
-ARGS="--model transformer --layers 22 --dim 2048 --heads 32 --kv-heads 4 --ffn-dim 5632 \
---seq-len 2048 --vocab 32000 --param-dtype bf16 --data data/pydocs-4k --lr 3e-4 --min-lr 3e-5 \
---weight-decay 0.1 --clip-grad-norm 1.0 --optimizer-in-backward 0 --tokens 4096 \
---warmup-steps 50 --eval-every 50 --eval-batches 8"
-row() {  # NAME ARGS...
-  local name=$1
-  shift
-  local cmd=(build-gpu/fsdp train --backend cuda --nproc 1 --steps 1000 --warmup 5 --quiet $ARGS "$@"
-             --json "$R/$name.json")
-  echo "${cmd[*]}" > "$R/$name.cmd"
-  timeout 200 "${cmd[@]}" > "$R/$name.log" 2>&1
-  echo "$name rc=$? at $((SECONDS - T0)) s: $(tail -1 "$R/$name.log")"
-}
-row bf16
-row fp8_tensorwise --fp8 tensorwise
-row fp8_rowwise --fp8 rowwise
-python3 - "$R" <<'PY'
-import json, sys
-r = sys.argv[1]
-runs = {k: json.load(open(f"{r}/{k}.json")) for k in ("bf16", "fp8_tensorwise", "fp8_rowwise")}
-base = {v["step"]: v["loss"] for v in runs["bf16"]["val_losses"]}
-for k, j in runs.items():
-    worst = max((abs(v["loss"] - base[v["step"]]) / base[v["step"]] for v in j["val_losses"]
-                 if v["step"] in base), default=float("nan"))
-    print(f"{k}: step_ms_median {j['step_ms_median']:.2f} final val {j['val_losses'][-1]['loss']:.4f} "
-          f"worst val rel diff vs bf16 {worst:.4%} over {len(j['val_losses'])} evaluations")
-PY
+SHAPE="--model transformer --layers 22 --dim 2048 --heads 32 --kv-heads 4 --ffn-dim 5632"
+run_convergence 200 bf16 $SHAPE
+run_convergence 200 fp8_tensorwise $SHAPE --fp8 tensorwise
+run_convergence 200 fp8_rowwise $SHAPE --fp8 rowwise
+python3 bench/val_loss_gaps.py "$R" bf16 fp8_tensorwise fp8_rowwise
