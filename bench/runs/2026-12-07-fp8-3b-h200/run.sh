@@ -19,3 +19,8 @@ run_llama l1b_tensorwise --tokens 8192 --fp8 tensorwise
 # --memory-budget auto's budget, from the memory a fresh process finds free on the card.
 run_llama l1b_auto --tokens 8192 --memory-budget auto
 grep -h "memory plan" "$R/l1b_auto.log"
+# Last, as the call's time allows: the GPU test of that budget.
+cmake --build build-gpu -j16 --target fsdp_gpu_tests > "$R/gpu_tests_build.log" 2>&1
+echo "gpu tests build rc=$? at $((SECONDS - T0)) s"
+build-gpu/fsdp_gpu_tests --gtest_filter='CudaMemoryBudget.*' > "$R/gpu_tests.log" 2>&1
+echo "gpu tests rc=$?: $(tail -1 "$R/gpu_tests.log")"
