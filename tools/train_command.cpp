@@ -79,8 +79,9 @@ void add_train_options(CLI::App& app, TrainOptions& o) {
       "--micro-batches", o.micro_batches,
       "split each step's --tokens into N micro-batches (gradient accumulation)");
   o.memory_budget_opt = app.add_option("--memory-budget", o.memory_budget,
-                 "GiB | auto (the device's memory): choose the fastest --activation-checkpointing, "
-                 "--micro-batches, --rs-max-input-buffers and --reshard-after-forward whose "
+                 "GiB | auto (the memory free on the device, less 1 GiB on a GPU): choose the "
+                 "fastest --activation-checkpointing, --micro-batches, --rs-max-input-buffers "
+                 "and --reshard-after-forward whose "
                  "predicted peak fits, of those not given (docs/memory.md, Planner) "
                  "[default: none, no plan]");
   app.add_flag("--cuda-graph", o.cuda_graph,
