@@ -20,8 +20,8 @@ constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 constexpr double kMaxBudgetGiB = 1 << 20;  // a PiB: beyond any device
 // On a GPU, what `auto` leaves of the memory a fresh process finds free (its context and
 // other processes' memory already taken) for what the run allocates outside its pool:
-// cuBLAS's, cuDNN's and NCCL's workspaces. The pool's own fragments are the plan's margin's
-// (docs/memory.md).
+// cuBLAS's, cuDNN's and NCCL's workspaces. What the pool reserves beyond its used bytes is for
+// the plan's margin (docs/memory.md).
 constexpr int64_t kGpuReservedBytes = int64_t{1} << 30;
 
 // The budget `--memory-budget` names, in bytes, and where `auto`'s came from ("" for a number).
