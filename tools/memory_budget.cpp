@@ -55,7 +55,8 @@ int64_t budget_bytes(const TrainOptions& o, const TrainRun& run, int64_t capacit
                     byte_size_text(kGpuReservedBytes), " auto keeps for the libraries' "
                     "workspaces; free the GPU or give a budget in GiB");
     source = "auto: the GPU's " + byte_size_text(static_cast<uint64_t>(capacity)) + " free" +
-             of_total + " less " + byte_size_text(kGpuReservedBytes) + " for the libraries' workspaces";
+             of_total + " less " + byte_size_text(kGpuReservedBytes) +
+             " for the libraries' workspaces";
     return capacity - kGpuReservedBytes;
   }
   double gib = 0;

@@ -159,7 +159,7 @@ GpuMemory visible_gpu_memory() {
   pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
-    const cuda::DeviceMemory m = cuda::device_memory(0);
+    const GpuMemory m = cuda::device_memory(0);
     const int64_t bytes[2] = {m.free_bytes, m.total_bytes};
     const bool written = ::write(fds[1], bytes, sizeof bytes) == sizeof bytes;
     _exit(written ? 0 : 1);

@@ -18,7 +18,7 @@ namespace {
 TEST(CudaMemoryBudget, AutoStartsFromTheMemoryAFreshProcessFindsFree) {
   if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA GPU";
   // This process holds a context, so what it sees free bounds what the command's child sees.
-  const cuda::DeviceMemory here = cuda::device_memory(0);
+  const GpuMemory here = cuda::device_memory(0);
   ASSERT_GT(here.free_bytes, 0);
   ASSERT_LT(here.free_bytes, here.total_bytes);
   const std::string json = ::testing::TempDir() + "/memory_budget_auto.json";

@@ -10,6 +10,7 @@
 
 #include "fsdp/comm.h"
 #include "fsdp/device.h"
+#include "fsdp/launch.h"
 
 namespace fsdp::cuda {
 
@@ -25,11 +26,7 @@ int device_count();
 // GPU `gpu`'s memory in bytes, as cudaMemGetInfo gives it: free (after this process's
 // context) and total; both 0 when unknown. Never throws; it initializes CUDA as device_count
 // does.
-struct DeviceMemory {
-  int64_t free_bytes = 0;
-  int64_t total_bytes = 0;
-};
-DeviceMemory device_memory(int gpu);
+GpuMemory device_memory(int gpu);
 
 struct UniqueId {
   std::array<char, 128> bytes{};

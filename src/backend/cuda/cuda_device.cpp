@@ -374,7 +374,7 @@ int device_count() {
   return count;
 }
 
-DeviceMemory device_memory(int gpu) {
+GpuMemory device_memory(int gpu) {
   size_t free_bytes = 0, total_bytes = 0;
   if (gpu < 0 || gpu >= device_count() || cudaSetDevice(gpu) != cudaSuccess ||
       cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) {

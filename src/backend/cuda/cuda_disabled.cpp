@@ -6,7 +6,7 @@ namespace fsdp::cuda {
 bool compiled_with_cuda() { return false; }
 std::string build_versions() { return "built without CUDA and NCCL"; }
 int device_count() { return 0; }
-DeviceMemory device_memory(int) { return {}; }
+GpuMemory device_memory(int) { return {}; }
 void set_collective_timeout_s(double) {}  // nothing to watch without NCCL
 void set_exit_when_hung(bool) {}
 void set_lost_rank_reader(std::function<std::string(double)>) {}
