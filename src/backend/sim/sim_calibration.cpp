@@ -200,6 +200,11 @@ Calibration parse_calibration(const std::string& text, const std::string& source
   c.gemm_launch_us = r.number(Reader::member(host, "gemm_launch_us"), "host.gemm_launch_us", 0, 1e5);
   c.collective_launch_us = r.number(Reader::member(host, "collective_launch_us"),
                                     "host.collective_launch_us", 0, 1e5);
+  if (host.contains("moe_route_us"))
+    c.moe_route_us = r.number(host["moe_route_us"], "host.moe_route_us", 0, 1e6);
+  if (host.contains("moe_route_backward_us"))
+    c.moe_route_backward_us =
+        r.number(host["moe_route_backward_us"], "host.moe_route_backward_us", 0, 1e6);
   c.kernel_min_us = r.number(Reader::member(j, "kernel_min_us"), "kernel_min_us", 0, 1e5);
   if (j.contains("kernel_sharing"))
     c.kernel_sharing = r.number(j["kernel_sharing"], "kernel_sharing", 0, 1);

@@ -8,7 +8,10 @@
 //  - "device": what was measured (text); "peak_tflops": dense bf16 peak, for MFU;
 //    "device_memory_gib" (optional): what a rank's peak must fit in;
 //  - "host": {"kernel_launch_us", "gemm_launch_us", "collective_launch_us"}: host time of one
-//    call (what an eager step's host pays per op; 0 under a captured step);
+//    call (what an eager step's host pays per op; 0 under a captured step); "moe_route_us" and
+//    "moe_route_backward_us" (optional, 0 when absent): the host's own work in one dropless
+//    MoE layer once it has read the router's probabilities (the routing), and once it has read
+//    the combine weights' gradients (the router's gradient) (Note [Simulated host routing]);
 //  - "kernel_min_us": the least time a kernel takes on the device; "kernel_sharing" (optional,
 //    in [0, 1], 1 when absent): how kernels of different streams share the GPU while they
 //    overlap (Note [Shared channels]), so that op timings measured alone add up in a step;
@@ -27,7 +30,8 @@
 //    measured GEMMs alone; layout is "nn", "nt", "tn" or "tt" (trans_a, trans_b);
 //    in_step_factor scales a layout's GEMMs for what they lose to the kernels beside them in a
 //    real step, grouped_factor a grouped GEMM (one call for many, as the MoE experts issue
-//    them) for what it loses to the same GEMMs one by one (both 1 when absent);
+//    them): its time over the same GEMMs one by one at the table's times, as timed alone or
+//    in a traced step (bench/fit_calibration.py --moe-step; both 1 when absent);
 //    "fp8" (optional): {"tensorwise", "rowwise": the time of Device::fp8_gemm's GEMM kernel
 //    over the bf16 GEMM's of the same shape and layout, per recipe; "rowwise_outer_vector":
 //    whether cuBLASLt takes rowwise scales itself (true when absent), else each rowwise GEMM
@@ -86,6 +90,7 @@ struct Calibration {
   double peak_tflops = 989;
   double device_memory_gib = 0;  // 0: unknown (nothing is said about fitting)
   double kernel_launch_us = 0, gemm_launch_us = 0, collective_launch_us = 0;
+  double moe_route_us = 0, moe_route_backward_us = 0;  // Note [Simulated host routing]
   double kernel_min_us = 0;
   double kernel_sharing = 1.0;  // Note [Shared channels]: how overlapping kernels share the GPU
   double memory_kernel_sharing = -1;  // the same for memory-bound kernels; < 0: kernel_sharing

@@ -42,6 +42,22 @@
 //    route on the host, and gets rows drawn from the load model (MoeLoad): Gumbel noise on
 //    equal logits (balanced), with the last expert's logit raised (skewed) until that expert
 //    gets max_load of the top-k assignments. The last expert lives on the simulated rank.
+//
+// Note [Simulated host routing]
+// The host's own work takes no simulated time (each call costs its launch, nothing else),
+// except where the host waits for values from the device and works on them before it launches
+// more, leaving the device idle meanwhile. A dropless MoE layer (Note [MoE routing]) copies the
+// router's probabilities to the host, synchronizes, routes them there (the top-k, the dispatch
+// layout and the send order) and only then launches the dispatch; its backward copies the
+// combine weights' gradients back, synchronizes and makes the router's gradient on the host.
+// So a copy_to_host of a softmax's rows (Note [Simulated values]) makes the calibration's
+// host.moe_route_us due, and one of a row_dot's output (the combine weights' gradients, the one
+// row_dot output the engine reads on the host) host.moe_route_backward_us, and the host pays
+// what is due when it next waits for the device, before its next launch. Both are per MoE
+// layer, not per token: the traced step they are fitted from (bench/fit_calibration.py
+// --moe-step) routes one token count, and one token count cannot tell a per-token rate from a
+// fixed cost. The cost log lists them as host_moe_route and host_moe_route_backward, in host
+// time.
 #include "backend/sim/sim_device.h"
 
 #include <algorithm>
@@ -127,18 +143,21 @@ void SimDevice::host_cost(double us) {
   world()->clock->sleep_for(host_participant(), us, &cancellation());
 }
 
+void SimDevice::log_cost(const char* op, double bytes, double flops, double us) {
+  if (!shared_->options.cost_log) return;
+  std::lock_guard<std::mutex> lock(shared_->cost_mutex);
+  CostEntry& e = shared_->costs[{std::string(current_label() ? current_label() : ""), op}];
+  ++e.ops;
+  e.bytes += bytes;
+  e.flops += flops;
+  e.us += us;
+}
+
 void SimDevice::timed(Stream s, OpKind kind, const char* op, double us, double launch_us,
                       double bytes, double flops, bool alone, bool memory_bound) {
   host_cost(launch_us);
   if (flops > 0) shared_->flops.fetch_add(flops, std::memory_order_relaxed);
-  if (shared_->options.cost_log) {
-    std::lock_guard<std::mutex> lock(shared_->cost_mutex);
-    CostEntry& e = shared_->costs[{std::string(current_label() ? current_label() : ""), op}];
-    ++e.ops;
-    e.bytes += bytes;
-    e.flops += flops;
-    e.us += us;
-  }
+  log_cost(op, bytes, flops, us);
   if (alone) {
     enqueue(s, kind, [this, us] { world()->pass_time(us, &cancellation()); });
     return;
@@ -155,6 +174,48 @@ void SimDevice::timed(Stream s, OpKind kind, const char* op, double us, double l
     FSDP_CHECK(self != nullptr, "a simulated kernel outside a stream");
     world()->clock->sleep_on_channel(*self, shared_->kernels, us, &cancellation(), share);
   });
+}
+
+// ---- Note [Simulated host routing]
+
+void SimDevice::read_by_host(const void* src, bool probabilities) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (probabilities) route_due_us_ += calibration().moe_route_us;
+  if (routing_grads_.count(reinterpret_cast<uintptr_t>(src)))
+    route_backward_due_us_ += calibration().moe_route_backward_us;
+}
+
+void SimDevice::pay_host_work() {
+  double route = 0, backward = 0;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::swap(route, route_due_us_);
+    std::swap(backward, route_backward_due_us_);
+  }
+  // A captured step never waits inside (dropless routing refuses capture), and host_costs off
+  // prices no host work at all.
+  if (!shared_->options.host_costs || !on_host_thread()) return;
+  for (const auto& [op, us] : {std::pair{"host_moe_route", route},
+                               std::pair{"host_moe_route_backward", backward}}) {
+    if (!(us > 0)) continue;
+    host_cost(us);
+    log_cost(op, 0, 0, us);
+  }
+}
+
+void SimDevice::synchronize_event(Event e) {
+  StreamDevice::synchronize_event(e);
+  pay_host_work();
+}
+
+void SimDevice::synchronize_stream(Stream s) {
+  StreamDevice::synchronize_stream(s);
+  pay_host_work();
+}
+
+void SimDevice::synchronize() {
+  StreamDevice::synchronize();
+  pay_host_work();
 }
 
 void SimDevice::memory_op(Stream s, const char* op, double bytes, OpKind kind) {
@@ -210,6 +271,7 @@ void SimDevice::drop_values(uintptr_t first, size_t bytes) {
   }
   for (auto it = probabilities_.lower_bound(first); it != probabilities_.end() && it->first < end;)
     it = probabilities_.erase(it);
+  routing_grads_.erase(routing_grads_.lower_bound(first), routing_grads_.lower_bound(end));
 }
 
 const std::vector<char>* SimDevice::shadow_at(const void* p, size_t n) const {

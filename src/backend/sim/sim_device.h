@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,10 @@ class SimDevice final : public cpu::StreamDevice {
   void memory_op(Stream s, const char* op, double bytes, OpKind kind = OpKind::Kernel);
   // The host's cost of one call, on the virtual clock.
   void host_cost(double us);
+  // Note [Simulated host routing]: the host's work on the values it read, once it has waited.
+  void synchronize_event(Event e) override;
+  void synchronize_stream(Stream s) override;
+  void synchronize() override;
 
   // ---- Note [Simulated values]: small buffers the host wrote, and probability rows.
   // Bytes last written at [p, p + n) from the host or a shadowed copy, or null.
@@ -179,6 +184,10 @@ class SimDevice final : public cpu::StreamDevice {
   // values]); false when `src` holds none.
   bool synthesize_probabilities(void* host_dst, const void* src, size_t bytes) const;
   void drop_values(uintptr_t first, size_t bytes);  // mutex_ held
+  // Note [Simulated host routing]: what the host owes for reading `src` back.
+  void read_by_host(const void* src, bool probabilities);
+  void pay_host_work();
+  void log_cost(const char* op, double bytes, double flops, double us);
 
   const std::shared_ptr<SimShared> shared_;
   core::AllocationLedger ledger_;
@@ -186,6 +195,8 @@ class SimDevice final : public cpu::StreamDevice {
   uintptr_t next_address_;
   std::map<uintptr_t, std::vector<char>> shadows_;  // by first address
   std::map<uintptr_t, Probabilities> probabilities_;
+  std::set<uintptr_t> routing_grads_;  // row_dot outputs (Note [Simulated host routing])
+  double route_due_us_ = 0, route_backward_due_us_ = 0;  // the host's, at its next wait
   uint64_t softmax_calls_ = 0;
   size_t shadow_bytes_ = 0;
 };

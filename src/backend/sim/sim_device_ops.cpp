@@ -72,12 +72,15 @@ void SimDevice::copy_to_host(Stream s, void* host_dst, const void* src, size_t b
   // Note [Simulated values]: written now, read by the host after it synchronizes.
   // A large buffer holds no values here; its host copy is left untouched, so host memory that
   // only offloaded state would fill is never paged in (Note [Host-side stream work]).
+  bool probabilities = false;
   if (bytes) {
     if (const std::vector<char>* v = shadow_at(src, bytes))
       std::memcpy(host_dst, v->data(), bytes);
-    else if (!synthesize_probabilities(host_dst, src, bytes) && bytes <= (size_t{1} << 20))
+    else if (!(probabilities = synthesize_probabilities(host_dst, src, bytes)) &&
+             bytes <= (size_t{1} << 20))
       std::memset(host_dst, 0, bytes);
   }
+  read_by_host(src, probabilities);  // Note [Simulated host routing]
   const Calibration& c = calibration();
   timed(s, OpKind::Copy, "copy_to_host",
         std::max(c.kernel_min_us, static_cast<double>(bytes) / (c.host_copy_gbps * 1e3)),
@@ -243,8 +246,12 @@ void SimDevice::scale_rows(Stream s, void*, const void*, DType t, const float*, 
   memory_op(s, "scale_rows", d(rows) * d(cols) * sz(t) * (accumulate ? 3 : 2) + 4 * d(rows));
 }
 
-void SimDevice::row_dot(Stream s, const void*, const void*, DType t, float*, int64_t, int64_t rows,
-                        int64_t cols) {
+void SimDevice::row_dot(Stream s, const void*, const void*, DType t, float* out, int64_t,
+                        int64_t rows, int64_t cols) {
+  {  // Note [Simulated host routing]: the host may read these back and work on them.
+    std::lock_guard<std::mutex> lock(mutex_);
+    routing_grads_.insert(reinterpret_cast<uintptr_t>(out));
+  }
   memory_op(s, "row_dot", 2.0 * d(rows) * d(cols) * sz(t) + 4 * d(rows));
 }
 
