@@ -40,6 +40,12 @@ costs, the network, the kernel minimum). The inputs:
                       --fp8 tensorwise --cost-log` of the same command with this fit's
                       calibration: both recipes' ratios scale by the measured GEMMs' time over
                       the simulated ones', so rowwise keeps its measured relation to tensorwise.
+  --moe-step TRACE GPUS "ARGS"  (with --fsdp BIN)
+                      a traced step of the dropless MoE transformer (`fsdp train --trace` of
+                      ARGS on GPUS GPUs) beside its simulation with this fit's calibration:
+                      gemm.grouped_factor by layout from the grouped expert GEMMs' in-step times,
+                      and host.moe_route_us and host.moe_route_backward_us from the compute
+                      stream's idle time where the host routes (bench/sim_moe_step.py).
   --collectives FILE  bench/collective_sweep lines: links.nvlink's base, per-step latency and
                       bus bandwidth by size.
   --collectives-trace TRACE COSTLOG
@@ -58,6 +64,7 @@ import subprocess
 import sys
 import tempfile
 
+from sim_moe_step import fit_moe_step
 from trace_op_totals import kind_of, load as load_json  # module names dropped, gzip or not
 
 MEMORY_BOUND_MIN_BYTES = 1 << 20  # per op: below, the kernel minimum dominates
@@ -272,6 +279,8 @@ def main():
                          "hold what the kernels beside them cost)")
     ap.add_argument("--sharing", nargs=3, action="append", default=[],
                     metavar=("MEASURED", "GPUS", "ARGS"))
+    ap.add_argument("--moe-step", nargs=3, action="append", default=[],
+                    metavar=("TRACE", "GPUS", "ARGS"))
     ap.add_argument("--fsdp", default="build/fsdp")
     ap.add_argument("--device")
     ap.add_argument("--out", required=True)
@@ -440,6 +449,13 @@ def main():
 
     if a.sharing:
         fit_sharing(a, cal, sources, log)
+
+    # ---- the MoE step: grouped GEMMs in-step and the host's routing (after the sharing fit,
+    # whose kernel_sharing decides how the simulated GEMMs' times line up with the traced ones)
+    for trace, gpus, args in a.moe_step:
+        fit_moe_step(a.fsdp, cal, trace, gpus, args, log)
+        sources.append("gemm.grouped_factor, host.moe_route_us and host.moe_route_backward_us: "
+                       f"the traced MoE step {shown(trace)} beside its simulation")
 
     # ---- gemm.fp8 from a traced tensorwise step's GEMM kernels
     measured = simulated = 0.0

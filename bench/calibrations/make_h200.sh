@@ -11,7 +11,11 @@
 #  3. the sharing factors from the op times of traced real steps: the MoE transformer and the
 #     3.0B shape of the sweep's call, llama1b at 1 and 4 sequences (and at 4 with the optimizer
 #     in forward) and mlp16 at 2048 tokens;
-#  4. gemm.fp8 scaled by the fp8 GEMM kernels of a traced tensorwise step of the 3.0B shape
+#  4. from the traced MoE step of the sweep's call: gemm.grouped_factor (replacing the sweep's,
+#     timed alone) from its grouped expert GEMMs' in-step times, and the host's dropless routing
+#     (host.moe_route_us, host.moe_route_backward_us) from the compute stream's idle time where
+#     the host routes, each against the simulation of the same command;
+#  5. gemm.fp8 scaled by the fp8 GEMM kernels of a traced tensorwise step of the 3.0B shape
 #     (bench/runs/2026-12-04-fp8-fused-amax) against their simulated time.
 # What nothing measured stays h200_seed.json's. Run from the repository root after building
 # build/fsdp:   bash bench/calibrations/make_h200.sh [build] [OP_SWEEP.jsonl]
@@ -60,14 +64,18 @@ python3 bench/fit_calibration.py --seed "$T/links.json" --fsdp "$B" \
   --sharing $RUNS/2026-12-01-optimizer-in-forward/s4_oif1.ops.txt 1 "$LLAMA1B --tokens 8192 --optimizer-in-forward 1" \
   --out "$T/h200.json" --log "$T/sharing.log"
 
-# 4. gemm.fp8 from the fp8 GEMM kernels of a traced tensorwise step of the 3.0B shape.
+# 4. The MoE step: the grouped GEMMs in-step and the host's routing (bench/sim_moe_step.py).
+python3 bench/fit_calibration.py --seed "$T/h200.json" --fsdp "$B" \
+  --moe-step "$S/moe.trace.json.gz" 1 "$MOE" --out "$T/h200.json" --log "$T/moe.log"
+
+# 5. gemm.fp8 from the fp8 GEMM kernels of a traced tensorwise step of the 3.0B shape.
 F8=bench/runs/2026-12-04-fp8-fused-amax/b3_tensorwise_traced
 $B simulate --calibration "$T/h200.json" --cost-log "$T/b3_fp8.jsonl" $S3B --fp8 tensorwise \
   --gpus 1 --steps 4 --warmup 1 > "$T/b3_fp8.log"
 python3 bench/fit_calibration.py --seed "$T/h200.json" --fp8-step "$F8.trace.json.gz" "$T/b3_fp8.jsonl" \
   --out "$T/h200.json" --log "$T/fp8.log"
 
-# 5. The notes say where each value comes from.
+# 6. The notes say where each value comes from.
 python3 - "$T/h200.json" "$SWEEP" bench/calibrations/h200_seed.json <<'PY'
 import json, sys
 out, sweep, seed = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -77,9 +85,13 @@ from_seed = sorted(k for k, v in by_op.items() if s["memory"]["by_op"].get(k) ==
 cal["notes"] = [
     f"Timed alone on one H200 by bench/op_sweep ({sweep}): the GEMM table (every GEMM shape of "
     "llama1b, the Llama-3.2-1B, 3.0B, Llama-3.1-8B and -70B shapes and mlp16), attention by shape, "
-    "gemm.grouped_factor (the MoE transformer's grouped expert GEMMs against the table's time for "
-    "the same groups), the memory-bound kernels "
+    "the memory-bound kernels "
     f"({', '.join(sorted(k for k in by_op if k not in from_seed))}).",
+    "gemm.grouped_factor (the MoE transformer's grouped expert GEMMs against the table's time for "
+    "the same groups one by one) and host.moe_route_us, host.moe_route_backward_us (the host's "
+    "dropless routing, per MoE layer): from the in-step op times and the compute stream's idle "
+    "time of the traced MoE step of the same call, against its simulation (h200.log; the "
+    "grouped GEMMs timed alone gave 1.71-1.81).",
     "NVLink (links.nvlink base_us and busbw_gbps) from the fastest collectives of the 2-GPU mlp16 "
     "trace bench/runs/2026-11-30-mlp16-traces (no collective was timed on the 1-GPU machine).",
     "kernel_sharing, memory_kernel_sharing, memory_kernel_yield and memory_kernel_lead: fitted on the in-step op times of traced steps (the sources list them).",
@@ -94,5 +106,5 @@ with open(out, "w") as f:
     f.write("\n")
 PY
 cp "$T/h200.json" bench/calibrations/h200.json
-cat "$T/table.log" "$T/links.log" "$T/sharing.log" "$T/fp8.log" > bench/calibrations/h200.log
+cat "$T/table.log" "$T/links.log" "$T/sharing.log" "$T/moe.log" "$T/fp8.log" > bench/calibrations/h200.log
 echo "wrote bench/calibrations/h200.json (fit: bench/calibrations/h200.log)"
