@@ -77,6 +77,16 @@ done
 stamp "fit"
 python3 bench/fit_calibration.py --seed "$OUT_DIR/table.json" "${STEPS[@]}" --fsdp "$B" "${SHARING[@]}" \
   --out "$OUT_DIR/calibration.json" --log "$OUT_DIR/fit.log" || exit 1
+# The grouped expert GEMMs' factors and the host's routing from the traced MoE step, replacing
+# the grouped GEMMs timed alone (bench/sim_moe_step.py; docs/simulate.md says why).
+if [ -f "$OUT_DIR/moe_ep1.trace.json.gz" ]; then
+  python3 bench/fit_calibration.py --seed "$OUT_DIR/calibration.json" --fsdp "$B" \
+    --moe-step "$OUT_DIR/moe_ep1.trace.json.gz" 1 "$MOE" --out "$OUT_DIR/calibration.json" \
+    --log "$OUT_DIR/moe.log" || exit 1
+  cat "$OUT_DIR/moe.log" >> "$OUT_DIR/fit.log"
+else
+  stamp "no MoE trace: the grouped GEMMs keep their alone factors and the host's routing costs nothing"
+fi
 cat "$OUT_DIR/table.log" "$OUT_DIR/fit.log"
 
 stamp "each config's measured step (traced) beside its prediction"
