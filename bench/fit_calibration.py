@@ -58,13 +58,11 @@ import json
 import math
 import re
 import os
-import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 
-from sim_moe_step import fit_moe_step
+from sim_moe_step import fit_moe_step, simulated_trace
 from trace_op_totals import kind_of, load as load_json  # module names dropped, gzip or not
 
 MEMORY_BOUND_MIN_BYTES = 1 << 20  # per op: below, the kernel minimum dominates
@@ -221,16 +219,9 @@ def fit_sharing(a, cal, sources, log):
             if setting in errors:
                 return errors[setting]
             apply(setting)
-            path = os.path.join(tmp, "cal.json")
-            with open(path, "w") as f:
-                json.dump(cal, f)
             per_trace = []
             for ops, gpus, args in measured:
-                trace = os.path.join(tmp, "t.json")
-                subprocess.run([a.fsdp, "simulate", "--gpus", gpus, "--calibration", path,
-                                "--trace", trace] + shlex.split(args), check=True,
-                               stdout=subprocess.DEVNULL)
-                sim = measured_ops(trace)
+                sim = measured_ops(simulated_trace(a.fsdp, cal, gpus, args, tmp, "t"))
                 err = total = 0.0
                 for kind, (us, _, _) in ops.items():
                     # Kernels only: a collective's span is its link's, not the device's.

@@ -68,13 +68,15 @@ def step_calls(path):
     return calls, idle
 
 
-def simulate(fsdp, cal, gpus, args, tmp, name):
+def simulated_trace(fsdp, cal, gpus, args, tmp, name):
+    """The trace of `fsdp simulate` of `args` on `gpus` GPUs with calibration `cal` (a dict),
+    written under `tmp` as NAME.trace.json; its path."""
     path, trace = os.path.join(tmp, name + ".json"), os.path.join(tmp, name + ".trace.json")
     with open(path, "w") as f:
         json.dump(cal, f)
     subprocess.run([fsdp, "simulate", "--gpus", gpus, "--calibration", path, "--trace", trace]
                    + shlex.split(args), check=True, stdout=subprocess.DEVNULL)
-    return step_calls(trace)
+    return trace
 
 
 def fit_moe_step(fsdp, cal, trace, gpus, args, log):
@@ -88,8 +90,8 @@ def fit_moe_step(fsdp, cal, trace, gpus, args, log):
     for key, probe in PROBE_ROUTE_US.items():
         a["host"][key], b["host"][key] = 0.0, probe
     with tempfile.TemporaryDirectory() as tmp:
-        a_calls, a_idle = simulate(fsdp, a, gpus, args, tmp, "a")
-        b_calls, b_idle = simulate(fsdp, b, gpus, args, tmp, "b")
+        a_calls, a_idle = step_calls(simulated_trace(fsdp, a, gpus, args, tmp, "a"))
+        b_calls, b_idle = step_calls(simulated_trace(fsdp, b, gpus, args, tmp, "b"))
 
     before = dict(cal["gemm"].get("grouped_factor", {}))
     sums = collections.defaultdict(lambda: [0.0, 0.0, 0])  # layout -> [traced, table, calls]
